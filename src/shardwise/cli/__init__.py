@@ -1,0 +1,1 @@
+"""The ``shardwise`` command: a thin argparse shell over library calls."""

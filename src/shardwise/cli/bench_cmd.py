@@ -1,0 +1,29 @@
+"""``shardwise bench``: throughput figures, printed as ratios against baselines measured
+in the same run (this machine may be shared and noisy)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("bench", help="measure build and read throughput",
+                       description="Measure throughput; every figure is printed beside a "
+                                   "baseline measured in the same run, with the ratio.")
+    which = p.add_subparsers(dest="bench", metavar="WHAT", required=True)
+    b = which.add_parser("build", help="tokens/s of the build for 1..N workers vs the "
+                                        "tokenizer's own single-thread speed")
+    b.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the sample's)")
+    b.add_argument("--mb", type=float, default=64.0, help="MB of text to build (default 64)")
+    b.add_argument("--workers", type=int, default=2, help="largest worker count (default 2)")
+    b.add_argument("--json", action="store_true")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.bench == "build":
+        from shardwise.cli.bench_build import run_build_bench
+
+        return run_build_bench(args)
+    return 2

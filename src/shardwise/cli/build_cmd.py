@@ -1,0 +1,50 @@
+"""``shardwise build``: tokenize sources into a cache (resumes an interrupted build)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "build", help="tokenize JSONL / Parquet sources into a cache",
+        description="Tokenize sources into a chunked, checksummed cache. Running the same "
+                    "command again after an interruption continues from the ledger; running "
+                    "it with other arguments against an existing cache is refused.")
+    p.add_argument("sources", nargs="+", metavar="SOURCE",
+                   help="files, directories or globs of .jsonl, .jsonl.gz, .jsonl.zst, .parquet")
+    p.add_argument("--out", required=True, metavar="DIR", help="cache directory")
+    p.add_argument("--tokenizer", required=True, metavar="FILE",
+                   help="a tokenizer.json saved by the tokenizers library")
+    p.add_argument("--text-key", default="text", help="field holding the text (default: text)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="worker processes (default: all cores)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--chunk-docs", type=int, metavar="N", help="documents per chunk")
+    size.add_argument("--chunk-mb", type=float, metavar="MB",
+                      help="token megabytes per chunk (default: 64)")
+    p.add_argument("--append-eod", action="store_true",
+                   help="append the end-of-document token to every document")
+    p.add_argument("--eod-token", default=None,
+                   help="end-of-document token (default: the first of <|endoftext|>, </s>, …)")
+    p.add_argument("--on-error", choices=["raise", "skip"], default="raise",
+                   help="stop at the first bad record naming it (default), or skip and count")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete an existing cache in DIR and start again")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or log lines")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from shardwise.build.api import build
+
+    summary = build(args.sources, args.out, tokenizer=args.tokenizer, text_key=args.text_key,
+                    workers=args.workers, chunk_docs=args.chunk_docs, chunk_mb=args.chunk_mb,
+                    append_eod=args.append_eod, eod_token=args.eod_token,
+                    on_error=args.on_error, overwrite=args.overwrite,
+                    progress=not args.no_progress)
+    print(json.dumps(summary.to_dict(), indent=2) if args.json else summary)
+    return 0

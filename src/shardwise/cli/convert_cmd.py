@@ -1,0 +1,102 @@
+"""``shardwise convert``: a cache to one Megatron ``.bin/.idx`` pair, or back.
+
+Thin shell over :func:`shardwise.build.convert.to_megatron` and ``from_megatron``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import orjson
+
+from shardwise.build.convert import ConvertSummary, from_megatron, to_megatron
+
+USAGE = ("shardwise convert DIR --to-megatron PREFIX [--allow-partial]\n"
+         "       shardwise convert --from-megatron PREFIX --out DIR "
+         "[--chunk-docs N | --chunk-mb N]")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "convert", usage=USAGE, help="convert a cache to Megatron .bin/.idx, or import one",
+        description="Merge a finished cache's chunks, in global order, into one Megatron "
+                    "PREFIX.bin + PREFIX.idx (streamed, constant memory); or import a "
+                    "Megatron prefix as a chunked, checksummed shardwise cache.",
+        epilog="examples:\n  shardwise convert cache/ --to-megatron out/corpus_text_document\n"
+               "  shardwise convert --from-megatron data/corpus_text_document --out cache/ "
+               "--chunk-docs 100000",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("path", metavar="DIR", nargs="?", help="the cache to convert (--to-megatron)")
+    direction = p.add_mutually_exclusive_group(required=True)
+    direction.add_argument("--to-megatron", metavar="PREFIX",
+                           help="write PREFIX.bin and PREFIX.idx from the cache DIR")
+    direction.add_argument("--from-megatron", metavar="PREFIX",
+                           help="import PREFIX.bin/PREFIX.idx into a new cache (needs --out)")
+    p.add_argument("--out", metavar="DIR", help="new cache directory for --from-megatron")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--chunk-docs", metavar="N", type=_positive_int,
+                      help="documents per chunk (--from-megatron)")
+    size.add_argument("--chunk-mb", metavar="N", type=_positive_float,
+                      help="close a chunk once it holds N MiB of tokens (--from-megatron; "
+                           "default 64)")
+    p.add_argument("--allow-partial", action="store_true",
+                   help="convert the visible prefix of a cache still being built")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(_convert_parser=p)
+    return p
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    error = _usage_error(args)
+    if error:
+        args._convert_parser.error(error)  # exits 2 with the usage line
+    if args.to_megatron:
+        summary = to_megatron(args.path, args.to_megatron, allow_partial=args.allow_partial)
+    else:
+        summary = from_megatron(args.from_megatron, args.out, chunk_docs=args.chunk_docs,
+                                chunk_mb=args.chunk_mb or 64)
+    _print(summary, args.json, "Megatron prefix" if args.to_megatron else "cache")
+    return 0
+
+
+def _usage_error(args: argparse.Namespace) -> str | None:
+    """The combinations argparse groups cannot express, by direction."""
+    if args.to_megatron:
+        if not args.path:
+            return "--to-megatron PREFIX needs the cache directory DIR"
+        bad = [f for f in ("out", "chunk_docs", "chunk_mb") if getattr(args, f) is not None]
+        if bad:
+            return f"--{bad[0].replace('_', '-')} applies only to --from-megatron"
+        return None
+    if args.path:
+        return f"--from-megatron takes no DIR argument (got {args.path!r}); use --out DIR"
+    if not args.out:
+        return "--from-megatron PREFIX needs --out DIR (the new cache directory)"
+    if args.allow_partial:
+        return "--allow-partial applies only to --to-megatron"
+    return None
+
+
+def _print(s: ConvertSummary, as_json: bool, what: str) -> None:
+    if as_json:
+        print(orjson.dumps(s.to_dict(), option=orjson.OPT_INDENT_2).decode())
+        return
+    print(f"wrote {what} {s.path}: {s.chunks:,} chunks, {s.documents:,} documents, "
+          f"{s.tokens:,} tokens ({s.dtype}, {s.bytes:,} token bytes) in {s.seconds:.2f}s")
+    for note in s.notes:
+        print(f"note: {note}")

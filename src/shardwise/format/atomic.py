@@ -1,0 +1,65 @@
+"""Atomic publication: a file is visible under its final name only when complete.
+
+Write to a temporary name in the same directory, fsync, rename, fsync the directory.
+A process killed at any instant leaves either the old file or the new one, plus at
+most a temporary file whose name starts with ``.tmp-`` (ignored by readers, removed
+by the next build).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TMP_PREFIX = ".tmp-"
+
+
+def temp_path(path: Path) -> Path:
+    """A unique temporary sibling of ``path`` (same directory, so rename is atomic)."""
+    return path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename inside ``directory`` durable (no-op where directories can't be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_temp(path: Path, data: bytes | memoryview) -> Path:
+    """Write ``data`` to a fresh temporary sibling of ``path``, fsynced; return its path."""
+    tmp = temp_path(path)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return tmp
+
+
+def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
+    """Replace ``path`` with ``data`` atomically and durably."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = write_temp(path, data)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def remove_stale_temps(directory: Path) -> int:
+    """Delete temporary files a killed writer left in ``directory`` (recursively)."""
+    removed = 0
+    if not directory.exists():
+        return 0
+    for p in directory.rglob(f"{TMP_PREFIX}*"):
+        try:
+            p.unlink()
+            removed += 1
+        except OSError:
+            pass
+    return removed

@@ -1,0 +1,136 @@
+"""Chunks: immutable, checksummed units of a cache, and their publication.
+
+A token chunk is ``<stem>.bin`` + ``<stem>.idx`` (Megatron layout) + ``<stem>.json``
+(metadata); a record chunk is ``<stem>.parquet`` + ``<stem>.json``. The metadata file
+is renamed into place last, after the data files, so a chunk with metadata is complete;
+the ledger names it only after that, and readers trust only the ledger.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from shardwise.format.atomic import fsync_dir, write_temp
+from shardwise.format.checksum import bytes_checksum
+from shardwise.format.megatron import idx_bytes
+
+
+class ChunkKind(str, Enum):
+    TOKENS = "tokens"
+    RECORDS = "records"
+
+
+DATA_SUFFIXES = {ChunkKind.TOKENS: (".bin", ".idx"), ChunkKind.RECORDS: (".parquet",)}
+META_SUFFIX = ".json"
+
+
+def chunk_stem(source: int, segment: int, index: int) -> str:
+    """The cache-relative stem of chunk ``index`` of ``segment`` of ``source``."""
+    return f"chunks/{source:05d}/{segment:05d}-{index:05d}"
+
+
+@dataclass(frozen=True)
+class SourceRange:
+    """Where in its source a chunk's documents came from.
+
+    ``unit`` is ``byte`` (JSONL: ``start``/``stop`` are absolute byte offsets of the
+    uncompressed stream) or ``row`` (Parquet). ``line_start``/``line_stop`` count lines
+    (rows) from the start of the segment, 0-based, stop exclusive.
+    """
+
+    unit: str
+    start: int
+    stop: int
+    line_start: int
+    line_stop: int
+
+
+@dataclass(frozen=True)
+class ChunkMeta:
+    """Everything known about a published chunk; written as ``<stem>.json``."""
+
+    stem: str
+    kind: ChunkKind
+    source: int
+    source_path: str
+    segment: int
+    index: int
+    documents: int
+    tokens: int
+    range: SourceRange
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    format_version: int = 1
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        d["kind"] = self.kind.value
+        return orjson.dumps(d, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ChunkMeta:
+        d = dict(d)
+        d["kind"] = ChunkKind(d["kind"])
+        d["range"] = SourceRange(**d["range"])
+        return cls(**d)
+
+
+def _publish(root: Path, stem: str, payloads: dict[str, bytes | memoryview],
+             meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
+    """Write every payload to a temp name, fsync, rename; then the metadata, last."""
+    base = root / stem
+    base.parent.mkdir(parents=True, exist_ok=True)
+    files: dict[str, dict[str, Any]] = {}
+    temps: list[tuple[Path, Path]] = []
+    for suffix, data in payloads.items():
+        final = base.with_name(base.name + suffix)
+        temps.append((write_temp(final, data), final))
+        files[suffix] = {"bytes": len(data), "xxh3_64": bytes_checksum(data)}
+    for tmp, final in temps:
+        os.replace(tmp, final)
+    meta = ChunkMeta(stem=stem, files=files, **meta_fields)
+    meta_bytes = meta.to_json()
+    meta_path = base.with_name(base.name + META_SUFFIX)
+    tmp = write_temp(meta_path, meta_bytes)
+    os.replace(tmp, meta_path)
+    fsync_dir(base.parent)
+    return meta, bytes_checksum(meta_bytes)
+
+
+def publish_token_chunk(root: Path, stem: str, tokens: npt.NDArray[np.generic],
+                        doc_lengths: npt.NDArray[np.int64],
+                        meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
+    """Publish a Megatron ``.bin/.idx`` chunk; returns its metadata and the metadata's checksum."""
+    payloads = {".bin": memoryview(np.ascontiguousarray(tokens)).cast("B"),
+                ".idx": idx_bytes(doc_lengths, tokens.dtype)}
+    fields = dict(meta_fields, kind=ChunkKind.TOKENS, documents=len(doc_lengths),
+                  tokens=int(np.sum(doc_lengths, dtype=np.int64)))
+    return _publish(root, stem, payloads, fields)
+
+
+def parquet_bytes(table: Any) -> bytes:
+    """Serialise an Arrow table to Parquet deterministically (zstd, no statistics drift)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", write_statistics=False)
+    return sink.getvalue().to_pybytes()
+
+
+def publish_record_chunk(root: Path, stem: str, table: Any, tokens: int,
+                         meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
+    """Publish a Parquet chunk of processed records (token ids plus other fields)."""
+    fields = dict(meta_fields, kind=ChunkKind.RECORDS, documents=table.num_rows, tokens=tokens)
+    return _publish(root, stem, {".parquet": parquet_bytes(table)}, fields)
+
+
+def read_meta(path: Path) -> ChunkMeta:
+    return ChunkMeta.from_dict(orjson.loads(path.read_bytes()))

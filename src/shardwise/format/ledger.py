@@ -1,0 +1,144 @@
+"""The ledger: a cache's progress record, replaced atomically after every publication.
+
+Per source, per segment (a newline-aligned byte range of a JSONL file, a row group of a
+Parquet file, or a whole compressed file): its range, the chunks published (in order,
+with documents and tokens, so planning never opens a chunk), the position reached, whether
+it is finished, and skipped records by reason.
+
+**Global chunk order** is round robin over sources: chunk ``c`` is chunk ``c // K`` of
+source ``c % K`` while every source has that many; a source that runs out drops out and
+the round robin continues over the rest. Mid-build only the prefix that can no longer
+change is visible. Example: sources A (finished, chunks a0 a1 a2) and B (unfinished,
+b0 published)::
+
+    visible: a0 b0 a1     (the next is b1 or, if B ends now, a2: not yet known)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from shardwise.errors import ManifestError
+from shardwise.format.atomic import atomic_write_bytes
+
+LEDGER_NAME = "ledger.json"
+LEDGER_VERSION = 1
+
+
+@dataclass
+class ChunkEntry:
+    stem: str
+    documents: int
+    tokens: int
+    meta_xxh3: str
+
+
+@dataclass
+class Segment:
+    """A unit of build work. ``start``/``stop`` are bytes (JSONL) or rows (Parquet);
+    ``position`` is where the next unpublished record starts (same unit) and ``line`` its
+    line (row) number counted from the segment start."""
+
+    start: int
+    stop: int
+    position: int
+    line: int = 0
+    finished: bool = False
+    chunks: list[ChunkEntry] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class SourceProgress:
+    segments: list[Segment]
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finished for s in self.segments)
+
+    def known_chunks(self) -> list[ChunkEntry]:
+        """Chunks whose place in this source's sequence is fixed: every chunk of the
+        finished segments before the first unfinished one, plus that one's published."""
+        out: list[ChunkEntry] = []
+        for seg in self.segments:
+            out.extend(seg.chunks)
+            if not seg.finished:
+                break
+        return out
+
+    def errors(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for seg in self.segments:
+            for k, v in seg.errors.items():
+                total[k] = total.get(k, 0) + v
+        return total
+
+
+@dataclass
+class Ledger:
+    sources: list[SourceProgress]
+    version: int = LEDGER_VERSION
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finished for s in self.sources)
+
+    def global_order(self) -> list[tuple[int, ChunkEntry]]:
+        """The visible prefix of the global chunk order as (source, chunk) pairs."""
+        known = [s.known_chunks() for s in self.sources]
+        done = [s.finished for s in self.sources]
+        out: list[tuple[int, ChunkEntry]] = []
+        rnd = 0
+        while True:
+            progressed = False
+            for s, chunks in enumerate(known):
+                if rnd < len(chunks):
+                    out.append((s, chunks[rnd]))
+                    progressed = True
+                elif not done[s]:
+                    return out
+            if not progressed:
+                return out
+            rnd += 1
+
+    def errors(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for src in self.sources:
+            for k, v in src.errors().items():
+                total[k] = total.get(k, 0) + v
+        return dict(sorted(total.items()))
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self), option=orjson.OPT_SORT_KEYS)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, where: str = LEDGER_NAME) -> Ledger:
+        try:
+            if d.get("version") != LEDGER_VERSION:
+                raise ManifestError(f"{where}: ledger version {d.get('version')!r}, "
+                                    f"expected {LEDGER_VERSION}")
+            sources = [SourceProgress([
+                Segment(**{**seg, "chunks": [ChunkEntry(**c) for c in seg["chunks"]]})
+                for seg in src["segments"]]) for src in d["sources"]]
+        except (KeyError, TypeError) as e:
+            raise ManifestError(f"{where}: not a valid shardwise ledger ({e})") from e
+        return cls(sources=sources)
+
+    def save(self, root: Path) -> None:
+        atomic_write_bytes(root / LEDGER_NAME, self.to_json())
+
+    @classmethod
+    def load(cls, root: Path) -> Ledger:
+        path = root / LEDGER_NAME
+        try:
+            data = orjson.loads(path.read_bytes())
+        except FileNotFoundError:
+            raise ManifestError(f"{root}: no {LEDGER_NAME}; the build has not started "
+                                "or this is not a shardwise cache") from None
+        except orjson.JSONDecodeError as e:
+            raise ManifestError(f"{path}: invalid JSON ({e})") from e
+        return cls.from_dict(data, where=str(path))

@@ -1,0 +1,110 @@
+"""The manifest: what a cache is (format, tokenizer, processor, chunking, sources).
+
+Written once when a build starts and never changed after; a build against an existing
+cache compares its own manifest with the stored one and refuses on any difference in
+:meth:`Manifest.identity`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from shardwise.errors import ManifestError
+from shardwise.format.atomic import atomic_write_bytes
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """One input file: its path as given, byte size, sampled content fingerprint, format."""
+
+    path: str
+    size: int
+    fingerprint: str
+    format: str
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    fingerprint: str
+    vocab_size: int
+    eod_id: int | None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Identity of a cache. ``chunk_kind`` is ``tokens`` (Megatron) or ``records`` (Parquet)."""
+
+    tokenizer: TokenizerInfo
+    dtype: str
+    chunk_kind: str
+    processor: dict[str, Any]
+    chunking: dict[str, Any]
+    sources: list[SourceInfo]
+    on_error: str = "raise"
+    format_version: int = FORMAT_VERSION
+    created_by: str = field(default="", compare=False)
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that must match for a build to resume into this cache."""
+        d = asdict(self)
+        d.pop("created_by")
+        return d
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self), option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, where: str = MANIFEST_NAME) -> Manifest:
+        try:
+            d = dict(d)
+            version = d.get("format_version")
+            if version != FORMAT_VERSION:
+                raise ManifestError(f"{where}: format_version {version!r}, this shardwise "
+                                    f"reads {FORMAT_VERSION}; upgrade shardwise or rebuild")
+            d["tokenizer"] = TokenizerInfo(**d["tokenizer"])
+            d["sources"] = [SourceInfo(**s) for s in d["sources"]]
+            return cls(**d)
+        except (KeyError, TypeError) as e:
+            raise ManifestError(f"{where}: not a valid shardwise manifest ({e})") from e
+
+    def save(self, root: Path) -> None:
+        atomic_write_bytes(root / MANIFEST_NAME, self.to_json())
+
+    @classmethod
+    def load(cls, root: Path) -> Manifest:
+        path = root / MANIFEST_NAME
+        try:
+            data = orjson.loads(path.read_bytes())
+        except FileNotFoundError:
+            raise ManifestError(f"{root}: no {MANIFEST_NAME}; not a shardwise cache "
+                                "(for a Megatron dataset pass its prefix, without .bin/.idx)"
+                                ) from None
+        except orjson.JSONDecodeError as e:
+            raise ManifestError(f"{path}: invalid JSON ({e})") from e
+        return cls.from_dict(data, where=str(path))
+
+
+def describe_differences(stored: dict[str, Any], wanted: dict[str, Any], prefix: str = ""
+                         ) -> list[str]:
+    """Human lines naming each field that differs between two identity dicts."""
+    lines: list[str] = []
+    for key in sorted(set(stored) | set(wanted)):
+        a, b = stored.get(key), wanted.get(key)
+        name = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            lines += describe_differences(a, b, prefix=f"{name}.")
+        elif a != b:
+            if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+                for i, (x, y) in enumerate(zip(a, b, strict=True)):
+                    if x != y:
+                        lines.append(f"{name}[{i}]: cache has {x!r}, this build has {y!r}")
+            else:
+                lines.append(f"{name}: cache has {a!r}, this build has {b!r}")
+    return lines

@@ -1,0 +1,65 @@
+"""Argument checks shared by the plan modules.
+
+Every plan function takes plain integers or integer arrays; these helpers turn them into
+``int64`` arrays and raise ``ValueError`` messages that say what was expected, what was
+got and what to do, so the public functions can stay short.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+import numpy.typing as npt
+
+IntArray = npt.NDArray[np.int64]
+IndexLike = int | npt.ArrayLike
+
+
+def check_int(value: object, name: str, *, minimum: int | None = None,
+              maximum: int | None = None) -> int:
+    """Return ``value`` as an ``int`` after checking its type and bounds."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    v = int(value)
+    if minimum is not None and v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    if maximum is not None and v > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {v}")
+    return v
+
+
+def as_index_array(idx: IndexLike, name: str) -> tuple[IntArray, bool]:
+    """``idx`` as an int64 array plus whether it was a scalar (so callers can unwrap)."""
+    if isinstance(idx, numbers.Integral) and not isinstance(idx, bool):
+        return np.asarray([int(idx)], dtype=np.int64), True
+    arr = np.asarray(idx)
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{name} must be integers, got an array of dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False), arr.ndim == 0
+
+
+def check_in_range(arr: IntArray, n: int, name: str, what: str = "indices") -> None:
+    """Raise if any element of ``arr`` is outside ``[0, n)``."""
+    if arr.size == 0:
+        return
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= n:
+        bad = lo if lo < 0 else hi
+        raise ValueError(
+            f"{name}: {what} must be in [0, {n}), got {bad}; "
+            f"valid {what} are 0..{n - 1}" if n > 0 else
+            f"{name}: there are no valid {what} (n = 0), got {bad}"
+        )
+
+
+def unwrap(arr: IntArray, scalar: bool) -> int | IntArray:
+    """Give back a Python int for scalar input, else the array."""
+    return int(arr.reshape(-1)[0]) if scalar else arr
+
+
+def divisors(n: int) -> list[int]:
+    """The positive divisors of ``n``, ascending (for error messages that suggest a fix)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))

@@ -1,0 +1,140 @@
+"""Stream placement: ``R*`` virtual readers, each owning every ``R*``-th chunk.
+
+Why: with remote storage, or a producer still writing the cache, a rank should read whole
+chunks it owns, in order, and never wait on another rank. Fixing the number of *streams*
+``R*`` (not ranks) makes the global order independent of the world size ``R``, as long as
+``R`` divides ``R*``: each rank simply serves ``R* / R`` streams.
+
+* stream ``s`` owns the chunks ``c`` with ``c % R* == s``;
+* example ``i`` of the global order is example ``i // R*`` of stream ``i % R*``;
+* rank ``r`` serves the streams ``s`` with ``s % R == r``, and its ``j``-th example is
+  global example ``j*R + r``.
+
+Worked example (``R* = 4`` streams, ``R = 2`` ranks, 10 chunks)::
+
+    stream   0: chunks 0 4 8   1: 1 5 9   2: 2 6   3: 3 7
+    global   i = 0 1 2 3 4 5 6 7 ...  from streams 0 1 2 3 0 1 2 3 ...
+    rank 0   streams 0, 2  reads i = 0 2 4 6 ...  (j-th example = global 2j)
+    rank 1   streams 1, 3  reads i = 1 3 5 7 ...
+
+``R = 4`` is the ``chunk_idx % world_size == rank`` layout. Inside a stream, chunks are
+shuffled within consecutive blocks of ``block_chunks`` (keyed by seed, epoch, stream): a
+block's order is final once the block is full, so a reader following a growing cache
+never reorders chunks it has already read.
+"""
+
+from __future__ import annotations
+
+from typing import overload
+
+import numpy as np
+import numpy.typing as npt
+
+from shardwise.plan._checks import (
+    IndexLike,
+    IntArray,
+    as_index_array,
+    check_int,
+    divisors,
+    unwrap,
+)
+from shardwise.plan.permutation import permute_within
+
+STREAM_TAG = "stream_chunks"
+
+
+def streams_per_rank(world: int, n_streams: int) -> int:
+    """``R* / R``; raise, listing the world sizes that work, unless ``R`` divides ``R*``."""
+    w = check_int(world, "world size", minimum=1)
+    s = check_int(n_streams, "n_streams", minimum=1)
+    if s % w:
+        raise ValueError(f"the world size must divide the number of streams: {s} streams "
+                         f"cannot be split over {w} ranks; world sizes that work: "
+                         f"{divisors(s)} (or choose n_streams as a multiple of {w})")
+    return s // w
+
+
+def streams_of_rank(rank: int, world: int, n_streams: int) -> IntArray:
+    """The streams rank ``rank`` serves: ``s % world == rank``, ascending."""
+    streams_per_rank(world, n_streams)
+    r = check_int(rank, "rank", minimum=0, maximum=world - 1)
+    return np.arange(r, n_streams, world, dtype=np.int64)
+
+
+def chunks_of_stream(s: int, n_chunks: int, n_streams: int) -> IntArray:
+    """The global chunk indices stream ``s`` owns, in stored order."""
+    n = check_int(n_streams, "n_streams", minimum=1)
+    stream = check_int(s, "stream", minimum=0, maximum=n - 1)
+    return np.arange(stream, check_int(n_chunks, "n_chunks", minimum=0), n, dtype=np.int64)
+
+
+def _pos(x: IndexLike, name: str) -> tuple[IntArray, bool]:
+    arr, scalar = as_index_array(x, name)
+    if arr.size and arr.min() < 0:
+        raise ValueError(f"{name} must be >= 0, got {arr.min()}")
+    return arr, scalar
+
+
+@overload
+def global_to_stream(i: int, n_streams: int) -> tuple[int, int]: ...
+@overload
+def global_to_stream(i: npt.ArrayLike, n_streams: int) -> tuple[IntArray, IntArray]: ...
+
+
+def global_to_stream(i: IndexLike,
+                     n_streams: int) -> tuple[int, int] | tuple[IntArray, IntArray]:
+    """Global example ``i`` -> ``(stream, example within the stream)``."""
+    arr, scalar = _pos(i, "global example")
+    stream = arr % check_int(n_streams, "n_streams", minimum=1)
+    k = arr // n_streams
+    if scalar:
+        return int(stream.reshape(-1)[0]), int(k.reshape(-1)[0])
+    return stream, k
+
+
+@overload
+def stream_to_global(s: int, k: int, n_streams: int) -> int: ...
+@overload
+def stream_to_global(s: npt.ArrayLike, k: npt.ArrayLike, n_streams: int) -> IntArray: ...
+
+
+def stream_to_global(s: IndexLike, k: IndexLike, n_streams: int) -> int | IntArray:
+    """Example ``k`` of stream ``s`` -> its global example index ``k * R* + s``."""
+    n = check_int(n_streams, "n_streams", minimum=1)
+    ss, s_scalar = _pos(s, "stream")
+    kk, k_scalar = _pos(k, "stream example")
+    if ss.size and ss.max() >= n:
+        raise ValueError(f"stream must be in [0, {n}), got {ss.max()}")
+    return unwrap(kk * n + ss, s_scalar and k_scalar)
+
+
+@overload
+def rank_example_to_global(j: int, rank: int, world: int) -> int: ...
+@overload
+def rank_example_to_global(j: npt.ArrayLike, rank: int, world: int) -> IntArray: ...
+
+
+def rank_example_to_global(j: IndexLike, rank: int, world: int) -> int | IntArray:
+    """Rank ``rank``'s ``j``-th example -> global example ``j * world + rank``."""
+    w = check_int(world, "world size", minimum=1)
+    r = check_int(rank, "rank", minimum=0, maximum=w - 1)
+    arr, scalar = _pos(j, "rank example")
+    return unwrap(arr * w + r, scalar)
+
+
+def shuffled_stream_chunks(s: int, n_chunks: int, n_streams: int, *, seed: int, epoch: int,
+                           block_chunks: int) -> IntArray:
+    """Stream ``s``'s chunks, shuffled inside consecutive blocks of ``block_chunks``.
+
+    ``block_chunks=1`` keeps stored order; the last block may be short (and is reshuffled
+    as it fills). Example with ``block_chunks=2``: chunks ``[0 4 8 12 16]`` become e.g.
+    ``[4 0 | 8 12 | 16]``.
+    """
+    chunks = chunks_of_stream(s, n_chunks, n_streams)
+    bc = check_int(block_chunks, "block_chunks", minimum=1)
+    pos = np.arange(chunks.size, dtype=np.int64)
+    block = pos // bc
+    size = np.minimum(bc, chunks.size - block * bc)
+    inner = permute_within(pos % bc, size, block, seed=seed, epoch=epoch,
+                           tag=f"{STREAM_TAG}.{s}")
+    return chunks[block * bc + inner]

@@ -1,0 +1,89 @@
+"""``shardwise convert``: both directions, and clear usage errors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+import shardwise
+from shardwise.cli import main as cli_main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cachefactory import make_cache, sample_docs  # noqa: E402
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    """Run ``shardwise convert …`` through the real entry point; (code, stdout, stderr)."""
+    monkeypatch.setattr(cli_main, "SUBCOMMANDS", ("convert",))
+
+    def run(*argv: object) -> tuple[int, str, str]:
+        try:
+            code = cli_main.main([str(a) for a in argv])
+        except SystemExit as e:  # argparse usage errors and --help
+            code = int(e.code or 0)
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+    return run
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Path:
+    docs = sample_docs(30, seed=8)
+    return make_cache(tmp_path / "c", [docs[:11], docs[11:]], chunk_docs=4)
+
+
+def test_round_trip_through_the_cli(cli, cache: Path, tmp_path: Path) -> None:
+    code, out, _ = cli("convert", cache, "--to-megatron", tmp_path / "m1" / "corpus")
+    assert code == 0 and "30 documents" in out
+    code, out, _ = cli("convert", "--from-megatron", tmp_path / "m1" / "corpus",
+                       "--out", tmp_path / "c2", "--chunk-docs", "7")
+    assert code == 0 and "5 chunks" in out
+    assert len(shardwise.open_cache(tmp_path / "c2").chunks) == 5
+    code, out, _ = cli("convert", tmp_path / "c2", "--to-megatron", tmp_path / "m2" / "corpus",
+                       "--json")
+    assert code == 0 and orjson.loads(out)["documents"] == 30
+    for suffix in (".bin", ".idx"):
+        assert (Path(f"{tmp_path / 'm1' / 'corpus'}{suffix}").read_bytes()
+                == Path(f"{tmp_path / 'm2' / 'corpus'}{suffix}").read_bytes())
+
+
+def test_chunk_mb(cli, cache: Path, tmp_path: Path) -> None:
+    cli("convert", cache, "--to-megatron", tmp_path / "corpus")
+    code, _, _ = cli("convert", "--from-megatron", tmp_path / "corpus", "--out",
+                     tmp_path / "c2", "--chunk-mb", "0.0005")
+    assert code == 0 and len(shardwise.open_cache(tmp_path / "c2").chunks) > 1
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "one of the arguments --to-megatron --from-megatron is required"),
+    (["c", "--to-megatron", "p", "--from-megatron", "p"], "not allowed with argument"),
+    (["--to-megatron", "p"], "needs the cache directory DIR"),
+    (["c", "--to-megatron", "p", "--out", "o"], "--out applies only to --from-megatron"),
+    (["--from-megatron", "p"], "needs --out DIR"),
+    (["c", "--from-megatron", "p", "--out", "o"], "takes no DIR argument"),
+    (["--from-megatron", "p", "--out", "o", "--chunk-docs", "3", "--chunk-mb", "1"],
+     "not allowed with argument"),
+    (["--from-megatron", "p", "--out", "o", "--chunk-docs", "0"], "positive integer"),
+])
+def test_usage_errors(cli, argv: list[str], message: str) -> None:
+    code, _, err = cli("convert", *argv)
+    assert code == 2
+    assert message in err and "usage: shardwise convert" in err
+
+
+def test_an_unfinished_cache_needs_allow_partial(cli, tmp_path: Path) -> None:
+    docs = sample_docs(12, seed=1)
+    root = make_cache(tmp_path / "c", [docs[:6], docs[6:]], chunk_docs=2, unfinished_last=True)
+    code, _, err = cli("convert", root, "--to-megatron", tmp_path / "corpus")
+    assert code == 2 and "--allow-partial" in err
+    code, out, _ = cli("convert", root, "--to-megatron", tmp_path / "corpus", "--allow-partial")
+    assert code == 0 and "note: partial" in out
+
+
+def test_help(cli) -> None:
+    code, out, _ = cli("convert", "--help")
+    assert code == 0 and "--to-megatron PREFIX" in out and "--chunk-docs" in out

@@ -1,0 +1,80 @@
+"""``shardwise verify``: exit 0 on an intact cache, 1 naming every damaged file."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from shardwise.build.convert import to_megatron
+from shardwise.cli import main as cli_main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cachefactory import make_cache, sample_docs  # noqa: E402
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    """Run ``shardwise verify …`` through the real entry point; (exit code, stdout, stderr)."""
+    monkeypatch.setattr(cli_main, "SUBCOMMANDS", ("verify",))
+
+    def run(*argv: object) -> tuple[int, str, str]:
+        code = cli_main.main([str(a) for a in argv])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+    return run
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Path:
+    docs = sample_docs(20, seed=2)
+    return make_cache(tmp_path / "c", [docs[:12], docs[12:]], chunk_docs=3)
+
+
+def test_an_intact_cache_exits_0(cli, cache: Path) -> None:
+    code, out, _ = cli("verify", cache)
+    assert code == 0
+    assert out.startswith(f"OK {cache}: 7 chunks")
+
+
+def test_damaged_files_are_printed_and_exit_1(cli, cache: Path) -> None:
+    bin_path = cache / "chunks/00000/00000-00001.bin"
+    idx_path = cache / "chunks/00001/00000-00002.idx"
+    bin_path.write_bytes(bin_path.read_bytes()[:-1])
+    idx_path.unlink()
+    code, out, _ = cli("verify", cache)
+    assert code == 1
+    bad = [line for line in out.splitlines() if line.startswith("BAD ")]
+    assert {line.split(": ")[0] for line in bad} == {f"BAD {bin_path}", f"BAD {idx_path}"}
+    assert out.splitlines()[-1].startswith(f"FAILED {cache}: ")
+
+
+def test_json_report(cli, cache: Path) -> None:
+    (cache / "chunks/00000/00000-00000.json").write_bytes(b"{}")
+    code, out, _ = cli("verify", cache, "--json")
+    report = orjson.loads(out)
+    assert code == 1 and report["ok"] is False
+    assert report["problems"][0]["path"] == str(cache / "chunks/00000/00000-00000.json")
+
+
+def test_a_megatron_prefix_is_verified(cli, cache: Path, tmp_path: Path) -> None:
+    prefix = tmp_path / "corpus"
+    to_megatron(cache, prefix)
+    assert cli("verify", prefix)[0] == 0
+    Path(f"{prefix}.bin").write_bytes(b"\0")
+    code, out, _ = cli("verify", prefix)
+    assert code == 1 and f"BAD {prefix}.bin: " in out
+
+
+def test_a_path_that_is_no_cache_is_a_usage_error(cli, tmp_path: Path) -> None:
+    code, _, err = cli("verify", tmp_path / "nothing")
+    assert code == 2 and "neither a cache directory" in err
+
+
+def test_help(cli, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli("verify", "--help")
+    assert exc.value.code == 0
+    assert "every chunk" in capsys.readouterr().out

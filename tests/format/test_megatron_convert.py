@@ -1,0 +1,114 @@
+"""cache → Megatron → cache → Megatron is lossless, byte for byte, in constant memory."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardwise
+from shardwise.build.convert import from_megatron, to_megatron
+from shardwise.errors import CacheError, ConfigError
+from shardwise.format.verify import verify_cache
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cachefactory import make_cache, sample_docs  # noqa: E402
+
+
+def all_docs(cache: shardwise.Cache) -> list[list[int]]:
+    out = []
+    for i in range(len(cache.chunks)):
+        flat, lengths = cache.tokens(i), cache.doc_lengths(i)
+        ends = np.cumsum(lengths)
+        out += [flat[e - n:e].tolist() for n, e in zip(lengths, ends, strict=True)]
+    return out
+
+
+def files_equal(a: Path, b: Path) -> bool:
+    return all(Path(f"{a}{s}").read_bytes() == Path(f"{b}{s}").read_bytes()
+               for s in (".bin", ".idx"))
+
+
+@pytest.mark.parametrize(("chunk_docs", "chunk_mb"), [(5, None), (1, None), (None, 0.001),
+                                                      (None, 64)])
+def test_round_trip_is_byte_identical(tmp_path: Path, chunk_docs: int | None,
+                                      chunk_mb: float | None) -> None:
+    docs = sample_docs(60, seed=1)
+    root = make_cache(tmp_path / "c", [docs[:20], docs[20:45], docs[45:]], chunk_docs=4,
+                      segment_docs=9)
+    first = to_megatron(root, tmp_path / "m1" / "corpus")
+    assert (first.documents, first.tokens) == (60, sum(map(len, docs)))
+    imported = from_megatron(tmp_path / "m1" / "corpus", tmp_path / "c2",
+                             chunk_docs=chunk_docs, chunk_mb=chunk_mb or 64)
+    to_megatron(tmp_path / "c2", tmp_path / "m2" / "corpus")
+    assert files_equal(tmp_path / "m1" / "corpus", tmp_path / "m2" / "corpus")
+    assert verify_cache(tmp_path / "c2").ok
+    if chunk_docs == 1:
+        assert imported.chunks == 60
+
+
+def test_to_megatron_follows_the_global_chunk_order(tmp_path: Path) -> None:
+    docs = sample_docs(30, seed=2)
+    root = make_cache(tmp_path / "c", [docs[:8], docs[8:]], chunk_docs=3)
+    to_megatron(root, tmp_path / "corpus")
+    assert all_docs(shardwise.open_cache(tmp_path / "corpus")) == all_docs(
+        shardwise.open_cache(root))
+
+
+def test_from_megatron_then_open_cache_gives_the_same_documents(tmp_path: Path) -> None:
+    docs = sample_docs(25, seed=5, vocab_size=700)
+    root = make_cache(tmp_path / "c", [docs], chunk_docs=25)
+    to_megatron(root, tmp_path / "corpus")
+    from_megatron(tmp_path / "corpus", tmp_path / "c2", chunk_docs=4)
+    cache = shardwise.open_cache(tmp_path / "c2")
+    assert cache.finished and len(cache.chunks) == 7
+    assert all_docs(cache) == docs
+    assert np.concatenate([cache.doc_lengths(i) for i in range(7)]).tolist() == [
+        len(d) for d in docs]
+    m = cache.manifest
+    assert m is not None
+    assert m.tokenizer.vocab_size == max(max(d) for d in docs if d) + 1
+    assert (m.tokenizer.fingerprint, m.tokenizer.eod_id) == ("unknown", None)
+    assert m.processor == {"kind": "megatron-import"} and m.sources[0].format == "megatron"
+
+
+def test_chunk_mb_closes_chunks_once_they_reach_the_size(tmp_path: Path) -> None:
+    docs = [[1] * 100] * 10  # 200 bytes each in uint16
+    root = make_cache(tmp_path / "c", [docs], chunk_docs=10)
+    to_megatron(root, tmp_path / "corpus")
+    from_megatron(tmp_path / "corpus", tmp_path / "c2", chunk_mb=450 / (1 << 20))
+    cache = shardwise.open_cache(tmp_path / "c2")
+    assert [c.documents for c in cache.chunks] == [3, 3, 3, 1]
+
+
+def test_an_unfinished_cache_is_refused_unless_partial_is_allowed(tmp_path: Path) -> None:
+    docs = sample_docs(20, seed=6)
+    root = make_cache(tmp_path / "c", [docs[:10], docs[10:]], chunk_docs=3,
+                      unfinished_last=True)
+    with pytest.raises(CacheError, match="still being built"):
+        to_megatron(root, tmp_path / "corpus")
+    assert not list(tmp_path.glob("corpus*"))
+    summary = to_megatron(root, tmp_path / "corpus", allow_partial=True)
+    assert summary.notes and summary.documents == shardwise.open_cache(root).num_documents
+
+
+def test_record_caches_and_non_empty_outputs_are_refused(tmp_path: Path) -> None:
+    root = make_cache(tmp_path / "r", [sample_docs(4)], kind="records")
+    with pytest.raises(ConfigError, match="records"):
+        to_megatron(root, tmp_path / "corpus")
+    tokens = make_cache(tmp_path / "t", [sample_docs(4)])
+    to_megatron(tokens, tmp_path / "corpus")
+    with pytest.raises(ConfigError, match="not an empty directory"):
+        from_megatron(tmp_path / "corpus", tokens)
+
+
+def test_an_empty_cache_converts_both_ways(tmp_path: Path) -> None:
+    root = make_cache(tmp_path / "c", [[]])
+    to_megatron(root, tmp_path / "corpus")
+    assert shardwise.open_cache(tmp_path / "corpus").num_documents == 0
+    from_megatron(tmp_path / "corpus", tmp_path / "c2")
+    cache = shardwise.open_cache(tmp_path / "c2")
+    assert cache.num_documents == 0 and cache.manifest is not None
+    assert cache.manifest.tokenizer.vocab_size == 65536  # the uint16 range

@@ -1,0 +1,91 @@
+"""Blend: every prefix within one example of the weights; slices equal the full index."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardwise.plan import BlendSchedule, blend_index, blend_slice, normalize_weights
+from shardwise.plan.blend import CHECKPOINT_EVERY
+
+WEIGHTS = st.lists(st.one_of(st.just(0.0), st.floats(1e-3, 1.0)), min_size=1, max_size=7).filter(
+    lambda w: sum(w) > 0)
+
+
+def realised_counts(sources: np.ndarray, k: int) -> np.ndarray:
+    return np.cumsum(np.eye(k, dtype=np.int64)[sources], axis=0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(weights=WEIGHTS, n=st.integers(0, 3000))
+def test_every_prefix_is_within_one_example(weights: list[float], n: int) -> None:
+    w = normalize_weights(weights)
+    sources, offsets = blend_index(n, weights)
+    assert sources.shape == offsets.shape == (n,)
+    counts = realised_counts(sources, len(w))
+    prefix = np.arange(1, n + 1)[:, None]
+    assert (np.abs(counts - w * prefix) <= 1 + 1e-9).all()
+    assert (w[sources] > 0).all()  # a zero weight never appears
+    before = counts - np.eye(len(w), dtype=np.int64)[sources]
+    assert np.array_equal(offsets, before[np.arange(n), sources])
+
+
+@settings(max_examples=80, deadline=None)
+@given(weights=WEIGHTS)
+def test_small_weights_never_round_to_zero(weights: list[float]) -> None:
+    w = normalize_weights(weights)
+    horizon = int(math.ceil(1 / w[w > 0].min()))
+    sources, _ = blend_index(min(horizon, 20_000), weights)
+    for j in np.flatnonzero(w > 0):
+        first = np.flatnonzero(sources == j)
+        if math.ceil(1 / w[j]) <= len(sources):
+            assert first.size and first[0] < math.ceil(1 / w[j])
+
+
+@settings(max_examples=40, deadline=None)
+@given(weights=WEIGHTS, start=st.integers(0, 2000), length=st.integers(0, 500))
+def test_slice_equals_the_full_index(weights: list[float], start: int, length: int) -> None:
+    full_s, full_o = blend_index(start + length, weights)
+    s, o = blend_slice(start, start + length, weights)
+    assert np.array_equal(s, full_s[start:]) and np.array_equal(o, full_o[start:])
+
+
+def test_across_checkpoints_and_random_access() -> None:
+    weights = [0.6, 0.25, 0.1, 0.05]
+    stop = CHECKPOINT_EVERY + 5000
+    full_s, full_o = blend_index(stop, weights)
+    schedule = BlendSchedule(weights)
+    s, o = schedule.slice(CHECKPOINT_EVERY - 100, stop)
+    assert np.array_equal(s, full_s[-5100:]) and np.array_equal(o, full_o[-5100:])
+    idx = np.array([[3, CHECKPOINT_EVERY + 17], [CHECKPOINT_EVERY - 1, 0]])
+    src, off = schedule(idx)
+    assert np.array_equal(src, full_s[idx]) and np.array_equal(off, full_o[idx])
+    assert np.array_equal(schedule.counts_at(stop), np.bincount(full_s, minlength=4))
+    assert np.array_equal(schedule.counts_at(CHECKPOINT_EVERY),
+                          np.bincount(full_s[:CHECKPOINT_EVERY], minlength=4))
+
+
+def test_docstring_example() -> None:
+    sources, offsets = blend_index(10, [0.5, 0.3, 0.2])
+    assert sources.tolist() == [0, 1, 0, 2, 0, 1, 0, 2, 1, 0]
+    assert offsets.tolist() == [0, 0, 1, 0, 2, 1, 3, 1, 2, 4]
+
+
+def test_single_source_and_weights_need_not_sum_to_one() -> None:
+    assert blend_index(5, [0, 3.0])[0].tolist() == [1] * 5
+    assert np.array_equal(blend_index(50, [2, 1])[0], blend_index(50, [2 / 3, 1 / 3])[0])
+
+
+@pytest.mark.parametrize(("weights", "match"), [
+    ([], "non-empty"),
+    ([0.5, -0.1], "finite and >= 0"),
+    ([0.0, 0.0], "at least one weight must be > 0"),
+    ([float("nan"), 1.0], "finite"),
+])
+def test_bad_weights_are_refused(weights: list[float], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        blend_index(10, weights)
