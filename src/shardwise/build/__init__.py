@@ -1,0 +1,1 @@
+"""Sources → processor → chunk writer, run by an executor; resumable from the ledger."""
