@@ -78,3 +78,19 @@ def test_help(cli, capsys: pytest.CaptureFixture[str]) -> None:
         cli("verify", "--help")
     assert exc.value.code == 0
     assert "every chunk" in capsys.readouterr().out
+
+
+def test_the_installed_entry_point(cache: Path) -> None:
+    """The command a user types, in a fresh process (all subcommands registered)."""
+    import os
+    import subprocess
+
+    import shardwise
+
+    src = str(Path(shardwise.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    (cache / "chunks/00000/00000-00000.idx").write_bytes(b"MMIDIDX")
+    done = subprocess.run([sys.executable, "-m", "shardwise.cli.main", "verify", str(cache)],
+                          capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 1, done.stderr
+    assert f"BAD {cache / 'chunks/00000/00000-00000.idx'}: " in done.stdout

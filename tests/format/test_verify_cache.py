@@ -136,9 +136,15 @@ def test_a_mistyped_or_gapped_ledger_is_reported_not_raised(tokens_cache: Path) 
     assert report.chunks_checked == 8
 
 
-def test_unreadable_manifest_and_ledger_are_named(tokens_cache: Path) -> None:
-    (tokens_cache / "manifest.json").write_bytes(b"{not json")
-    (tokens_cache / "ledger.json").write_bytes(b'{"version": 99, "sources": []}')
+@pytest.mark.parametrize(("manifest", "ledger"), [
+    (b"{not json", b'{"version": 99, "sources": []}'),
+    (b'["abc"]', b"[]"),                       # valid JSON of the wrong shape
+    (b'{"format_version": 1}', b'{"version": 1, "sources": [{"segments": [7]}]}'),
+])
+def test_unreadable_manifest_and_ledger_are_named(tokens_cache: Path, manifest: bytes,
+                                                  ledger: bytes) -> None:
+    (tokens_cache / "manifest.json").write_bytes(manifest)
+    (tokens_cache / "ledger.json").write_bytes(ledger)
     assert bad_paths(tokens_cache) == {str(tokens_cache / "manifest.json"),
                                        str(tokens_cache / "ledger.json")}
 
@@ -181,3 +187,20 @@ def test_a_flip_of_any_single_byte_is_found_and_blamed_on_its_file(
         assert bad_paths(root) == {str(path)}, offset
         path.write_bytes(original)
     assert verify_cache(root).ok
+
+
+def test_refresh_keeps_the_kind_of_record_chunks(tmp_path: Path) -> None:
+    """Regression (format/cache.py, found while writing verify): ``Cache.refresh`` labelled
+    newly visible chunks of a records cache as token chunks."""
+    import shutil
+
+    import shardwise
+
+    docs = sample_docs(12, seed=5)
+    root = make_cache(tmp_path / "r", [docs[:6], docs[6:]], chunk_docs=2, kind="records",
+                      unfinished_last=True)
+    cache = shardwise.open_cache(root)
+    shutil.rmtree(root)
+    make_cache(root, [docs[:6], docs[6:]], chunk_docs=2, kind="records")
+    assert cache.refresh() == 1
+    assert {c.kind.value for c in cache.chunks} == {"records"}

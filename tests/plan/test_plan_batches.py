@@ -120,7 +120,7 @@ def test_eval_sees_every_example_once_and_pads_at_the_end(n: int, m: int, world:
     steps = num_eval_steps(n, world_size=world, micro_batch_size=m)
     got = np.concatenate([eval_micro_batch_indices(k, n=n, rank=r, world_size=world,
                                                    micro_batch_size=m)
-                          for k in range(steps) for r in range(world)] or [np.zeros(0)])
+                          for k in range(steps) for r in range(world)] or [np.zeros(0, np.int64)])
     real = got[got >= 0]
     assert np.array_equal(real, np.arange(n))
     assert (got[n:] == -1).all() and len(got) - n < m * world

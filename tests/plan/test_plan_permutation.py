@@ -55,6 +55,10 @@ def test_scalar_and_vector_paths_agree(n: int, seed: int, data: st.DataObject) -
     assert isinstance(p(idx[0]), int)
 
 
+def test_docstring_example() -> None:
+    assert permutation(5, seed=1, epoch=0).tolist() == [2, 4, 3, 0, 1]
+
+
 def test_shape_is_preserved() -> None:
     p = Permutation(100, seed=1, epoch=0)
     idx = np.arange(12).reshape(3, 4)

@@ -188,11 +188,11 @@ def from_megatron(prefix: str | os.PathLike[str], out_dir: str | os.PathLike[str
     """
     started = time.monotonic()
     prefix, out = Path(prefix), Path(out_dir)
-    index = _source_index(prefix)
-    _check_out_dir(out)
-    max_bytes = None if chunk_docs is not None else _positive_bytes(chunk_mb)
     if chunk_docs is not None and chunk_docs <= 0:
         raise ConfigError(f"chunk_docs must be positive, got {chunk_docs}")
+    max_bytes = None if chunk_docs is not None else _positive_bytes(chunk_mb)
+    index = _source_index(prefix)
+    _check_out_dir(out)
     segments, top = [], -1
     with open(_with(prefix, ".bin"), "rb") as bin_file:  # read per chunk: bounded memory
         for g, (a, b) in enumerate(_doc_ranges(index.sequence_lengths, index.dtype.itemsize,

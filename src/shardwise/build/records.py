@@ -58,12 +58,51 @@ def _open_stream(info: SourceInfo) -> BinaryIO:
     if fmt is SourceFormat.JSONL_GZ:
         return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
     if fmt is SourceFormat.JSONL_ZST:
+        return _ZstdStream(raw)  # type: ignore[return-value]
+    return raw
+
+
+class _ZstdStream(io.RawIOBase):
+    """A zstd stream over any number of frames that raises EOFError when the input ends
+    inside a frame (``zstandard``'s stream reader returns a silent EOF there)."""
+
+    def __init__(self, raw: BinaryIO) -> None:
         import zstandard
 
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True,
-                                                            closefd=True)
-        return io.BufferedReader(reader, buffer_size=BLOCK)  # type: ignore[arg-type]
-    return raw
+        self._raw = raw
+        self._zstd = zstandard.ZstdDecompressor()
+        self._dobj = self._zstd.decompressobj()
+        self._in_frame = False
+        self._buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def read1(self, n: int = -1) -> bytes:
+        while not self._buf:
+            data = self._raw.read(1 << 20)
+            if not data:
+                if self._in_frame:
+                    raise EOFError("zstd input ended inside a frame")
+                return b""
+            while data:
+                self._in_frame = True
+                self._buf += self._dobj.decompress(data)
+                if not self._dobj.eof:
+                    break
+                self._in_frame = False
+                data = self._dobj.unused_data
+                self._dobj = self._zstd.decompressobj()
+        n = len(self._buf) if n is None or n < 0 else n
+        out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+    def read(self, n: int = -1) -> bytes:  # type: ignore[override]
+        return self.read1(n)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 def _truncated(info: SourceInfo, seg: Segment, pos: int, line: int, err: Exception
@@ -101,7 +140,8 @@ def iter_lines(info: SourceInfo, seg: Segment, position: int, line: int
         while stop < 0 or pos < stop:
             try:
                 want = BLOCK if stop < 0 else min(BLOCK, stop - pos)
-                block = f.read(want)
+                # read1: a truncated compressed stream still yields what precedes the damage
+                block = f.read1(want)
             except (EOFError, OSError, ValueError) as e:
                 yield _truncated(info, seg, pos, line, e), pos, line
                 return

@@ -6,6 +6,7 @@ Thin shell over :func:`shardwise.build.convert.to_megatron` and ``from_megatron`
 from __future__ import annotations
 
 import argparse
+import textwrap
 from typing import Any
 
 import orjson
@@ -17,12 +18,15 @@ USAGE = ("shardwise convert DIR --to-megatron PREFIX [--allow-partial]\n"
          "[--chunk-docs N | --chunk-mb N]")
 
 
+DESCRIPTION = ("Merge a finished cache's chunks, in global order, into one Megatron PREFIX.bin "
+               "+ PREFIX.idx (streamed, constant memory); or import a Megatron prefix as a "
+               "chunked, checksummed shardwise cache.")
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "convert", usage=USAGE, help="convert a cache to Megatron .bin/.idx, or import one",
-        description="Merge a finished cache's chunks, in global order, into one Megatron "
-                    "PREFIX.bin + PREFIX.idx (streamed, constant memory); or import a "
-                    "Megatron prefix as a chunked, checksummed shardwise cache.",
+        description=textwrap.fill(DESCRIPTION, 88),
         epilog="examples:\n  shardwise convert cache/ --to-megatron out/corpus_text_document\n"
                "  shardwise convert --from-megatron data/corpus_text_document --out cache/ "
                "--chunk-docs 100000",

@@ -8,6 +8,7 @@ status, skipped records and a histogram of document lengths; ``--json`` for mach
 from __future__ import annotations
 
 import argparse
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,16 @@ from shardwise.read.summary import CacheSummary, sample_lengths, summarize
 BAR_WIDTH = 40
 
 
+DESCRIPTION = ("Summarise a shardwise cache directory or a Megatron dataset prefix "
+               "(data/corpus_text_document for .bin/.idx): sources, totals, build status, "
+               "skipped records by reason and a histogram of document lengths (sampled for "
+               "huge caches).")
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "inspect", help="show what a cache holds: sources, totals, status, document lengths",
-        description="Summarise a shardwise cache directory or a Megatron dataset prefix "
-                    "(data/corpus_text_document for .bin/.idx): sources, totals, build "
-                    "status, skipped records by reason and a histogram of document lengths "
-                    "(sampled for huge caches).",
+        description=textwrap.fill(DESCRIPTION, 88),
         epilog="examples:\n  shardwise inspect cache/\n  shardwise inspect cache/ --json\n"
                "  shardwise inspect cache/ --plot lengths.png\n"
                "  shardwise inspect cache/ --examples 2 --seq-len 16 --tokenizer tok.json",

@@ -8,6 +8,7 @@ ledger does not name, and a summary line. ``--json`` prints the report as one ob
 from __future__ import annotations
 
 import argparse
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +18,17 @@ from shardwise.errors import ManifestError
 from shardwise.format.manifest import MANIFEST_NAME
 from shardwise.format.verify import VerifyReport, verify_cache, verify_megatron
 
+DESCRIPTION = ("Check a shardwise cache exhaustively: the manifest, the ledger's consistency, "
+               "and for every chunk the ledger names (visible or not) its metadata checksum, "
+               "every data file's size and xxh3_64, the .idx structure and Parquet row counts. "
+               "Every damaged file is named. For a Megatron prefix, checks the .idx header and "
+               "structure and the .bin size.")
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "verify", help="check every chunk's checksums and structure; exit 1 if damaged",
-        description="Check a shardwise cache exhaustively: the manifest, the ledger's "
-                    "consistency, and for every chunk the ledger names (visible or not) its "
-                    "metadata checksum, every data file's size and xxh3_64, the .idx "
-                    "structure and Parquet row counts. Every damaged file is named. For a "
-                    "Megatron prefix, checks the .idx header and structure and the .bin size.",
+        description=textwrap.fill(DESCRIPTION, 88),
         epilog="exit status: 0 the cache is intact, 1 problems were found, 2 usage error.\n"
                "examples:\n  shardwise verify cache/\n  shardwise verify data/corpus_text_document"
                "\n  shardwise verify cache/ --json",

@@ -95,7 +95,7 @@ class Cache:
         if self.manifest is None or self.finished:
             return 0
         ledger = Ledger.load(self.root)
-        visible = _visible_chunks(self.root, ledger)
+        visible = _visible_chunks(self.root, ledger, ChunkKind(self.manifest.chunk_kind))
         for old, new in zip(self.chunks, visible, strict=False):
             if old.stem != new.stem:
                 raise CacheError(f"{self.root}: the ledger reordered published chunks "
@@ -165,12 +165,12 @@ class Cache:
         return np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)
 
 
-def _visible_chunks(root: Path, ledger: Ledger) -> list[ChunkInfo]:
+def _visible_chunks(root: Path, ledger: Ledger,
+                    kind: ChunkKind = ChunkKind.TOKENS) -> list[ChunkInfo]:
     out = []
     for source, entry in ledger.global_order():
         base = safe_join(root, entry.stem, where=str(root / "ledger.json"))
-        out.append(ChunkInfo(entry.stem, base, ChunkKind.TOKENS, source,
-                             entry.documents, entry.tokens))
+        out.append(ChunkInfo(entry.stem, base, kind, source, entry.documents, entry.tokens))
     return out
 
 

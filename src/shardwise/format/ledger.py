@@ -124,7 +124,7 @@ class Ledger:
             sources = [SourceProgress([
                 Segment(**{**seg, "chunks": [ChunkEntry(**c) for c in seg["chunks"]]})
                 for seg in src["segments"]]) for src in d["sources"]]
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise ManifestError(f"{where}: not a valid shardwise ledger ({e})") from e
         return cls(sources=sources)
 

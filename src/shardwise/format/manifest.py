@@ -71,7 +71,7 @@ class Manifest:
             d["tokenizer"] = TokenizerInfo(**d["tokenizer"])
             d["sources"] = [SourceInfo(**s) for s in d["sources"]]
             return cls(**d)
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise ManifestError(f"{where}: not a valid shardwise manifest ({e})") from e
 
     def save(self, root: Path) -> None:

@@ -252,7 +252,7 @@ def _check_meta(exp: _Expect, report: VerifyReport) -> tuple[ChunkMeta | None, b
                    f"{exp.entry.meta_xxh3}")
     try:
         meta = ChunkMeta.from_dict(orjson.loads(data))
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
         report.bad(path, f"not valid chunk metadata ({type(e).__name__}: {e})")
         return None, False
     for what in _meta_disagreements(meta, exp):

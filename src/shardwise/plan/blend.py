@@ -115,29 +115,31 @@ class BlendSchedule:
         self._counts: list[IntArray] = [np.zeros(self.weights.size, dtype=np.int64)]
         self._blocks: OrderedDict[int, IntArray] = OrderedDict()
 
-    def _block(self, b: int) -> IntArray:
-        """Sources of examples ``[b*C, (b+1)*C)`` (``C = CHECKPOINT_EVERY``), cached."""
-        if b in self._blocks:
-            self._blocks.move_to_end(b)
-            return self._blocks[b]
-        while len(self._counts) <= b:  # extend checkpoints up to block b
+    def _block(self, b: int, need: int = CHECKPOINT_EVERY) -> IntArray:
+        """Sources of examples ``b*C ..`` (``C = CHECKPOINT_EVERY``), at least ``need`` of them.
+
+        Blocks are computed only as far as asked and extended later; a block that reaches
+        ``C`` examples adds the checkpoint of block ``b + 1``.
+        """
+        while len(self._counts) <= b:  # checkpoints up to block b
             self._block(len(self._counts) - 1)
-        counts = self._counts[b].tolist()
-        src = np.asarray(_schedule(self._w, counts, b * CHECKPOINT_EVERY, CHECKPOINT_EVERY),
-                         dtype=np.int64)
-        if len(self._counts) == b + 1:
-            self._counts.append(np.asarray(counts, dtype=np.int64))
-        self._blocks[b] = src
+        have = self._blocks.pop(b, np.zeros(0, np.int64))
+        if have.size < need:
+            counts = (self._counts[b] + np.bincount(have, minlength=len(self._w))).tolist()
+            more = _schedule(self._w, counts, b * CHECKPOINT_EVERY + have.size,
+                             need - have.size)
+            have = np.concatenate([have, np.asarray(more, dtype=np.int64)])
+            if have.size == CHECKPOINT_EVERY and len(self._counts) == b + 1:
+                self._counts.append(np.asarray(counts, dtype=np.int64))
+        self._blocks[b] = have
         if len(self._blocks) > _KEEP_BLOCKS:
             self._blocks.popitem(last=False)
-        return src
+        return have
 
     def counts_at(self, t: int) -> IntArray:
         """Examples taken from each source among the first ``t``."""
         b, r = divmod(check_int(t, "t", minimum=0), CHECKPOINT_EVERY)
-        head = self._block(b)[:r] if r else np.zeros(0, np.int64)
-        if len(self._counts) <= b:
-            self._block(b - 1)
+        head = self._block(b, r)[:r]
         return self._counts[b] + np.bincount(head, minlength=self.weights.size)
 
     def slice(self, start: int, stop: int) -> tuple[IntArray, IntArray]:
@@ -147,8 +149,9 @@ class BlendSchedule:
         if hi == lo:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         first, last = lo // CHECKPOINT_EVERY, (hi - 1) // CHECKPOINT_EVERY
-        src = np.concatenate([self._block(b) for b in range(first, last + 1)])
-        src = src[lo - first * CHECKPOINT_EVERY: hi - first * CHECKPOINT_EVERY]
+        parts = [self._block(b, min(CHECKPOINT_EVERY, hi - b * CHECKPOINT_EVERY))
+                 for b in range(first, last + 1)]
+        src = np.concatenate(parts)[lo - first * CHECKPOINT_EVERY: hi - first * CHECKPOINT_EVERY]
         return src, _offsets(src, self.counts_at(lo))
 
     def __call__(self, idx: IndexLike) -> tuple[IntArray, IntArray]:

@@ -71,8 +71,9 @@ class DocShuffleIndex:
 
     def span(self, w: int) -> tuple[int, int]:
         """Window ``w``'s token range in the shuffled stream (stop clipped; pad the rest)."""
-        check_in_range(np.asarray([w]), self.n_windows, "DocShuffleIndex", "windows")
-        start = int(w) * self.seq_len
+        window = check_int(w, "window")
+        check_in_range(np.asarray([window]), self.n_windows, "DocShuffleIndex", "windows")
+        start = window * self.seq_len
         return start, min(start + self.seq_len + 1, self.total_tokens)
 
     def pieces(self, w: int) -> list[tuple[int, int, int]]:
@@ -121,7 +122,10 @@ class DocShuffleIndex:
         arrays = {}
         for name in _ARRAYS:
             path = directory / f"{fingerprint}.{name}.npy"
-            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+            try:
+                arr = np.load(path, mmap_mode="r", allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"{path}: cannot be read as .npy ({exc}); {fix}") from exc
             if arr.dtype != np.int64 or arr.shape != want[name]:
                 raise ValueError(f"{path}: expected int64 of shape {want[name]}, "
                                  f"got {arr.dtype} {arr.shape}; {fix}")

@@ -23,14 +23,16 @@ How (version 1, pinned by a golden file):
    ``[0, n)``; the expected number of steps is below 4 and vectorised calls only iterate
    the elements still out of range.
 
-Worked example (``n = 5``, domain ``2**4 = 16``, ``h = 2``)::
+Worked example (``Permutation(n=5, seed=1, epoch=0)``: domain ``2**4 = 16``, ``h = 2``)::
 
-    i = 3      -> feistel(3) = 12   (>= 5, walk)
-               -> feistel(12) = 9   (>= 5, walk)
-               -> feistel(9)  = 1   -> π(3) = 1
+    i     network applied until the value is < 5     π(i)
+    0     6 -> 14 -> 2                                2
+    1     10 -> 7 -> 4                                4
+    2     5 -> 12 -> 11 -> 15 -> 3                    3
+    3     9 -> 0                                      0
+    4     1                                           1
 
-``Permutation(n=5, seed=0, epoch=0)`` applied to ``0..4`` is a reordering of ``0..4``; the
-inverse walks the inverse network the same way.
+so ``π = [2, 4, 3, 0, 1]``; ``inverse`` walks the inverse network the same way.
 """
 
 from __future__ import annotations

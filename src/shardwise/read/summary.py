@@ -140,14 +140,15 @@ def sample_lengths(cache: Cache, sample_docs: int = SAMPLE_DOCS
         picks = sorted(set(np.linspace(0, n - 1, MAX_SAMPLE_CHUNKS).round().astype(int)))
     docs = sum(cache.chunks[i].documents for i in picks)
     stride = max(1, -(-docs // max(sample_docs, 1)))
-    parts = [_chunk_lengths(cache.chunks[i])[::stride] for i in picks]
+    parts = [_chunk_lengths(cache.chunks[i], stride) for i in picks]
     lengths = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     return lengths.astype(np.int64, copy=False), len(picks) < n or stride > 1
 
 
-def _chunk_lengths(info: ChunkInfo) -> npt.NDArray[np.int64]:
+def _chunk_lengths(info: ChunkInfo, stride: int) -> npt.NDArray[np.int64]:
+    """Every ``stride``-th document length; only those are copied out of the index map."""
     if info.kind is ChunkKind.TOKENS:
-        return read_idx(_with(info.base, ".idx")).sequence_lengths.astype(np.int64)
+        return read_idx(_with(info.base, ".idx")).sequence_lengths[::stride].astype(np.int64)
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -156,7 +157,7 @@ def _chunk_lengths(info: ChunkInfo) -> npt.NDArray[np.int64]:
         return np.zeros(0, dtype=np.int64)
     column = pq.read_table(path, columns=["input_ids"]).column("input_ids")
     return np.asarray(pc.list_value_length(column).to_numpy(zero_copy_only=False),
-                      dtype=np.int64)
+                      dtype=np.int64)[::stride]
 
 
 def _with(base: Path, suffix: str) -> Path:
