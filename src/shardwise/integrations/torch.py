@@ -1,0 +1,151 @@
+"""PyTorch: a DataLoader that serves this rank's micro-batches and checkpoints its position.
+
+:func:`loader` returns a :class:`ShardwiseLoader`, a ``torch.utils.data.DataLoader`` with
+``state_dict()`` / ``load_state_dict()`` as torchdata's StatefulDataLoader has them. The
+state counts micro-batches this process has *received* (prefetched batches are not
+counted), converted to examples of the global order, so it is the same on every rank and
+restores any world size for which the position is a whole step. Works with
+``num_workers > 0``, ``pin_memory`` and ``persistent_workers``: the index stream is made
+in the main process, workers only read.
+
+State keys: ``kind``, ``version``, ``fingerprint``, ``consumed``, ``config``, ``extra``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+from shardwise.errors import ConfigError, MissingExtraError, StateError
+from shardwise.read.sampler import BatchSampler, SamplerKind
+from shardwise.read.world import World
+from shardwise.state import LoaderState
+
+try:
+    import torch
+    from torch.utils.data import DataLoader
+    from torch.utils.data._utils.collate import default_collate
+except ImportError as e:  # pragma: no cover - exercised only without torch
+    raise MissingExtraError("shardwise.torch needs PyTorch: pip install 'shardwise[torch]'"
+                            ) from e
+
+STATE_KIND = "torch_loader"
+
+
+def collate(data: Any) -> Any:
+    """A batched dict of numpy arrays (from ``__getitems__``) → tensors, without copies."""
+    if isinstance(data, dict):
+        return {k: torch.from_numpy(v) for k, v in data.items()}
+    return default_collate(data)
+
+
+class _Indices:
+    """The batch sampler handed to torch: a mutable holder, so a restored position takes
+    effect on the next ``iter()`` (also with persistent workers)."""
+
+    def __init__(self, sampler: BatchSampler) -> None:
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class ShardwiseLoader(DataLoader):  # type: ignore[type-arg]
+    """A DataLoader over this rank's micro-batches; iterate it, checkpoint it, restore it.
+
+    Every ``iter()`` continues from the current position (the number of examples of the
+    global order consumed so far), so an interrupted loop picks up where it stopped.
+    """
+
+    def __init__(self, dataset: Any, sampler: BatchSampler, **kwargs: Any) -> None:
+        self._indices = _Indices(sampler)
+        self._start = sampler.consumed
+        self._received = 0
+        super().__init__(dataset, batch_sampler=self._indices, collate_fn=collate, **kwargs)
+
+    @property
+    def consumed(self) -> int:
+        """Examples of the global order received by all ranks together."""
+        return self._start + self._received * self._indices.sampler.step_examples
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._restart(self.consumed)
+        for batch in super().__iter__():
+            self._received += 1
+            yield batch
+
+    def _restart(self, consumed: int) -> None:
+        self._indices.sampler = dataclasses.replace(self._indices.sampler, consumed=consumed)
+        self._start, self._received = consumed, 0
+
+    def _state_config(self) -> dict[str, Any]:
+        s = self._indices.sampler
+        cfg = dict(self.dataset.state_config()) if hasattr(self.dataset, "state_config") else {
+            "dataset": type(self.dataset).__qualname__, "len": len(self.dataset)}
+        cfg["sampler"] = s.kind.value
+        if s.kind is SamplerKind.CYCLIC:
+            cfg.update(sampler_seed=s.seed, data_sharding=s.data_sharding)
+            if s.data_sharding:
+                cfg["world_size"] = s.world.size  # the order depends on it
+        if s.kind is SamplerKind.EVAL:
+            cfg["world_size"] = s.world.size
+        return cfg
+
+    def _fingerprint(self) -> str:
+        import hashlib
+
+        import orjson
+
+        return hashlib.sha256(orjson.dumps(self._state_config(),
+                                           option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+    def state_dict(self) -> dict[str, Any]:
+        return LoaderState(fingerprint=self._fingerprint(), consumed=self.consumed,
+                           config=self._state_config(), kind=STATE_KIND).to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved position; refuse a state of other data or config."""
+        st = LoaderState.from_dict(state)
+        st.check_matches(STATE_KIND, self._fingerprint(), self._state_config())
+        step = self._indices.sampler.step_examples
+        if st.consumed % step:
+            raise StateError(f"the state is at {st.consumed} examples, not a multiple of "
+                             f"micro_batch_size × world size = {step}; resume with a layout "
+                             "that divides it (states saved at global-batch boundaries fit "
+                             "every layout whose micro-batch × world size divides the "
+                             "global batch)")
+        self._restart(st.consumed)
+
+
+def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
+           world: World | None = None, num_workers: int = 0, sampler: str = "single",
+           seed: int = 0, data_sharding: bool = True, epochs: int | None = None,
+           total_samples: int | None = None, consumed: int = 0, pin_memory: bool = False,
+           persistent_workers: bool = False, prefetch_factor: int | None = None,
+           **dataloader_kwargs: Any) -> ShardwiseLoader:
+    """This rank's loader over ``dataset`` (a TokenDataset or any map-style dataset).
+
+    ``global_batch_size = micro_batch_size × world size × accumulation``; ``epochs`` or
+    ``total_samples`` bound the run (default: endless). ``sampler="eval"`` is one padded
+    pass in stored order.
+
+    >>> dl = loader(ds, global_batch_size=64, micro_batch_size=8, world=World(0, 2))  # doctest: +SKIP
+    """
+    kind = SamplerKind.parse(sampler)
+    world = world or World.detect()
+    if epochs is not None and total_samples is not None:
+        raise ConfigError("give epochs or total_samples, not both")
+    total = total_samples if epochs is None else epochs * len(dataset)
+    batches = BatchSampler(len(dataset), global_batch_size, micro_batch_size, world, kind,
+                           seed, data_sharding, consumed, total)
+    extra: dict[str, Any] = {}
+    if num_workers > 0:
+        extra["persistent_workers"] = persistent_workers
+        if prefetch_factor is not None:
+            extra["prefetch_factor"] = prefetch_factor
+    return ShardwiseLoader(dataset, batches, num_workers=num_workers, pin_memory=pin_memory,
+                           **extra, **dataloader_kwargs)

@@ -1,0 +1,124 @@
+"""Resumable distributed batch samplers: this rank's micro-batches of example indices.
+
+A sampler is a pure function of ``(consumed, world, micro_batch_size, seed)``
+(:mod:`shardwise.plan.batches`); it holds no cursor. Resuming is constructing it with the
+``consumed`` count a checkpoint saved, in O(1).
+
+* ``single``: walks the dataset's global order (which is already shuffled per epoch by
+  the dataset); rank ``r``'s ``k``-th micro-batch is examples
+  ``[c + k·m·W + r·m, c + k·m·W + (r+1)·m)``. The same order for every world size.
+* ``cyclic``: Megatron's random sampler: reshuffles ``[0, n)`` every epoch itself (use it
+  with ``shuffle="none"`` datasets or any map-style dataset), with or without data
+  sharding (with it, each rank reads only its contiguous bucket, and the order depends on
+  the world size).
+* ``eval``: one pass in stored order; the last step is padded with index ``-1``, which
+  :class:`~shardwise.read.token_dataset.TokenDataset` turns into fully masked examples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
+
+from shardwise.errors import ConfigError
+from shardwise.plan.batches import (
+    cyclic_micro_batch_indices,
+    eval_micro_batch_indices,
+    micro_batch_indices,
+    num_eval_steps,
+)
+from shardwise.read.world import World
+
+
+class SamplerKind(str, Enum):
+    SINGLE = "single"
+    CYCLIC = "cyclic"
+    EVAL = "eval"
+
+    @classmethod
+    def parse(cls, value: str | SamplerKind) -> SamplerKind:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(f"sampler must be one of {[m.value for m in cls]}, "
+                              f"got {value!r}") from None
+
+
+def accumulation_steps(global_batch_size: int, micro_batch_size: int, world_size: int) -> int:
+    """``B = m × W × accumulation``; a clear error when the sizes do not fit."""
+    for name, v in (("global_batch_size", global_batch_size),
+                    ("micro_batch_size", micro_batch_size)):
+        if not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+    step = micro_batch_size * world_size
+    if global_batch_size % step:
+        raise ConfigError(f"global_batch_size ({global_batch_size}) must be a multiple of "
+                          f"micro_batch_size × world size ({micro_batch_size} × {world_size}"
+                          f" = {step})")
+    return global_batch_size // step
+
+
+@dataclass(frozen=True)
+class BatchSampler:
+    """Yields this rank's micro-batches (lists of example indices) from ``consumed`` on.
+
+    ``n`` is the dataset's length (one epoch); ``total`` the number of examples to serve
+    in all (``None``: forever, epoch after epoch; eval: one pass).
+    """
+
+    n: int
+    global_batch_size: int
+    micro_batch_size: int
+    world: World
+    kind: SamplerKind = SamplerKind.SINGLE
+    seed: int = 0
+    data_sharding: bool = True
+    consumed: int = 0
+    total: int | None = None
+
+    def __post_init__(self) -> None:
+        accumulation_steps(self.global_batch_size, self.micro_batch_size, self.world.size)
+        step = self.micro_batch_size * self.world.size
+        if self.consumed % step:
+            raise ConfigError(f"cannot resume at {self.consumed} consumed examples with "
+                              f"micro_batch_size × world size = {step}: it is not a multiple "
+                              "(save checkpoints at global-batch boundaries)")
+
+    @property
+    def step_examples(self) -> int:
+        """Examples consumed by all ranks per micro-batch step."""
+        return self.micro_batch_size * self.world.size
+
+    def __len__(self) -> int:
+        """Micro-batches this rank has left (needs ``total`` or eval)."""
+        if self.kind is SamplerKind.EVAL:
+            steps = num_eval_steps(self.n, world_size=self.world.size,
+                                   micro_batch_size=self.micro_batch_size)
+            return max(0, steps - self.consumed // self.step_examples)
+        if self.total is None:
+            raise TypeError("an endless sampler has no len(); pass total= (or epochs=)")
+        return max(0, self.total - self.consumed) // self.step_examples
+
+    def micro_batch(self, k: int) -> list[int]:
+        """This rank's ``k``-th micro-batch counted from ``consumed``."""
+        m, w = self.micro_batch_size, self.world
+        if self.kind is SamplerKind.SINGLE:
+            idx = micro_batch_indices(k, rank=w.rank, world_size=w.size, micro_batch_size=m,
+                                      consumed=self.consumed)
+        elif self.kind is SamplerKind.CYCLIC:
+            idx = cyclic_micro_batch_indices(k, n=self.n, rank=w.rank, world_size=w.size,
+                                             micro_batch_size=m, seed=self.seed,
+                                             consumed=self.consumed,
+                                             data_sharding=self.data_sharding)
+        else:
+            idx = eval_micro_batch_indices(k + self.consumed // self.step_examples, n=self.n,
+                                           rank=w.rank, world_size=w.size, micro_batch_size=m)
+        return idx.tolist()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        k = 0
+        limit = None if (self.total is None and self.kind is not SamplerKind.EVAL) else len(self)
+        while limit is None or k < limit:
+            yield self.micro_batch(k)
+            k += 1
