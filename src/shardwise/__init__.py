@@ -17,17 +17,27 @@ from shardwise.errors import (
     ShardwiseError,
     StateError,
 )
+from shardwise.build.api import build
 from shardwise.format.cache import Cache, open_cache
+from shardwise.read.token_dataset import PAD, Shuffle, TokenDataset
+from shardwise.read.world import World
+from shardwise.state import LoaderState
 
 __all__ = [
+    "PAD",
     "Cache",
     "CacheError",
     "CacheMismatchError",
     "ConfigError",
     "CorruptChunkError",
     "InputError",
+    "LoaderState",
     "ShardwiseError",
+    "Shuffle",
     "StateError",
+    "TokenDataset",
+    "World",
     "__version__",
+    "build",
     "open_cache",
 ]

@@ -14,10 +14,20 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     which = p.add_subparsers(dest="bench", metavar="WHAT", required=True)
     b = which.add_parser("build", help="tokens/s of the build for 1..N workers vs the "
                                         "tokenizer's own single-thread speed")
-    b.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the sample's)")
-    b.add_argument("--mb", type=float, default=64.0, help="MB of text to build (default 64)")
-    b.add_argument("--workers", type=int, default=2, help="largest worker count (default 2)")
-    b.add_argument("--json", action="store_true")
+    b.add_argument("--tokenizer", default=None, metavar="FILE",
+                   help="tokenizer.json (default: the repository's sample/tokenizer.json)")
+    b.add_argument("--corpus", default=None, metavar="FILE",
+                   help="JSONL with a 'text' field, repeated to --mb (default: the "
+                        "repository's sample/corpus.jsonl)")
+    b.add_argument("--mb", type=float, default=64.0,
+                   help="MB (10^6 bytes) of text to build (default 64)")
+    b.add_argument("--workers", type=int, default=2,
+                   help="measure 1, 2, ... up to this many workers (default 2)")
+    b.add_argument("--repeat", type=int, default=3,
+                   help="runs of each measurement; the best is reported (default 3)")
+    b.add_argument("--tmp-dir", default=None, metavar="DIR",
+                   help="where the corpus and caches go (default: the system temp dir)")
+    b.add_argument("--json", action="store_true", help="print the figures as JSON")
     return p
 
 
