@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from shardwise.build.api import build
 from shardwise.errors import (
     CacheError,
     CacheMismatchError,
@@ -17,14 +18,12 @@ from shardwise.errors import (
     ShardwiseError,
     StateError,
 )
-from shardwise.build.api import build
 from shardwise.format.cache import Cache, open_cache
 from shardwise.read.token_dataset import PAD, Shuffle, TokenDataset
 from shardwise.read.world import World
 from shardwise.state import LoaderState
 
 __all__ = [
-    "PAD",
     "Cache",
     "CacheError",
     "CacheMismatchError",
@@ -32,6 +31,7 @@ __all__ = [
     "CorruptChunkError",
     "InputError",
     "LoaderState",
+    "PAD",
     "ShardwiseError",
     "Shuffle",
     "StateError",

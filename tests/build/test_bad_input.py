@@ -9,11 +9,11 @@ from pathlib import Path
 import orjson
 import pytest
 import zstandard
+from tests.conftest import sample_texts
 
 import shardwise as sw
 from shardwise.build.api import build
 from shardwise.errors import InputError
-from tests.conftest import sample_texts
 
 GOOD = [json.dumps({"text": t}).encode() for t in sample_texts()[:40]]
 
@@ -69,7 +69,7 @@ def test_error_line_is_absolute_in_a_split_file(tmp_path: Path, tokenizer_path: 
     lines[700] = b"{broken"
     src = tmp_path / "big.jsonl"
     src.write_bytes(b"\n".join(lines) + b"\n")
-    with pytest.raises(InputError, match=rf"big.jsonl:701: invalid JSON") as info:
+    with pytest.raises(InputError, match=r"big.jsonl:701: invalid JSON") as info:
         build([src], tmp_path / "c", tokenizer=tokenizer_path, chunk_docs=50, workers=2,
               segment_bytes=100_000, progress=False)
     assert info.value.line == 701

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.conftest import sample_texts
+from tests.helpers_cache import assert_same_cache
 from tokenizers import Tokenizer
 
 import shardwise as sw
 from shardwise.build.api import build
 from shardwise.errors import CacheMismatchError, ConfigError
-from tests.conftest import sample_texts
-from tests.helpers_cache import assert_same_cache
 
 
 def test_sample_tokens_match_the_tokenizer(tmp_path: Path, sample_corpus: Path,

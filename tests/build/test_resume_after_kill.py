@@ -11,11 +11,11 @@ from pathlib import Path
 
 import orjson
 import pytest
+from tests.helpers_cache import assert_same_cache
 
 import shardwise as sw
 from shardwise.build.api import build
 from shardwise.format.verify import verify_cache
-from tests.helpers_cache import assert_same_cache
 
 ARGS = dict(workers=2, chunk_docs=16, segment_bytes=250_000, progress=False)
 

@@ -150,7 +150,8 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
           progress: bool | None = None, executor: LocalExecutor | None = None) -> BuildSummary:
     """Tokenize ``sources`` into the cache directory ``out``; resume it if it exists.
 
-    >>> build(["data/*.jsonl.zst"], "cache/", tokenizer="tokenizer.json", workers=8)  # doctest: +SKIP
+    >>> build(["data/*.jsonl.zst"], "cache/", tokenizer="tokenizer.json",  # doctest: +SKIP
+    ...       workers=8)
     """
     started = time.monotonic()
     err_mode = OnError.parse(on_error)

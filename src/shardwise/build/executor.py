@@ -1,6 +1,7 @@
 """Executors run build tasks and hand their messages to the coordinator, in one thread.
 
-:class:`LocalExecutor` runs ``workers`` local processes (forked on Linux, spawned elsewhere). Each takes tasks from a queue
+:class:`LocalExecutor` runs ``workers`` local processes (forked on Linux, spawned
+elsewhere). Each takes tasks from a queue
 and reports :mod:`~shardwise.build.worker` messages; a worker dies with its parent
 (``PR_SET_PDEATHSIG`` on Linux, a parent-pid check elsewhere), so a killed build leaves
 no orphan processes behind. No shared memory, no lock files.
@@ -106,7 +107,7 @@ class LocalExecutor:
         task_list = list(tasks)
         if not task_list:
             return
-        ctx = mp.get_context(self.start_method)
+        ctx: Any = mp.get_context(self.start_method)
         task_q, result_q = ctx.Queue(), ctx.Queue()
         for t in task_list:
             task_q.put(t)
@@ -137,7 +138,8 @@ class LocalExecutor:
                     p = dead[0]
                     raise WorkerCrashed(f"build worker {p.name} died with exit code "
                                         f"{p.exitcode} (killed or out of memory); the ledger "
-                                        "is intact: run the same build again to resume")
+                                        "is intact: run the same build again to resume"
+                                        ) from None
                 continue
             if isinstance(msg, _Failure):
                 raise msg.error

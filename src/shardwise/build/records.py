@@ -141,7 +141,7 @@ def iter_lines(info: SourceInfo, seg: Segment, position: int, line: int
             try:
                 want = BLOCK if stop < 0 else min(BLOCK, stop - pos)
                 # read1: a truncated compressed stream still yields what precedes the damage
-                block = f.read1(want)
+                block = f.read1(want)  # type: ignore[attr-defined]
             except (EOFError, OSError, ValueError) as e:
                 yield _truncated(info, seg, pos, line, e), pos, line
                 return

@@ -19,7 +19,12 @@ from shardwise.build.config import ChunkPolicy, OnError
 from shardwise.build.processors import Processor
 from shardwise.build.records import DEFAULT_MAX_RECORD_BYTES, Located, iter_records, relocate
 from shardwise.errors import ConfigError, InputError
-from shardwise.format.chunk import SourceRange, chunk_stem, publish_record_chunk, publish_token_chunk
+from shardwise.format.chunk import (
+    SourceRange,
+    chunk_stem,
+    publish_record_chunk,
+    publish_token_chunk,
+)
 from shardwise.format.ledger import ChunkEntry, Segment
 from shardwise.format.manifest import SourceInfo
 

@@ -66,8 +66,8 @@ def resolve_inputs(corpus: str | None, tokenizer: str | None) -> tuple[Path, Pat
                           "the shardwise source tree) is not found: this install has no "
                           f"repository next to it; pass {missing} (a JSONL file with a "
                           "'text' field, a tokenizer.json)")
-    paths = (Path(corpus) if corpus else sample / "corpus.jsonl",  # type: ignore[operator]
-             Path(tokenizer) if tokenizer else sample / "tokenizer.json")  # type: ignore[operator]
+    paths = (Path(corpus) if corpus else Path(sample or ".", "corpus.jsonl"),
+             Path(tokenizer) if tokenizer else Path(sample or ".", "tokenizer.json"))
     for what, p in zip(("corpus", "tokenizer"), paths, strict=True):
         if not p.is_file():
             raise ConfigError(f"{what} file {p} does not exist")

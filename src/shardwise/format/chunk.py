@@ -108,8 +108,9 @@ def publish_token_chunk(root: Path, stem: str, tokens: npt.NDArray[np.generic],
                         doc_lengths: npt.NDArray[np.int64],
                         meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
     """Publish a Megatron ``.bin/.idx`` chunk; returns its metadata and the metadata's checksum."""
-    payloads = {".bin": memoryview(np.ascontiguousarray(tokens)).cast("B"),
-                ".idx": idx_bytes(doc_lengths, tokens.dtype)}
+    payloads: dict[str, bytes | memoryview] = {
+        ".bin": np.ascontiguousarray(tokens).tobytes(),
+        ".idx": idx_bytes(doc_lengths, tokens.dtype)}
     fields = dict(meta_fields, kind=ChunkKind.TOKENS, documents=len(doc_lengths),
                   tokens=int(np.sum(doc_lengths, dtype=np.int64)))
     return _publish(root, stem, payloads, fields)

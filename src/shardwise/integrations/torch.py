@@ -85,7 +85,8 @@ class ShardwiseLoader(DataLoader):  # type: ignore[type-arg]
     def _state_config(self) -> dict[str, Any]:
         s = self._indices.sampler
         cfg = dict(self.dataset.state_config()) if hasattr(self.dataset, "state_config") else {
-            "dataset": type(self.dataset).__qualname__, "len": len(self.dataset)}
+            "dataset": type(self.dataset).__qualname__,
+            "len": len(self.dataset)}  # type: ignore[arg-type]
         cfg["sampler"] = s.kind.value
         if s.kind is SamplerKind.CYCLIC:
             cfg.update(sampler_seed=s.seed, data_sharding=s.data_sharding)
@@ -133,7 +134,8 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
     ``total_samples`` bound the run (default: endless). ``sampler="eval"`` is one padded
     pass in stored order.
 
-    >>> dl = loader(ds, global_batch_size=64, micro_batch_size=8, world=World(0, 2))  # doctest: +SKIP
+    >>> dl = loader(ds, global_batch_size=64, micro_batch_size=8,  # doctest: +SKIP
+    ...             world=World(0, 2))
     """
     kind = SamplerKind.parse(sampler)
     world = world or World.detect()

@@ -27,8 +27,12 @@ import orjson
 from shardwise.errors import ConfigError
 from shardwise.format.cache import Cache, open_cache
 from shardwise.plan.block_shuffle import BlockShuffle
-from shardwise.plan.doc_shuffle import DOC_SHUFFLE_VERSION, DocShuffleIndex, load_or_build
-from shardwise.plan.doc_shuffle import build_doc_shuffle_index
+from shardwise.plan.doc_shuffle import (
+    DOC_SHUFFLE_VERSION,
+    DocShuffleIndex,
+    build_doc_shuffle_index,
+    load_or_build,
+)
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation
 from shardwise.plan.windows import num_windows
 from shardwise.read.windows import WindowReader
