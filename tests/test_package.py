@@ -24,7 +24,7 @@ ALLOWED = {
     "testing": {"read"},
     "integrations": {"format", "plan", "build", "read", "state"},
     "torch": {"integrations"},
-    "cli": {"format", "plan", "build", "read", "state", "integrations"},
+    "cli": {"format", "plan", "build", "read", "state", "integrations", "torch"},
 }
 CORE = ("format", "plan", "build", "read", "state")
 

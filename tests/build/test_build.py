@@ -152,3 +152,50 @@ def test_refuses_non_cache_directory_and_bad_options(tmp_path: Path, sample_corp
               chunk_mb=1)
     with pytest.raises(ConfigError, match="on_error must be one of"):
         build([sample_corpus], tmp_path / "c", tokenizer=tokenizer_path, on_error="ignore")
+
+
+def _with_mask(record: dict) -> dict:
+    ids = [ord(ch) % 250 for ch in record["text"][:64]]
+    return {"input_ids": ids, "loss_mask": [i % 2 for i in range(len(ids))],
+            "source_id": record["id"]}
+
+
+def test_record_chunks_are_parquet_with_every_field(tmp_path: Path, sample_corpus: Path
+                                                    ) -> None:
+    import pyarrow.parquet as pq
+
+    from shardwise.format.verify import verify_cache
+
+    summary = build([sample_corpus], tmp_path / "c", processor=_with_mask, vocab_size=256,
+                    records=True, chunk_docs=200, workers=2, progress=False)
+    cache = sw.open_cache(tmp_path / "c")
+    assert summary.documents == 516 and cache.chunks[0].kind.value == "records"
+    table = pq.read_table(cache.chunks[0].base.with_suffix(".parquet"))
+    assert table.column_names == ["input_ids", "loss_mask", "source_id"]
+    row = table.slice(0, 1).to_pylist()[0]
+    assert row == _with_mask({"text": sample_texts()[0], "id": 0})
+    assert verify_cache(tmp_path / "c").ok
+
+
+def test_progress_bar_on_a_terminal_and_lines_otherwise() -> None:
+    import io
+
+    from shardwise.build.progress import ProgressReporter
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty = Tty()
+    bar = ProgressReporter(4, stream=tty, enabled=True)
+    bar.advance(1.0, documents=10, tokens=1000, nbytes=5000)
+    bar.close()
+    assert "1.0/4" in tty.getvalue()
+    plain = io.StringIO()
+    log = ProgressReporter(4, stream=plain, enabled=True, interval=0.0)
+    log.advance(2.0, documents=10, tokens=1000, nbytes=5000)
+    line = plain.getvalue()
+    assert line.startswith("shardwise build:  50.0%") and "tok/s" in line and "eta" in line
+    quiet = io.StringIO()
+    ProgressReporter(4, stream=quiet, enabled=False).advance(1.0)
+    assert quiet.getvalue() == ""

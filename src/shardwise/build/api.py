@@ -117,8 +117,13 @@ class _Coordinator:
             return
         if isinstance(msg, ChunkDone):
             seg = self.ledger.sources[msg.source].segments[msg.seg_index]
-            if msg.entry.stem not in {c.stem for c in seg.chunks[-1:]}:
-                seg.chunks.append(msg.entry)
+            known = {c.stem: c for c in seg.chunks}
+            if msg.entry.stem in known:  # a retried task reporting a chunk again
+                if known[msg.entry.stem] != msg.entry:
+                    raise CacheError(f"{self.root}: chunk {msg.entry.stem} was rebuilt with "
+                                     "different bytes; the source changed during the build")
+                return
+            seg.chunks.append(msg.entry)
             seg.position, seg.line, seg.errors = msg.position, msg.line, msg.errors
             self.new_chunks += 1
         elif isinstance(msg, SegmentDone):
