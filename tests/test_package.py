@@ -19,7 +19,7 @@ ALLOWED = {
     "format": set(),
     "plan": set(),
     "build": {"format"},
-    "read": {"format", "plan", "build"},
+    "read": {"format", "plan", "build", "state"},
     "state": set(),
     "testing": {"read"},
     "integrations": {"format", "plan", "build", "read", "state"},
