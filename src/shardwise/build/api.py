@@ -40,12 +40,18 @@ LEDGER_SAVE_INTERVAL = 0.25
 
 
 def _make_processor(tokenizer: str | os.PathLike[str] | None,
-                    processor: Callable[[dict[str, Any]], Any] | None, *, text_key: str,
+                    processor: Callable[[dict[str, Any]], Any] | Processor | None, *,
+                    text_key: str,
                     append_eod: bool, eod_token: str | None, vocab_size: int | None,
                     records: bool, processor_version: str | None) -> Processor:
     if (tokenizer is None) == (processor is None):
         raise ConfigError("give exactly one of tokenizer= (a tokenizer.json) or processor= "
                           "(a function record -> token ids)")
+    if hasattr(processor, "process") and hasattr(processor, "settings"):
+        if getattr(processor, "records", False) and not records:
+            raise ConfigError(f"{type(processor).__name__} makes dicts (input_ids, labels, "
+                              "loss_mask): build with records=True")
+        return processor  # type: ignore[return-value]  # e.g. ChatProcessor
     if tokenizer is not None:
         if records:
             raise ConfigError("records=True needs processor=: a tokenizer makes token chunks")
@@ -145,7 +151,7 @@ class _Coordinator:
 
 def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLike[str], *,
           tokenizer: str | os.PathLike[str] | None = None,
-          processor: Callable[[dict[str, Any]], Any] | None = None,
+          processor: Callable[[dict[str, Any]], Any] | Processor | None = None,
           vocab_size: int | None = None, text_key: str = "text", workers: int | None = None,
           chunk_docs: int | None = None, chunk_mb: float | None = None,
           append_eod: bool = False, eod_token: str | None = None,

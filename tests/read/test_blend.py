@@ -1,0 +1,210 @@
+"""Blend: rows are the sources' own examples, every prefix within one example of the
+weights, the same global order for every world size, exact resume (map-style through the
+torch loader, and iterating streams), the consumption report, refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from tests.cachefactory import make_cache, sample_docs
+
+import shardwise as sw
+from shardwise.errors import ConfigError, StateError
+from shardwise.read.blend import Blend
+from shardwise.read.sft_pack import PackedSFT
+from shardwise.testing import assert_resumes_exactly, assert_same_global_order, take
+from shardwise.torch import loader
+
+SPLIT = 500  # source "a" uses ids below it, source "b" ids from it: a row names its source
+
+
+@pytest.fixture(scope="module")
+def caches(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("blend")
+    a = make_cache(root / "a", [sample_docs(50, seed=1, vocab_size=SPLIT)], chunk_docs=7)
+    b_docs = [[t + SPLIT for t in d] for d in sample_docs(40, seed=2, vocab_size=SPLIT)]
+    b = make_cache(root / "b", [b_docs], chunk_docs=5)
+    return a, b
+
+
+def datasets(caches: tuple[Path, Path], **opts: Any) -> list[sw.TokenDataset]:
+    return [sw.TokenDataset(caches[0], seq_len=16, seed=1, **opts),
+            sw.TokenDataset(caches[1], seq_len=16, seed=2, **opts)]
+
+
+def source_of(rows: np.ndarray) -> np.ndarray:
+    return (rows >= SPLIT).any(axis=1).astype(np.int64)
+
+
+def assert_within_one(sources: np.ndarray, weights: list[float]) -> None:
+    w = np.asarray(weights) / sum(weights)
+    counts = np.cumsum(np.eye(len(w), dtype=np.int64)[sources], axis=0)
+    t = np.arange(1, len(sources) + 1)[:, None]
+    assert (np.abs(counts - w * t) <= 1 + 1e-9).all()
+
+
+def test_rows_are_the_sources_own_examples(caches: tuple[Path, Path]) -> None:
+    ds = datasets(caches, cu_seqlens=True, reset_position_ids=True)
+    mix = Blend(ds, [0.7, 0.3], names=["a", "b"])
+    idx = list(range(0, 3 * len(mix), 7))  # past len(): sources go on into later epochs
+    batch = mix.__getitems__(idx)
+    src, off = mix.locate(idx)
+    L = 16
+    for row, (j, o) in enumerate(zip(src.tolist(), off.tolist(), strict=True)):
+        own = ds[j][o]
+        for key in ("input_ids", "labels", "loss_mask", "position_ids"):
+            assert (batch[key][row] == own[key]).all()
+        cu = batch["cu_seqlens"]
+        inner = cu[(cu > row * L) & (cu < (row + 1) * L)] - row * L
+        own_cu = own["cu_seqlens"]
+        assert inner.tolist() == own_cu[(own_cu > 0) & (own_cu < L)].tolist()
+    assert batch["cu_seqlens"][-1] == len(idx) * L
+    one = mix[idx[3]]
+    assert all((one[k] == batch[k][3]).all() for k in ("input_ids", "labels"))
+    padded = mix.__getitems__([sw.PAD, 0])
+    assert padded["loss_mask"][0].sum() == 0 and (padded["input_ids"][1] == batch[
+        "input_ids"][0]).all()
+
+
+def test_every_prefix_within_one_example_through_the_loader(caches: tuple[Path, Path]
+                                                            ) -> None:
+    mix = Blend(datasets(caches), [0.8, 0.2])
+    dl = loader(mix, global_batch_size=8, micro_batch_size=4, world=sw.World(0, 1))
+    rows = np.concatenate([b["input_ids"].numpy() for b in take(dl, 60)])
+    assert_within_one(source_of(rows), [0.8, 0.2])
+    report = mix.report(dl.consumed)
+    counts = [s["count"] for s in report["sources"]]
+    assert counts == np.bincount(source_of(rows), minlength=2).tolist()
+    assert report["consumed"] == 240 and report["max_deviation"] <= 1
+
+
+@pytest.mark.parametrize("weights", [[0.5, 0.3, 0.2], [0.97, 0.02, 0.01], [1, 0, 3]])
+def test_small_weights_never_round_to_zero(caches: tuple[Path, Path], weights: list[float]
+                                           ) -> None:
+    ds = datasets(caches)
+    mix = Blend([ds[0], ds[1], ds[0]], weights, seed=5)
+    src, _ = mix.locate(np.arange(400))
+    assert_within_one(src, weights)
+    w = np.asarray(weights) / sum(weights)
+    for j in np.flatnonzero(w > 0):
+        assert np.flatnonzero(src == j)[0] < math.ceil(1 / w[j])
+    assert not (src == np.flatnonzero(w == 0)[:, None]).any()
+
+
+def test_seed_changes_the_interleaving_not_the_guarantee(caches: tuple[Path, Path]) -> None:
+    ds = datasets(caches)
+    orders = {tuple(Blend(ds, [0.5, 0.5], seed=s).locate(np.arange(20))[0].tolist())
+              for s in range(8)}
+    assert len(orders) == 2  # with two equal weights: abab... or baba...
+    assert (Blend(ds, [0.6, 0.4], seed=3).locate(np.arange(50))[0]
+            == Blend(ds, [0.6, 0.4], seed=3).locate(np.arange(50))[0]).all()
+
+
+def test_same_global_order_for_every_world_size(caches: tuple[Path, Path]) -> None:
+    mix = Blend(datasets(caches), [0.7, 0.3], seed=3)
+    assert_same_global_order(
+        lambda w: loader(mix, global_batch_size=8, micro_batch_size=2, world=w),
+        world_sizes=[1, 2, 4], steps=16)
+
+
+def test_resumes_exactly_through_the_loader(caches: tuple[Path, Path]) -> None:
+    mix = Blend(datasets(caches), [0.7, 0.3], seed=3)
+    assert_resumes_exactly(
+        lambda: loader(mix, global_batch_size=4, micro_batch_size=2, world=sw.World(0, 1)),
+        steps=16)
+    assert_resumes_exactly(  # restored into a loader with worker processes
+        lambda: loader(mix, global_batch_size=4, micro_batch_size=2, world=sw.World(0, 1)),
+        steps=8, stop_points=[3], make_resumed=lambda: loader(
+            mix, global_batch_size=4, micro_batch_size=2, world=sw.World(0, 1),
+            num_workers=2))
+    dl = loader(mix, global_batch_size=4, micro_batch_size=2, world=sw.World(0, 1))
+    take(dl, 3)
+    state = json.loads(json.dumps(dl.state_dict()))
+    assert state["config"]["weights"] == [0.7, 0.3] and "source.source0" in state["config"]
+    other = Blend(datasets(caches), [0.6, 0.4], seed=3)
+    with pytest.raises(StateError, match="weights"):
+        loader(other, global_batch_size=4, micro_batch_size=2,
+               world=sw.World(0, 1)).load_state_dict(state)
+    reseeded = Blend([datasets(caches)[0], sw.TokenDataset(caches[1], seq_len=16, seed=9)],
+                     [0.7, 0.3], seed=3)
+    with pytest.raises(StateError, match="source.source1"):
+        loader(reseeded, global_batch_size=4, micro_batch_size=2,
+               world=sw.World(0, 1)).load_state_dict(state)
+
+
+class Stream:
+    """A minimal stateful stream: ids ``base, base + 1, ...`` (``n`` of them, or forever)."""
+
+    def __init__(self, base: int, n: int | None = None) -> None:
+        self.base, self.n, self.pos = base, n, 0
+
+    def __iter__(self) -> Any:
+        while self.n is None or self.pos < self.n:
+            self.pos += 1
+            yield {"input_ids": np.asarray([self.base + self.pos - 1])}
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos = state["pos"]
+
+
+def packed_records(n: int, base: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(base)
+    return [{"input_ids": np.arange(k) + base + 100 * r}
+            for r, k in enumerate(rng.integers(1, 12, size=n).tolist())]
+
+
+def test_iterable_blend_resumes_exactly(caches: tuple[Path, Path]) -> None:
+    recs = packed_records(40, 10_000)
+
+    def make() -> Blend:
+        return Blend([Stream(1_000_000), PackedSFT(recs, seq_len=16, window=8, epochs=None),
+                      datasets(caches)[1]], [0.5, 0.3, 0.2], names=["s", "sft", "tok"])
+
+    assert_resumes_exactly(make, steps=40, stop_points=[0, 1, 7, 20, 39])
+    mix = make()
+    got = take(mix, 50)
+    stream_ids = [int(e["input_ids"][0]) for e in got if e["input_ids"].shape == (1,)]
+    assert stream_ids == list(range(1_000_000, 1_000_000 + len(stream_ids)))  # in order
+    report = mix.report()
+    assert report["consumed"] == 50 and [s["count"] for s in report["sources"]] == [25, 15, 10]
+    assert [s["realised"] for s in report["sources"]] == [0.5, 0.3, 0.2]
+    state = mix.state_dict()
+    assert state["extra"]["counts"] == [25, 15, 10]
+    assert state["extra"]["sources"][0] == {"pos": 25} and state["extra"]["sources"][2] is None
+    forged = json.loads(json.dumps(state))
+    forged["extra"]["counts"] = [26, 14, 10]
+    with pytest.raises(StateError, match="per-source counts"):
+        make().load_state_dict(forged)
+    with pytest.raises(TypeError, match="no len"):
+        len(mix)
+    with pytest.raises(TypeError, match="iterate it"):
+        mix.__getitems__([0])
+
+
+def test_a_finished_stream_ends_the_blend() -> None:
+    mix = Blend([Stream(0, n=5), Stream(100)], [0.5, 0.5], names=["short", "long"])
+    got = list(mix)
+    assert mix.exhausted == "short" and sum(int(e["input_ids"][0]) < 100 for e in got) == 5
+
+
+def test_refusals(caches: tuple[Path, Path]) -> None:
+    ds = datasets(caches)
+    for weights, match in (([0.5, -0.5], ">= 0"), ([0, 0], "at least one weight"),
+                           ([1.0], "one weight per dataset"), ([math.nan, 1], "finite")):
+        with pytest.raises(ConfigError, match=match):
+            Blend(ds, weights)
+    with pytest.raises(ConfigError, match="distinct"):
+        Blend(ds, [1, 1], names=["x", "x"])
+    with pytest.raises(ConfigError, match="neither map-style"):
+        Blend([ds[0], object()], [1, 1])
+    other_len = sw.TokenDataset(caches[1], seq_len=8)
+    with pytest.raises(ConfigError, match="different examples"):
+        Blend([ds[0], other_len], [1, 1]).__getitems__(list(range(4)))

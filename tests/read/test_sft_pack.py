@@ -1,0 +1,114 @@
+"""PackedSFT: rows hold every record once per epoch, labels never cross records, resume is
+exact at any point, foreign states are refused."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardwise.errors import ConfigError, InputError, StateError
+from shardwise.read.sft_pack import IGNORE_INDEX, PackedSFT
+from shardwise.testing import assert_resumes_exactly, take
+
+
+def make_records(n: int, seed: int = 0, max_len: int = 40) -> list[dict[str, Any]]:
+    """Record ``r`` holds ids ``r*1000 + 1 ..``; its first half is prompt (-100 labels)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for r, k in enumerate(rng.integers(1, max_len, size=n).tolist()):
+        ids = np.arange(k, dtype=np.int64) + r * 1000 + 1
+        labels = ids.copy()
+        labels[: k // 2] = IGNORE_INDEX
+        out.append({"input_ids": ids, "labels": labels})
+    return out
+
+
+def records_in(row: dict[str, np.ndarray]) -> list[int]:
+    cu = row["cu_seqlens"]
+    return [int(row["input_ids"][a]) // 1000 for a, b in zip(cu[:-1], cu[1:], strict=True)
+            if row["input_ids"][a] != 0]
+
+
+@pytest.mark.parametrize("seed", [None, 7])
+def test_each_epoch_packs_every_record_once(seed: int | None) -> None:
+    recs = make_records(150)
+    rows = list(PackedSFT(recs, seq_len=64, window=32, seed=seed, epochs=2))
+    seen = [r for row in rows for r in records_in(row)]
+    half = len(seen) // 2
+    assert sorted(seen[:half]) == sorted(seen[half:]) == list(range(150))
+    for row in rows:
+        ids, labels, cu, pos = (row[k] for k in ("input_ids", "labels", "cu_seqlens",
+                                                 "position_ids"))
+        assert ids.shape == labels.shape == pos.shape == (64,) and cu[-1] == 64
+        for a, b in zip(cu[:-1], cu[1:], strict=True):
+            assert (pos[a:b] == np.arange(b - a)).all()
+            if ids[a] == 0:  # padding segment
+                assert (labels[a:b] == IGNORE_INDEX).all() and (ids[a:b] == 0).all()
+                continue
+            rec = recs[int(ids[a]) // 1000]
+            assert (ids[a:b] == rec["input_ids"]).all()
+            want = rec["labels"].copy()
+            want[0] = IGNORE_INDEX  # the previous record's last token must not predict it
+            assert (labels[a:b] == want).all()
+        assert (row["loss_mask"] == (labels != IGNORE_INDEX)).all()
+    if seed is not None:
+        assert seen[:half] != seen[half:]  # epochs are reshuffled
+
+
+def test_labels_default_to_the_loss_mask_or_all_tokens() -> None:
+    recs = [{"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1]}, {"input_ids": [8, 9]}]
+    row = next(iter(PackedSFT(recs, seq_len=8)))
+    assert row["input_ids"].tolist() == [5, 6, 7, 8, 9, 0, 0, 0]
+    assert row["labels"].tolist() == [-100, 6, 7, -100, 9, -100, -100, -100]
+    assert row["cu_seqlens"].tolist() == [0, 3, 5, 8]
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.none() | st.integers(0, 1000), window=st.integers(1, 40),
+       stop=st.integers(0, 59))
+def test_resume_is_exact_at_random_points(seed: int | None, window: int, stop: int) -> None:
+    recs = make_records(90, seed=3)
+
+    def make() -> PackedSFT:
+        return PackedSFT(recs, seq_len=48, window=window, seed=seed, epochs=None)
+
+    assert_resumes_exactly(make, steps=60, stop_points=[stop])
+    assert_resumes_exactly(make, steps=60, stop_points=[stop], key="labels")
+
+
+def test_state_is_position_and_refuses_other_configs() -> None:
+    recs = make_records(60)
+    rows = PackedSFT(recs, seq_len=64, window=16, seed=1)
+    take(rows, 5)
+    state = json.loads(json.dumps(rows.state_dict()))
+    assert state["kind"] == "sft_pack" and state["consumed"] == 5
+    assert set(state["extra"]) == {"epoch", "window", "bin"}
+    with pytest.raises(StateError, match="seq_len"):
+        PackedSFT(recs, seq_len=32, window=16, seed=1).load_state_dict(state)
+    with pytest.raises(StateError, match="records"):
+        PackedSFT(recs[:50], seq_len=64, window=16, seed=1).load_state_dict(state)
+    bad = dict(state, extra={"epoch": 0, "window": 99, "bin": 0})
+    with pytest.raises(StateError, match="outside"):
+        PackedSFT(recs, seq_len=64, window=16, seed=1).load_state_dict(bad)
+
+
+def test_overlong_and_bad_records() -> None:
+    recs = make_records(10) + [{"input_ids": np.arange(100) + 1}]
+    with pytest.raises(InputError, match="record 10 has 100 tokens"):
+        list(PackedSFT(recs, seq_len=64))
+    dropped = PackedSFT(recs, seq_len=64, overlong="drop")
+    assert sorted(r for row in dropped for r in records_in(row)) == list(range(10))
+    assert dropped.stats["dropped"] == 1
+    truncated = PackedSFT(recs, seq_len=64, overlong="truncate")
+    assert any(row["cu_seqlens"].tolist() == [0, 64] for row in truncated)
+    with pytest.raises(InputError, match="no 'input_ids'"):
+        list(PackedSFT([{"text": "x"}], seq_len=8))
+    with pytest.raises(ConfigError, match="at least one record"):
+        PackedSFT([], seq_len=8)
+    with pytest.raises(ConfigError, match="nothing to pack"):
+        list(PackedSFT([{"input_ids": []}], seq_len=8, epochs=None))
