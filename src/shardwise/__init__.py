@@ -22,6 +22,8 @@ from shardwise.errors import (
     ShardwiseError,
     StateError,
 )
+# eager: the function ``build`` must shadow the subpackage ``shardwise.build`` for good
+from shardwise.build.api import build
 from shardwise.format.cache import Cache, open_cache
 from shardwise.read.token_dataset import PAD, Shuffle, TokenDataset
 from shardwise.read.world import World
@@ -29,7 +31,6 @@ from shardwise.state import LoaderState
 
 # name -> module, imported on first attribute access (keeps `import shardwise` light)
 _LAZY = {
-    "build": "shardwise.build.api",
     "Blend": "shardwise.read.blend",
     "ChatProcessor": "shardwise.build.chat",
     "ContiguousShards": "shardwise.read.contiguous",
@@ -41,7 +42,6 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from shardwise.build.api import build
     from shardwise.build.chat import ChatProcessor
     from shardwise.read.blend import Blend
     from shardwise.read.consumer import SequentialConsumer

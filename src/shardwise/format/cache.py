@@ -2,8 +2,9 @@
 
 A :class:`Cache` is a view of the ledger's visible chunks in global order, with prefix
 sums of documents and tokens, so that planning needs no chunk file. Chunk files are
-memory-mapped lazily, one chunk at a time, on first use; ``opened`` counts which chunks a
-process has touched (the locality contract is tested with it). :meth:`Cache.refresh`
+memory-mapped lazily, one chunk at a time, on first use; ``opened`` counts the chunks whose
+token data a process has touched (the locality contract is tested with it), and
+``opened_index`` the chunks whose ``.idx`` (document lengths, metadata only) it has read. :meth:`Cache.refresh`
 re-reads the ledger of a cache that is still being built: the visible chunk list only
 ever grows.
 """
@@ -60,8 +61,9 @@ class Cache:
         self.cum_tokens = np.zeros(1, dtype=np.int64)
         self.cum_docs = np.zeros(1, dtype=np.int64)
         self.opened: Counter[str] = Counter()
-        self._maps: OrderedDict[int, tuple[npt.NDArray[np.generic], MegatronIndex | None]] = (
-            OrderedDict())
+        self.opened_index: Counter[str] = Counter()
+        self._maps: OrderedDict[int, npt.NDArray[np.generic]] = OrderedDict()
+        self._indexes: OrderedDict[int, MegatronIndex] = OrderedDict()
         self._extend(chunks)
 
     def __repr__(self) -> str:
@@ -107,7 +109,7 @@ class Cache:
         self.errors = ledger.errors()
         return len(fresh)
 
-    def _open(self, i: int) -> tuple[npt.NDArray[np.generic], MegatronIndex | None]:
+    def _open(self, i: int) -> npt.NDArray[np.generic]:
         hit = self._maps.get(i)
         if hit is not None:
             self._maps.move_to_end(i)
@@ -125,24 +127,37 @@ class Cache:
         if len(tokens) != info.tokens:
             raise CorruptChunkError(f"{bin_path}: holds {len(tokens)} tokens, the ledger says "
                                     f"{info.tokens}; run 'shardwise verify {self.root}'")
-        entry = (tokens, None)
         self.opened[info.stem] += 1
-        self._maps[i] = entry
+        self._maps[i] = tokens
         if len(self._maps) > MAX_OPEN_CHUNKS:
             self._maps.popitem(last=False)
-        return entry
+        return tokens
 
     def tokens(self, i: int) -> npt.NDArray[np.generic]:
         """Chunk ``i``'s token ids (all its documents concatenated), memory-mapped."""
-        return self._open(i)[0]
+        return self._open(i)
 
     def index(self, i: int) -> MegatronIndex:
-        """Chunk ``i``'s parsed ``.idx`` (document lengths), memory-mapped."""
-        tokens, idx = self._open(i)
-        if idx is None:
-            info = self.chunks[i]
+        """Chunk ``i``'s parsed ``.idx`` (document lengths), memory-mapped; does not touch
+        the chunk's token data."""
+        idx = self._indexes.get(i)
+        if idx is not None:
+            self._indexes.move_to_end(i)
+            return idx
+        info = self.chunks[i]
+        try:
             idx = read_idx(info.base.with_name(info.base.name + ".idx"))
-            self._maps[i] = (tokens, idx)
+        except FileNotFoundError:
+            raise CorruptChunkError(f"{info.base}.idx: named by the ledger but missing; run "
+                                    f"'shardwise verify {self.root}'") from None
+        if idx.num_sequences != info.documents:
+            raise CorruptChunkError(f"{idx.path}: holds {idx.num_sequences} documents, the "
+                                    f"ledger says {info.documents}; run 'shardwise verify "
+                                    f"{self.root}'")
+        self.opened_index[info.stem] += 1
+        self._indexes[i] = idx
+        if len(self._indexes) > MAX_OPEN_CHUNKS:
+            self._indexes.popitem(last=False)
         return idx
 
     def doc_lengths(self, i: int) -> npt.NDArray[np.int32]:
