@@ -4,6 +4,7 @@ in the same run (this machine may be shared and noisy)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 from typing import Any
 
 
@@ -28,6 +29,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     b.add_argument("--tmp-dir", default=None, metavar="DIR",
                    help="where the corpus and caches go (default: the system temp dir)")
     b.add_argument("--json", action="store_true", help="print the figures as JSON")
+    from shardwise.cli.bench_read import add_read_parser
+
+    add_read_parser(which)
+    for name in ("stream", "records"):
+        module = importlib.import_module(f"shardwise.cli.bench_{name}")
+        module.add_subparser(which)
     return p
 
 
@@ -36,4 +43,10 @@ def run(args: argparse.Namespace) -> int:
         from shardwise.cli.bench_build import run_build_bench
 
         return run_build_bench(args)
+    if args.bench == "read":
+        from shardwise.cli.bench_read import run_read_bench
+
+        return run_read_bench(args)
+    if args.bench in ("stream", "records"):
+        return int(importlib.import_module(f"shardwise.cli.bench_{args.bench}").run(args))
     return 2

@@ -25,12 +25,24 @@ from shardwise.state import LoaderState
 try:
     import torch
     from torch.utils.data import DataLoader
+    from torch.utils.data import IterableDataset
     from torch.utils.data._utils.collate import default_collate
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise MissingExtraError("shardwise.torch needs PyTorch: pip install 'shardwise[torch]'"
                             ) from e
 
 STATE_KIND = "torch_loader"
+
+
+def _register_iterables() -> None:
+    """Streams are plain iterables (the core never imports torch); make DataLoader accept
+    them as IterableDatasets even when torch was imported after they were created."""
+    from shardwise.read.stream import StreamDataset
+
+    IterableDataset.register(StreamDataset)
+
+
+_register_iterables()
 
 
 def collate(data: Any) -> Any:
