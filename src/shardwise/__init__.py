@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+# eager: the function ``build`` must shadow the subpackage ``shardwise.build`` for good
+from shardwise.build.api import build
 from shardwise.errors import (
     CacheError,
     CacheMismatchError,
@@ -22,8 +24,6 @@ from shardwise.errors import (
     ShardwiseError,
     StateError,
 )
-# eager: the function ``build`` must shadow the subpackage ``shardwise.build`` for good
-from shardwise.build.api import build
 from shardwise.format.cache import Cache, open_cache
 from shardwise.read.token_dataset import PAD, Shuffle, TokenDataset
 from shardwise.read.world import World

@@ -2,11 +2,11 @@
 
 A :class:`Cache` is a view of the ledger's visible chunks in global order, with prefix
 sums of documents and tokens, so that planning needs no chunk file. Chunk files are
-memory-mapped lazily, one chunk at a time, on first use; ``opened`` counts the chunks whose
-token data a process has touched (the locality contract is tested with it), and
-``opened_index`` the chunks whose ``.idx`` (document lengths, metadata only) it has read. :meth:`Cache.refresh`
-re-reads the ledger of a cache that is still being built: the visible chunk list only
-ever grows.
+memory-mapped lazily, one chunk at a time, on first use; ``opened`` counts the chunks
+whose token data a process has touched (the locality contract is tested with it), and
+``opened_index`` the chunks whose ``.idx`` (document lengths, metadata only) it has
+read. :meth:`Cache.refresh` re-reads the ledger of a cache that is still being built: the
+visible chunk list only ever grows.
 """
 
 from __future__ import annotations

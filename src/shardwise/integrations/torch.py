@@ -24,8 +24,7 @@ from shardwise.state import LoaderState
 
 try:
     import torch
-    from torch.utils.data import DataLoader
-    from torch.utils.data import IterableDataset
+    from torch.utils.data import DataLoader, IterableDataset
     from torch.utils.data._utils.collate import default_collate
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise MissingExtraError("shardwise.torch needs PyTorch: pip install 'shardwise[torch]'"
