@@ -89,3 +89,27 @@ def test_single_source_and_weights_need_not_sum_to_one() -> None:
 def test_bad_weights_are_refused(weights: list[float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         blend_index(10, weights)
+
+
+def test_seeding_from_saved_counts_resumes_in_one_block() -> None:
+    """A checkpoint's counts let a fresh schedule continue at t without computing [0, t)."""
+    w = [0.5, 0.3, 0.15, 0.05]
+    full = BlendSchedule(w)
+    src, off = full.slice(0, 300_000)
+    for t in (0, 1, 65_535, 65_536, 123_457, 250_000):
+        fresh = BlendSchedule(w)
+        fresh.seed(t, full.counts_at(t))
+        s, o = fresh.slice(t, t + 20_000)
+        assert (s == src[t: t + 20_000]).all() and (o == off[t: t + 20_000]).all()
+        assert min(fresh._known) == 0 and max(k for k in fresh._known if k <= t) == t
+    deep = BlendSchedule(w)
+    t = 10**12 + 12_345
+    exact = np.asarray(w) * t
+    counts = np.floor(exact).astype(np.int64)
+    for j in np.argsort(counts - exact)[: t - counts.sum()]:  # largest remainders
+        counts[j] += 1
+    deep.seed(t, counts)  # would take days to compute from 0
+    s, _ = deep.slice(t, t + 1000)
+    assert len(s) == 1000
+    with pytest.raises(ValueError, match="cannot follow"):
+        BlendSchedule(w).seed(100, [100, 0, 0, 0])

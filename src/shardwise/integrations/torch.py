@@ -116,8 +116,12 @@ class ShardwiseLoader(DataLoader):  # type: ignore[type-arg]
                                            option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
     def state_dict(self) -> dict[str, Any]:
+        extra = {}
+        if hasattr(self.dataset, "loader_state_extra"):  # e.g. a Blend's counts: O(1) seek
+            extra = self.dataset.loader_state_extra(self.consumed)
         return LoaderState(fingerprint=self._fingerprint(), consumed=self.consumed,
-                           config=self._state_config(), kind=STATE_KIND).to_dict()
+                           config=self._state_config(), extra=extra,
+                           kind=STATE_KIND).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved position; refuse a state of other data or config."""
@@ -130,6 +134,8 @@ class ShardwiseLoader(DataLoader):  # type: ignore[type-arg]
                              "that divides it (states saved at global-batch boundaries fit "
                              "every layout whose micro-batch × world size divides the "
                              "global batch)")
+        if hasattr(self.dataset, "restore_loader_state"):
+            self.dataset.restore_loader_state(st.consumed, st.extra)
         self._restart(st.consumed)
 
 

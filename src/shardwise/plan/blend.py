@@ -103,44 +103,72 @@ def _offsets(sources: IntArray, start_counts: IntArray) -> IntArray:
 
 
 class BlendSchedule:
-    """The blend of fixed ``weights``, with lazily computed checkpoints.
+    """The blend of fixed ``weights``, computed lazily from known positions.
 
-    State (a cache, never part of a checkpoint): the counts at every computed multiple of
-    ``CHECKPOINT_EVERY`` and the last few computed blocks.
+    A *known position* is a slot ``t`` with the per-source counts after it: 0, every
+    computed multiple of ``CHECKPOINT_EVERY``, and any position given to :meth:`seed`
+    (a checkpoint's counts), so a resume costs at most one block, not O(t). The rule's
+    next choice depends only on ``(t, counts)``, which is what makes seeding exact.
+    State (a cache, never part of a checkpoint): known positions and the last few runs.
     """
 
     def __init__(self, weights: npt.ArrayLike) -> None:
         self.weights = normalize_weights(weights)
         self._w = self.weights.tolist()
-        self._counts: list[IntArray] = [np.zeros(self.weights.size, dtype=np.int64)]
-        self._blocks: OrderedDict[int, IntArray] = OrderedDict()
+        self._known: dict[int, IntArray] = {0: np.zeros(self.weights.size, dtype=np.int64)}
+        self._runs: OrderedDict[int, IntArray] = OrderedDict()
 
-    def _block(self, b: int, need: int = CHECKPOINT_EVERY) -> IntArray:
-        """Sources of examples ``b*C ..`` (``C = CHECKPOINT_EVERY``), at least ``need`` of them.
+    def seed(self, t: int, counts: npt.ArrayLike) -> None:
+        """Declare the counts after ``t`` examples (e.g. saved in a checkpoint). Refuses
+        counts that cannot be this blend's (wrong total, or off the weights by > 1)."""
+        t = check_int(t, "t", minimum=0)
+        c = np.asarray(counts, dtype=np.int64).reshape(-1)
+        if (c.size != self.weights.size or int(c.sum()) != t or (c < 0).any()
+                or (np.abs(c - self.weights * t) > 1 + 1e-9).any()):
+            raise ValueError(f"counts {c.tolist()} cannot follow {t} examples of a blend with "
+                             f"weights {self.weights.tolist()}")
+        self._known.setdefault(t, c)
 
-        Blocks are computed only as far as asked and extended later; a block that reaches
-        ``C`` examples adds the checkpoint of block ``b + 1``.
-        """
-        while len(self._counts) <= b:  # checkpoints up to block b
-            self._block(len(self._counts) - 1)
-        have = self._blocks.pop(b, np.zeros(0, np.int64))
-        if have.size < need:
-            counts = (self._counts[b] + np.bincount(have, minlength=len(self._w))).tolist()
-            more = _schedule(self._w, counts, b * CHECKPOINT_EVERY + have.size,
-                             need - have.size)
+    def _start(self, t: int) -> int:
+        """The latest known position at or before ``t``."""
+        return max(k for k in self._known if k <= t)
+
+    def _run(self, t0: int, stop: int) -> IntArray:
+        """Sources of slots ``t0 .. stop`` (``t0`` known, ``stop`` at most the next block
+        boundary after ``t0``), extending a cached run if there is one."""
+        have = self._runs.pop(t0, np.zeros(0, np.int64))
+        if have.size < stop - t0:
+            counts = (self._known[t0] + np.bincount(have, minlength=len(self._w))).tolist()
+            more = _schedule(self._w, counts, t0 + have.size, stop - t0 - have.size)
             have = np.concatenate([have, np.asarray(more, dtype=np.int64)])
-            if have.size == CHECKPOINT_EVERY and len(self._counts) == b + 1:
-                self._counts.append(np.asarray(counts, dtype=np.int64))
-        self._blocks[b] = have
-        if len(self._blocks) > _KEEP_BLOCKS:
-            self._blocks.popitem(last=False)
-        return have
+            if stop % CHECKPOINT_EVERY == 0:
+                self._known.setdefault(stop, np.asarray(counts, dtype=np.int64))
+        self._runs[t0] = have
+        if len(self._runs) > _KEEP_BLOCKS:
+            self._runs.popitem(last=False)
+        return have[: stop - t0]
+
+    def _sources(self, lo: int, hi: int) -> tuple[int, IntArray]:
+        """``(t0, sources of [t0, hi))`` for the latest known ``t0 <= lo``."""
+        t0 = self._start(lo)
+        parts, pos = [], t0
+        while pos < hi:
+            boundary = (pos // CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY
+            stop = min(hi, boundary) if pos >= lo - CHECKPOINT_EVERY else boundary
+            parts.append(self._run(pos, stop))
+            pos = stop
+            if pos < lo:  # skipped ahead: only the part from the last boundary is kept
+                parts = []
+                t0 = pos
+        return t0, (np.concatenate(parts) if parts else np.zeros(0, np.int64))
 
     def counts_at(self, t: int) -> IntArray:
         """Examples taken from each source among the first ``t``."""
-        b, r = divmod(check_int(t, "t", minimum=0), CHECKPOINT_EVERY)
-        head = self._block(b, r)[:r]
-        return self._counts[b] + np.bincount(head, minlength=self.weights.size)
+        t = check_int(t, "t", minimum=0)
+        if t in self._known:
+            return self._known[t].copy()
+        t0, src = self._sources(t, t)
+        return self._known[t0] + np.bincount(src[: t - t0], minlength=self.weights.size)
 
     def slice(self, start: int, stop: int) -> tuple[IntArray, IntArray]:
         """``(source_ids, source_offsets)`` of examples ``[start, stop)``."""
@@ -148,11 +176,10 @@ class BlendSchedule:
         hi = check_int(stop, "stop", minimum=lo)
         if hi == lo:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        first, last = lo // CHECKPOINT_EVERY, (hi - 1) // CHECKPOINT_EVERY
-        parts = [self._block(b, min(CHECKPOINT_EVERY, hi - b * CHECKPOINT_EVERY))
-                 for b in range(first, last + 1)]
-        src = np.concatenate(parts)[lo - first * CHECKPOINT_EVERY: hi - first * CHECKPOINT_EVERY]
-        return src, _offsets(src, self.counts_at(lo))
+        t0, src = self._sources(lo, hi)
+        before = self._known[t0] + np.bincount(src[: lo - t0], minlength=self.weights.size)
+        mine = src[lo - t0: hi - t0]
+        return mine, _offsets(mine, before)
 
     def __call__(self, idx: IndexLike) -> tuple[IntArray, IntArray]:
         """``(source_ids, source_offsets)`` for arbitrary example indices (any shape)."""
@@ -161,6 +188,11 @@ class BlendSchedule:
             raise ValueError(f"blend example indices must be >= 0, got {arr.min()}")
         flat = arr.reshape(-1)
         src, off = np.empty_like(flat), np.empty_like(flat)
+        if flat.size:
+            lo, hi = int(flat.min()), int(flat.max()) + 1
+            if hi - lo <= 4 * CHECKPOINT_EVERY:
+                s, o = self.slice(lo, hi)
+                return s[flat - lo].reshape(arr.shape), o[flat - lo].reshape(arr.shape)
         for b in np.unique(flat // CHECKPOINT_EVERY).tolist():
             sel = flat // CHECKPOINT_EVERY == b
             s, o = self.slice(b * CHECKPOINT_EVERY, (b + 1) * CHECKPOINT_EVERY)
