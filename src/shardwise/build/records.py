@@ -56,7 +56,9 @@ def _open_stream(info: SourceInfo) -> BinaryIO:
     fmt = SourceFormat(info.format)
     raw = open(info.path, "rb")  # noqa: SIM115 - closed by the wrapper or the caller
     if fmt is SourceFormat.JSONL_GZ:
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+        gz = gzip.GzipFile(fileobj=raw, mode="rb")
+        gz.myfileobj = raw  # type: ignore[assignment]  # closing gz then closes the file
+        return gz  # type: ignore[return-value]
     if fmt is SourceFormat.JSONL_ZST:
         return _ZstdStream(raw)  # type: ignore[return-value]
     return raw

@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterable, Sequence
 from enum import Enum
 from pathlib import Path
+from typing import BinaryIO
 
 import xxhash
 
@@ -123,21 +124,29 @@ def segment_size(file_size: int, override: int | None = None) -> int:
     return max(MIN_SEGMENT_BYTES, -(-file_size // MAX_SEGMENTS_PER_FILE))
 
 
-def _next_line_start(f, position: int, size: int) -> int:  # type: ignore[no-untyped-def]
-    """The first line start at or after ``position`` (a line starts at 0 or after a newline)."""
+def next_line_start(f: BinaryIO, position: int, size: int, block: int = 64 << 10) -> int:
+    """The first line start at or after ``position`` (a line starts at 0 or after a newline).
+
+    Reads from ``position - 1`` to the next newline only, ``block`` bytes at a time (one
+    short read for lines of ordinary length), so a range ``[a, b)`` can be aligned lazily
+    by whoever reads it.
+    """
     if position <= 0:
         return 0
     f.seek(position - 1)
     pos = position - 1
     while pos < size:
-        block = f.read(64 << 10)
-        if not block:
+        data = f.read(block)
+        if not data:
             break
-        nl = block.find(b"\n")
+        nl = data.find(b"\n")
         if nl >= 0:
             return pos + nl + 1
-        pos += len(block)
+        pos += len(data)
     return size
+
+
+_next_line_start = next_line_start  # the former private name, kept for callers
 
 
 def plan_segments(info: SourceInfo, segment_bytes: int | None = None) -> list[Segment]:
@@ -161,7 +170,7 @@ def plan_segments(info: SourceInfo, segment_bytes: int | None = None) -> list[Se
     with open(info.path, "rb") as f:
         nominal = step
         while nominal < size:
-            b = _next_line_start(f, nominal, size)
+            b = next_line_start(f, nominal, size)
             if b > bounds[-1] and b < size:
                 bounds.append(b)
             nominal = max(nominal + step, b)

@@ -36,9 +36,11 @@ STATE_KIND = "torch_loader"
 def _register_iterables() -> None:
     """Streams are plain iterables (the core never imports torch); make DataLoader accept
     them as IterableDatasets even when torch was imported after they were created."""
+    from shardwise.read.records import RecordStream
     from shardwise.read.stream import StreamDataset
 
     IterableDataset.register(StreamDataset)
+    IterableDataset.register(RecordStream)
 
 
 _register_iterables()

@@ -1,0 +1,130 @@
+"""RecordStream across real processes: ranks × torch DataLoader workers × map workers.
+
+Each rank is a separate Python process running this file as a script; it writes what it
+read as JSON. The global order rebuilt from the ranks (global example ``i`` is example
+``i // R`` of rank ``i % R``) must equal the one-process order, for world sizes 1, 2, 4 and
+0 or 2 DataLoader workers; a single pass must read every record exactly once; and the
+ranks' merged states must resume exactly under another world size.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+N_RECORDS = 2400
+GLOBAL = 2000  # examples of the endless order compared
+RESUME_AT, RESUME_TAKE = 600, 160
+CONFIGS = [(1, 0), (1, 2), (2, 0), (2, 2), (4, 0), (4, 2)]  # (world size, loader workers)
+
+
+def _line(i: int) -> bytes:
+    return json.dumps({"id": i, "text": "z" * (i * 31 % 41)}).encode() + b"\n"
+
+
+def make_stream(sources: list[str], rank: int, world: int, **kw: Any) -> Any:
+    from shardwise.read.records import RecordStream
+    from shardwise.read.world import World
+
+    return RecordStream(sources, seed=11, streams=8, range_bytes=3000, shuffle_buffer=24,
+                        world=World(rank, world), **kw)
+
+
+def _ids(examples: Any) -> list[int | None]:
+    return [None if x.get("__pad__") else int(x["id"]) for x in examples]
+
+
+def rank_main(args: dict[str, Any]) -> None:
+    """One rank: the first examples of the endless order, then a single pass; or resume."""
+    r, w, workers = args["rank"], args["world"], args["loader_workers"]
+    out: dict[str, Any] = {}
+    if args.get("resume"):
+        rs = make_stream(args["sources"], r, w)
+        rs.load_state_dict(json.loads(Path(args["resume"]).read_text()))
+        out["resumed"] = _ids(rs.get_next_batch(RESUME_TAKE // w))
+    else:
+        if workers:  # torch first: a RecordStream made after it is a DataLoader dataset
+            import torch.utils.data  # noqa: F401
+        endless = make_stream(args["sources"], r, w, num_workers=args["map_workers"])
+        one = make_stream(args["sources"], r, w, epochs=1)
+        if workers:
+            from torch.utils.data import DataLoader
+
+            it = iter(DataLoader(endless, batch_size=None, num_workers=workers))
+            out["endless"] = _ids(next(it) for _ in range(GLOBAL // w))
+            out["one_pass"] = _ids(DataLoader(one, batch_size=None, num_workers=workers))
+        else:
+            out["endless"] = _ids(endless.get_next_batch(GLOBAL // w))
+            out["one_pass"] = _ids(one)
+            state = make_stream(args["sources"], r, w)
+            state.get_next_batch(RESUME_AT // w)
+            out["state"] = state.state_dict()
+        endless.close()
+    Path(args["out"]).write_text(json.dumps(out))
+
+
+def _run(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    procs = [subprocess.Popen([sys.executable, __file__, json.dumps(j)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for j in jobs]
+    for p, j in zip(procs, jobs, strict=True):
+        _, err = p.communicate(timeout=240)
+        assert p.returncode == 0, f"rank {j['rank']}/{j['world']} failed:\n{err.decode()}"
+    return [json.loads(Path(j["out"]).read_text()) for j in jobs]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    d = tmp_path_factory.mktemp("dist")
+    (d / "a.jsonl").write_bytes(b"".join(_line(i) for i in range(0, 1400)))
+    (d / "b.jsonl.gz").write_bytes(gzip.compress(b"".join(_line(i) for i in range(1400, 1700))))
+    pq.write_table(pa.table({"id": list(range(1700, N_RECORDS)), "text": ["q"] * 700}),
+                   d / "c.parquet", row_group_size=90)
+    return [str(d / "a.jsonl"), str(d / "b.jsonl.gz"), str(d / "c.parquet")]
+
+
+def test_ranks_and_workers_share_one_global_order(sources: list[str], tmp_path: Path) -> None:
+    jobs = [{"rank": r, "world": w, "loader_workers": lw, "map_workers": 2 if w == 2 else 0,
+             "sources": sources, "out": str(tmp_path / f"w{w}-l{lw}-r{r}.json")}
+            for w, lw in CONFIGS for r in range(w)]
+    results = _run(jobs)
+    by_config: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for job, res in zip(jobs, results, strict=True):
+        by_config.setdefault((job["world"], job["loader_workers"]), []).append(res)
+
+    reference = make_stream(sources, 0, 1).get_next_batch(GLOBAL)
+    want = _ids(reference)
+    one_pass = _ids(make_stream(sources, 0, 1, epochs=1))
+    for (w, lw), ranks in by_config.items():
+        glob = [ranks[i % w]["endless"][i // w] for i in range(GLOBAL)]
+        assert glob == want, f"world {w} × {lw} loader workers diverge"
+        read = sorted(i for res in ranks for i in res["one_pass"] if i is not None)
+        assert read == list(range(N_RECORDS)), f"world {w} × {lw}: not exactly once"
+        if lw == 0:  # pads keep every real example at its global position
+            for r, res in enumerate(ranks):
+                mine = one_pass[r::w]
+                assert [x for x in res["one_pass"] if x is not None] == \
+                       [x for x in mine if x is not None]
+
+    # resume: the two ranks' states at global example 600, merged, restore 4 ranks
+    from shardwise.read.records import merge_states
+
+    merged = merge_states([res["state"] for res in by_config[(2, 0)]])
+    state_path = tmp_path / "merged.json"
+    state_path.write_text(json.dumps(merged))
+    resumed = _run([{"rank": r, "world": 4, "loader_workers": 0, "resume": str(state_path),
+                     "sources": sources, "out": str(tmp_path / f"resume-{r}.json")}
+                    for r in range(4)])
+    glob = [resumed[i % 4]["resumed"][i // 4] for i in range(RESUME_TAKE)]
+    assert glob == want[RESUME_AT:RESUME_AT + RESUME_TAKE]
+
+
+if __name__ == "__main__":
+    rank_main(json.loads(sys.argv[1]))

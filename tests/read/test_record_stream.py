@@ -1,0 +1,397 @@
+"""RecordStream in one process: ranges, formats, order, resume, bad input, start-up reads."""
+
+from __future__ import annotations
+
+import builtins
+import gzip
+import json
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from shardwise.errors import ConfigError, InputError, MissingExtraError, StateError
+from shardwise.read.record_ranges import iter_range, plan_ranges, resolve_files
+from shardwise.read.record_streams import StreamOrder
+from shardwise.read.records import RecordStream, Reject, is_pad, merge_states
+from shardwise.read.world import World
+from shardwise.testing import assert_resumes_exactly, assert_same_global_order
+
+
+def _line(i: int) -> bytes:
+    return json.dumps({"id": i, "text": "w" * (i * 7919 % 53)}).encode()
+
+
+def write_jsonl(path: Path, ids: range | list[int]) -> Path:
+    path.write_bytes(b"".join(_line(i) + b"\n" for i in ids))
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """3000 records over five files of every kind: plain, gz, zst, Parquet, Arrow stream."""
+    d = tmp_path_factory.mktemp("records")
+    write_jsonl(d / "a.jsonl", range(0, 1200))
+    (d / "b.jsonl.gz").write_bytes(gzip.compress(b"".join(_line(i) + b"\n"
+                                                          for i in range(1200, 1500))))
+    (d / "c.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(
+        b"".join(_line(i) + b"\n" for i in range(1500, 1800))))
+    table = pa.table({"id": list(range(1800, 2400)),
+                      "text": ["p" * (i % 11) for i in range(1800, 2400)]})
+    pq.write_table(table, d / "d.parquet", row_group_size=100)
+    arrow = pa.table({"id": list(range(2400, 3000)), "text": ["a"] * 600})
+    with pa.ipc.new_stream(str(d / "e.arrow"), arrow.schema) as w:  # what datasets writes
+        for batch in arrow.to_batches(max_chunksize=64):
+            w.write_batch(batch)
+    return {"dir": d, "sources": [str(d / "*.json*"), str(d / "d.parquet"),
+                                  str(d / "e.arrow")], "n": 3000}
+
+
+def make(corpus: dict[str, Any], **kw: Any) -> RecordStream:
+    opts: dict[str, Any] = {"seed": 5, "streams": 8, "range_bytes": 4000,
+                            "shuffle_buffer": 32}
+    opts.update(kw)
+    return RecordStream(corpus["sources"], **opts)
+
+
+def ids(examples: list[Any]) -> list[int | None]:
+    return [None if is_pad(x) else x["id"] for x in examples]
+
+
+def test_ranges_are_aligned_by_their_reader(tmp_path: Path) -> None:
+    """The module docstring's worked example."""
+    p = tmp_path / "x.jsonl"
+    p.write_bytes(b"aaaa\nbbbbbbbbb\ncc\ndddd\n")
+    plan = plan_ranges(resolve_files([str(p)]), range_bytes=10, n_streams=1)
+    assert plan.start.tolist() == [0, 10, 20] and plan.stop.tolist() == [10, 20, 23]
+    got = [[(raw, pos) for raw, pos, _, _ in iter_range(plan, k)] for k in range(plan.n)]
+    assert got == [[(b"aaaa", 0), (b"bbbbbbbbb", 5)], [(b"cc", 15), (b"dddd", 18)], []]
+    # resuming inside a range continues from the byte offset
+    assert [raw for raw, *_ in iter_range(plan, 1, 18, 1)] == [b"dddd"]
+
+
+def test_ranges_of_streams_as_in_the_docstring(tmp_path: Path) -> None:
+    p = tmp_path / "ten.jsonl"
+    p.write_bytes(b"x" * 100)
+    plan = plan_ranges(resolve_files([str(p)]), range_bytes=10, n_streams=4)
+    order = StreamOrder(plan, n_streams=4, seed=0, shuffle=True, buffer_size=8)
+    assert [order.ranges(s, 0) for s in range(4)] == [[1, 2, 0], [3, 4, 9], [8, 7], [5, 6]]
+
+
+def test_order_is_pinned(tmp_path: Path) -> None:
+    """A change of this order (ORDER_VERSION 1) must be deliberate."""
+    p = write_jsonl(tmp_path / "g.jsonl", range(1000))
+    rs = RecordStream([str(p)], seed=1234, streams=4, range_bytes=2000, shuffle_buffer=16)
+    assert ids(rs.get_next_batch(24)) == [211, 166, 850, 810, 219, 172, 853, 807, 214, 170,
+                                          848, 815, 221, 173, 845, 809, 213, 169, 856, 822,
+                                          206, 182, 854, 819]
+
+
+def test_arrow_file_format_is_read_too(tmp_path: Path) -> None:
+    table = pa.table({"id": list(range(300))})
+    with pa.ipc.new_file(str(tmp_path / "f.arrow"), table.schema) as w:
+        for batch in table.to_batches(max_chunksize=70):
+            w.write_batch(batch)
+    rs = RecordStream([str(tmp_path / "f.arrow")], streams=1, epochs=1, shuffle_buffer=8)
+    assert sorted(ids(list(rs))) == list(range(300))  # type: ignore[type-var]
+    with pytest.raises(ConfigError, match="text_mode reads lines"):
+        RecordStream([str(tmp_path / "f.arrow")], streams=1, text_mode=True)
+
+
+def test_one_pass_reads_every_record_once(corpus: dict[str, Any]) -> None:
+    rs = make(corpus, epochs=1)
+    got = ids(list(rs))
+    real = [i for i in got if i is not None]
+    assert sorted(real) == list(range(corpus["n"]))
+    assert len(got) % 8 == 0  # padded to whole rounds of the 8 streams
+    assert rs.get_next_batch(4) == [] and list(rs) == []
+
+
+def test_each_epoch_reads_every_record_once(corpus: dict[str, Any]) -> None:
+    rs = make(corpus, epochs=3)
+    counts = Counter(i for i in ids(list(rs)) if i is not None)
+    assert set(counts) == set(range(corpus["n"])) and set(counts.values()) == {3}
+
+
+def test_order_is_shuffled_and_reshuffles_reproducibly(corpus: dict[str, Any]) -> None:
+    first = ids(make(corpus).get_next_batch(400))
+    assert first == ids(make(corpus).get_next_batch(400))
+    assert first != sorted(first)
+    rs = make(corpus)
+    rs.shuffle(epoch=2)
+    two = ids(rs.get_next_batch(400))
+    rs.shuffle(epoch=2)
+    assert ids(rs.get_next_batch(400)) == two != first
+    assert ids(make(corpus, seed=6).get_next_batch(400)) != first
+
+
+def test_no_shuffle_one_stream_reads_in_file_order(tmp_path: Path) -> None:
+    p = write_jsonl(tmp_path / "s.jsonl", range(500))
+    rs = RecordStream([str(p)], streams=1, shuffle=False, range_bytes=1000, epochs=1)
+    assert ids(list(rs)) == list(range(500))
+
+
+class Batches:
+    """``get_next_batch`` as an iterable of ``{"id": array}`` batches, for the
+    :mod:`shardwise.testing` helpers."""
+
+    def __init__(self, rs: RecordStream, size: int) -> None:
+        self.rs, self.size = rs, size
+
+    def __iter__(self) -> Any:
+        while True:
+            yield {"id": np.array(ids(self.rs.get_next_batch(self.size)), dtype=np.int64)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.rs.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rs.load_state_dict(state)
+
+
+def _double(rec: dict[str, Any]) -> dict[str, Any]:
+    return {"id": rec["id"], "twice": 2 * rec["id"]}
+
+
+def test_same_global_order_for_world_sizes_and_workers(corpus: dict[str, Any]) -> None:
+    assert_same_global_order(lambda w: Batches(make(corpus, world=w), 1),
+                             world_sizes=[1, 2, 4, 8], steps=800, key="id")
+    plain = [x["twice"] for x in make(corpus, map_fn=_double).get_next_batch(3500)]
+    with make(corpus, map_fn=_double, num_workers=2) as rs:
+        assert [x["twice"] for x in rs.get_next_batch(3500)] == plain
+
+
+def test_world_size_must_divide_streams(corpus: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match="world sizes that work: \\[1, 2, 4, 8\\]"):
+        make(corpus, world=World(0, 3))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_at_random_points_is_exact(corpus: dict[str, Any], workers: int) -> None:
+    points = sorted(random.Random(workers).sample(range(1, 60), 5))
+    assert_resumes_exactly(lambda: Batches(make(corpus, num_workers=workers), 37),
+                           steps=60, stop_points=points, key="id")
+
+
+def test_resume_under_another_world_size(corpus: dict[str, Any]) -> None:
+    ref = ids(make(corpus).get_next_batch(6000))
+    k = random.Random(1).randrange(2500, 4000)  # inside the second epoch of some streams
+    one = make(corpus)
+    one.get_next_batch(k)
+    state = json.loads(json.dumps(one.state_dict()))
+    for world in (2, 4):
+        for r in range(world):
+            rs = make(corpus, world=World(r, world))
+            rs.load_state_dict(state)
+            want = [ref[i] for i in range(k, 6000) if i % world == r][:300]
+            assert ids(rs.get_next_batch(300)) == want
+    # back from 4 ranks to 2: the ranks' states merged into one
+    quarter = []
+    for r in range(4):
+        rs = make(corpus, world=World(r, 4))
+        rs.get_next_batch(250)
+        quarter.append(rs.state_dict())
+    merged = merge_states(quarter)
+    assert merged["consumed"] == 1000
+    rs = make(corpus, world=World(1, 2))
+    rs.load_state_dict(merged)
+    assert ids(rs.get_next_batch(200)) == [ref[i] for i in range(1000, 6000) if i % 2 == 1][:200]
+
+
+def test_state_mismatches_are_refused_by_name(corpus: dict[str, Any]) -> None:
+    rs = make(corpus)
+    rs.get_next_batch(50)
+    state = rs.state_dict()
+    with pytest.raises(StateError, match="seed: state has 5, this reader has 6"):
+        make(corpus, seed=6).load_state_dict(state)
+    with pytest.raises(StateError, match="shuffle_buffer"):
+        make(corpus, shuffle_buffer=8).load_state_dict(state)
+    half = make(corpus, world=World(1, 2))
+    half.get_next_batch(10)
+    with pytest.raises(StateError, match=r"missing \[0, 2, 4, 6\].*merge_states"):
+        make(corpus).load_state_dict(half.state_dict())
+    bad = json.loads(json.dumps(state))
+    bad["extra"]["streams"]["3"]["draws"] = -1
+    with pytest.raises(StateError, match="extra.streams.3.draws"):
+        make(corpus).load_state_dict(bad)
+    bad["extra"]["streams"]["3"]["draws"] = 0
+    bad["extra"]["streams"]["3"]["buffer"][0] = [10**6, 0, 0]
+    with pytest.raises(StateError, match=r"extra.streams.3.buffer\[0\]: range 1000000"):
+        make(corpus).load_state_dict(bad)
+
+
+def test_single_pass_pads_so_ranks_take_equal_steps(corpus: dict[str, Any]) -> None:
+    full = ids(list(make(corpus, epochs=1)))
+    ranks = [make(corpus, epochs=1, world=World(r, 4)) for r in range(4)]
+    per = [ids(list(rs)) for rs in ranks]
+    for r in range(4):  # real examples sit at their global positions on every rank
+        mine = [full[i] for i in range(r, len(full), 4)]
+        assert [x for x in per[r] if x is not None] == [x for x in mine if x is not None]
+    steps = []
+    for r in range(4):  # eval_batches: padded batches until every rank is done
+        rs = make(corpus, epochs=1, world=World(r, 4))
+        done_at = len(per[r]) // 16 + (len(per[r]) % 16 > 0)
+        longest = max(len(p) for p in per) // 16 + 1
+        flags = iter([False] * longest + [True])
+        batches = list(rs.eval_batches(16, all_done=lambda local, f=flags: next(f)))
+        assert all(len(b) == 16 for b in batches) and len(batches) == longest
+        assert all(is_pad(x) for b in batches[done_at:] for x in b)
+        steps.append(len(batches))
+    assert len(set(steps)) == 1
+
+
+def test_text_mode_yields_lines(tmp_path: Path) -> None:
+    p = tmp_path / "t.txt.jsonl"
+    p.write_bytes(b"first prompt\nsecond, not json\r\nthird")
+    rs = RecordStream([str(p)], text_mode=True, streams=1, epochs=1)
+    assert sorted(rs) == ["first prompt", "second, not json", "third"]
+
+
+def _bad_corpus(path: Path, bad: dict[int, bytes], n: int = 2000) -> Path:
+    lines = [bad.get(i, _line(i)) for i in range(1, n + 1)]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_bad_line_raises_naming_file_and_line(tmp_path: Path, suffix: str) -> None:
+    p = _bad_corpus(tmp_path / "plain.jsonl", {1500: b'{"id": 1500, "text": "unterminated'})
+    if suffix == ".jsonl.gz":
+        p = tmp_path / "bad.jsonl.gz"
+        p.write_bytes(gzip.compress((tmp_path / "plain.jsonl").read_bytes()))
+    rs = RecordStream([str(p)], streams=2, range_bytes=2000, shuffle_buffer=4, epochs=1)
+    with pytest.raises(InputError, match=f"{p}:1500: invalid JSON") as e:
+        list(rs)
+    assert e.value.line == 1500 and e.value.reason == "invalid_json"
+
+
+def _picky(rec: dict[str, Any]) -> Any:
+    if rec["id"] == 1234:
+        raise KeyError("boom")
+    if rec["id"] % 100 == 0:
+        return None
+    if rec["id"] % 100 == 1:
+        return Reject("too_long")
+    return rec
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_map_fn_errors_name_file_and_line(tmp_path: Path, workers: int) -> None:
+    p = _bad_corpus(tmp_path / "m.jsonl", {})
+    rs = RecordStream([str(p)], map_fn=_picky, streams=2, range_bytes=2000, num_workers=workers)
+    with pytest.raises(InputError, match=f"{p}:1234: map_fn raised KeyError"):
+        list(rs)
+    rs.close()
+
+
+def test_skip_counts_bad_records_by_reason(tmp_path: Path) -> None:
+    bad = {300: b"{broken", 900: b"", 901: b"[1, 2]", 1700: b'{"id": "caf\xe9"}',
+           1800: b"{also broken"}
+    p = _bad_corpus(tmp_path / "s.jsonl", bad)
+    rs = RecordStream([str(p)], map_fn=_picky, streams=4, range_bytes=2000, epochs=1,
+                      on_error="skip", num_workers=2)
+    got = [i for i in ids(list(rs)) if i is not None]
+    rs.close()
+    expect = [i for i in range(1, 2001) if i not in bad and i != 1234 and i % 100 > 1]
+    assert sorted(got) == expect
+    rejected = sum(1 for i in range(1, 2001) if i not in bad and i % 100 == 0)
+    too_long = sum(1 for i in range(1, 2001) if i not in bad and i % 100 == 1)
+    assert rs.errors == {"empty_line": 1, "invalid_json": 2, "map_error": 1, "not_object": 1,
+                         "rejected": rejected, "too_long": too_long, "undecodable": 1}
+
+
+class CountingFile:
+    """A file proxy that counts read calls and bytes (for the start-up test)."""
+
+    def __init__(self, f: Any, log: dict[str, int]) -> None:
+        self._f, self._log = f, log
+
+    def _count(self, data: bytes) -> bytes:
+        self._log["reads"] += 1
+        self._log["bytes"] += len(data)
+        return data
+
+    def read(self, *a: Any) -> bytes:
+        return self._count(self._f.read(*a))
+
+    def read1(self, *a: Any) -> bytes:
+        return self._count(self._f.read1(*a))
+
+    def readline(self, *a: Any) -> bytes:
+        return self._count(self._f.readline(*a))
+
+    def __enter__(self) -> CountingFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._f.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+
+def _startup_reads(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, int], ...]:
+    real_open = builtins.open
+    log = {"opens": 0, "reads": 0, "bytes": 0}
+
+    def counting_open(file: Any, mode: str = "r", *a: Any, **kw: Any) -> Any:
+        f = real_open(file, mode, *a, **kw)
+        if str(file) == str(path):
+            log["opens"] += 1
+            return CountingFile(f, log)
+        return f
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    rs = RecordStream([str(path)], range_bytes=4096, shuffle_buffer=64)
+    built = dict(log)
+    next(iter(rs))
+    first = dict(log)
+    monkeypatch.setattr(builtins, "open", real_open)
+    return built, first
+
+
+def test_startup_reads_do_not_grow_with_the_file(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    small = write_jsonl(tmp_path / "small.jsonl", range(4000))
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:
+        for _ in range(100):
+            f.write(small.read_bytes())
+    built_s, first_s = _startup_reads(small, monkeypatch)
+    built_b, first_b = _startup_reads(big, monkeypatch)
+    assert built_s == built_b == {"opens": 0, "reads": 0, "bytes": 0}  # os.stat only
+    print(first_s, first_b)
+    assert first_b["opens"] == first_s["opens"] <= 8  # two per range: align, then read
+    assert first_b["reads"] <= first_s["reads"] + 2
+    assert first_b["bytes"] <= 2 * first_s["bytes"] < big.stat().st_size // 50
+
+
+def test_hf_dataset_through_its_arrow_files(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"id": list(range(500)), "text": ["t"] * 500})
+    ds.save_to_disk(str(tmp_path / "saved"), max_shard_size="4KB")
+    loaded = datasets.load_from_disk(str(tmp_path / "saved"))
+    for source in (loaded, str(tmp_path / "saved")):
+        rs = RecordStream(source, streams=2, epochs=1)
+        assert sorted(i for i in ids(list(rs)) if i is not None) == list(range(500))
+    with pytest.raises(ConfigError, match="flatten_indices"):
+        RecordStream(loaded.select([3, 1, 2]), streams=1)
+
+
+def test_saved_dataset_without_datasets_names_the_install(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "state.json").write_text("{}")
+    (saved / "dataset_info.json").write_text("{}")
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
+    with pytest.raises(MissingExtraError, match=r"pip install .shardwise\[hf\]."):
+        RecordStream(str(saved))
