@@ -9,7 +9,9 @@ by the next build).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, BinaryIO
 
 TMP_PREFIX = ".tmp-"
 
@@ -49,6 +51,30 @@ def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
     tmp = write_temp(path, data)
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def atomic_write_with(path: Path, write: Callable[[BinaryIO], Any]) -> None:
+    """Like :func:`atomic_write_bytes`, with ``write(file)`` producing the content
+    (e.g. ``np.save``) so large data is not copied into one bytes object first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def save_npy(path: Path, array: Any) -> None:
+    """An ``.npy`` file published atomically (never pickled)."""
+    import numpy as np
+
+    data = np.asarray(array)
+    atomic_write_with(path, lambda f: np.save(f, data, allow_pickle=False))
 
 
 def remove_stale_temps(directory: Path) -> int:

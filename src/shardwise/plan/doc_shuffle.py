@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.format.atomic import atomic_write_bytes, save_npy
 from shardwise.plan._checks import IntArray, check_in_range, check_int
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation, derive_seed
 from shardwise.plan.windows import num_windows
@@ -45,7 +45,6 @@ DOC_SHUFFLE_VERSION: int = 1
 """Part of every fingerprint; bump when the index built from the same inputs changes."""
 
 SEED_TAG = "doc_shuffle"
-TMP_PREFIX = ".tmp-"
 _ARRAYS = ("doc_order", "cum_tokens")
 
 
@@ -98,12 +97,12 @@ class DocShuffleIndex:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         for name in _ARRAYS:
-            _save_npy(directory / f"{fingerprint}.{name}.npy", getattr(self, name))
+            save_npy(directory / f"{fingerprint}.{name}.npy", getattr(self, name))
         meta = {"version": DOC_SHUFFLE_VERSION, "permutation_version": PERMUTATION_VERSION,
                 "seq_len": int(self.seq_len), "drop_last": bool(self.drop_last),
                 "n_docs": int(self.doc_order.shape[0]), "total_tokens": self.total_tokens}
         data = json.dumps(meta, sort_keys=True).encode()
-        _atomic_write(directory / f"{fingerprint}.json", lambda f: f.write(data))
+        atomic_write_bytes(directory / f"{fingerprint}.json", data)
 
     @classmethod
     def load(cls, directory: Path, fingerprint: str) -> DocShuffleIndex | None:
@@ -182,36 +181,3 @@ def load_or_build(cache_dir: Path, key_fields: Mapping[str, Any],
     index.save(cache_dir, fp)
     loaded = DocShuffleIndex.load(cache_dir, fp)
     return index if loaded is None else loaded
-
-
-def _save_npy(path: Path, arr: npt.ArrayLike) -> None:
-    data = np.asarray(arr)
-    _atomic_write(path, lambda f: np.save(f, data, allow_pickle=False))
-
-
-def _atomic_write(path: Path, write: Callable[[Any], object]) -> None:
-    """Write via ``write(file)`` to a temporary sibling, fsync, rename over ``path``."""
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename durable (skipped where directories cannot be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -32,12 +32,12 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import orjson
 import xxhash
 
+from shardwise.build.config import OnError
 from shardwise.errors import ConfigError, StateError
 from shardwise.plan.stream import streams_of_rank, streams_per_rank
 from shardwise.read.record_pipeline import FINISHED, PAD_KEY, Pipeline, is_pad, make_pad
@@ -48,19 +48,6 @@ from shardwise.read.world import World
 from shardwise.state import LoaderState
 
 STATE_KIND = "record_stream"
-
-
-class OnError(str, Enum):
-    RAISE = "raise"
-    SKIP = "skip"
-
-    @classmethod
-    def parse(cls, value: str | OnError) -> OnError:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(f"on_error must be one of {[m.value for m in cls]}, "
-                              f"got {value!r}") from None
 
 
 @dataclass(frozen=True)

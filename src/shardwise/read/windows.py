@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.format.atomic import save_npy
 from shardwise.format.cache import Cache
 from shardwise.plan.doc_shuffle import plan_fingerprint
 
@@ -85,10 +86,7 @@ class WindowReader:
                            for c in range(len(self.cache.chunks))]
                 starts = np.zeros(sum(len(x) for x in lengths) + 1, dtype=np.int64)
                 np.cumsum(np.concatenate(lengths), out=starts[1:])
-                from shardwise.plan.doc_shuffle import _save_npy
-
-                plan_root.mkdir(parents=True, exist_ok=True)
-                _save_npy(path, starts)
+                save_npy(path, starts)
                 self._all_starts = starts
         return self._all_starts
 
