@@ -12,9 +12,10 @@ import fcntl
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from shardwise import __version__
 from shardwise.build.config import ChunkPolicy, OnError
@@ -108,6 +109,44 @@ def _ordered_tasks(ledger: Ledger, infos: list[Any]) -> list[Task]:
     return [t for _, _, t in sorted(tasks, key=lambda x: (x[0], x[1]))]
 
 
+class ExecutorKind(str, Enum):
+    """Where build tasks run: local processes, or a Ray cluster."""
+
+    LOCAL = "local"
+    RAY = "ray"
+
+
+class Executor(Protocol):
+    """Runs tasks, calling ``on_message`` in the caller's thread (see LocalExecutor.run)."""
+
+    def run(self, job: Job, tasks: Iterable[Task], on_message: Callable[[object], None]
+            ) -> None: ...
+
+
+def _make_executor(executor: str | ExecutorKind | Executor | None, workers: int | None,
+                   address: str | None) -> tuple[Executor, Callable[[], None]]:
+    """The executor to run on, and how to release it: build() closes only what it made."""
+    if executor is not None and not isinstance(executor, str):
+        if address is not None:
+            raise ConfigError("address= is for executor='ray'; with an executor object, give "
+                              "the address to it: RayExecutor(address=...)")
+        return executor, lambda: None
+    try:
+        kind = ExecutorKind(executor or ExecutorKind.LOCAL)
+    except ValueError:
+        raise ConfigError(f"executor must be one of {[k.value for k in ExecutorKind]} or an "
+                          f"executor object, got {executor!r}") from None
+    if kind is ExecutorKind.RAY:
+        from shardwise.build.ray_executor import RayExecutor
+
+        ray_ex = RayExecutor(workers, address=address)
+        return ray_ex, ray_ex.close
+    if address is not None:
+        raise ConfigError(f"address={address!r} needs executor='ray' (--executor ray)")
+    local = LocalExecutor(workers)
+    return local, local.close
+
+
 class _Coordinator:
     """Applies worker messages to the ledger and saves it (at most every 0.25 s)."""
 
@@ -158,8 +197,14 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
           on_error: str | OnError = OnError.RAISE, records: bool = False,
           segment_bytes: int | None = None, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
           processor_version: str | None = None, overwrite: bool = False,
-          progress: bool | None = None, executor: LocalExecutor | None = None) -> BuildSummary:
+          progress: bool | None = None,
+          executor: str | ExecutorKind | Executor | None = None,
+          address: str | None = None) -> BuildSummary:
     """Tokenize ``sources`` into the cache directory ``out``; resume it if it exists.
+
+    ``executor`` is ``"local"`` (processes on this machine, the default), ``"ray"``
+    (tasks on the Ray cluster at ``address``, or on a local Ray; see
+    :mod:`shardwise.build.ray_executor`), or an executor object, which the caller closes.
 
     >>> build(["data/*.jsonl.zst"], "cache/", tokenizer="tokenizer.json",  # doctest: +SKIP
     ...       workers=8)
@@ -171,6 +216,7 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
     proc = _make_processor(tokenizer, processor, text_key=text_key, append_eod=append_eod,
                            eod_token=eod_token, vocab_size=vocab_size, records=records,
                            processor_version=processor_version)
+    runner, release = _make_executor(executor, workers, address)
     infos = describe(discover(sources))
     vocab = proc.vocab_size()  # type: ignore[attr-defined]
     dtype = token_dtype(vocab)
@@ -203,12 +249,9 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
         job = Job(str(root), proc, policy, err_mode, dtype.name, vocab, records,
                   max_record_bytes)
         try:
-            if executor is None:
-                with LocalExecutor(workers) as ex:
-                    ex.run(job, tasks, coordinator)
-            else:
-                executor.run(job, tasks, coordinator)
+            runner.run(job, tasks, coordinator)
         finally:
+            release()
             coordinator.save(force=True)
             reporter.close()
         order = ledger.global_order()

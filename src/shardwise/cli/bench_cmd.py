@@ -29,6 +29,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     b.add_argument("--tmp-dir", default=None, metavar="DIR",
                    help="where the corpus and caches go (default: the system temp dir)")
     b.add_argument("--json", action="store_true", help="print the figures as JSON")
+    from shardwise.cli.bench_build import add_executor_argument
+
+    add_executor_argument(b)
     from shardwise.cli.bench_read import add_read_parser
 
     add_read_parser(which)

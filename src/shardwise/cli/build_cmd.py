@@ -20,7 +20,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="a tokenizer.json saved by the tokenizers library")
     p.add_argument("--text-key", default="text", help="field holding the text (default: text)")
     p.add_argument("--workers", type=int, default=None,
-                   help="worker processes (default: all cores)")
+                   help="worker processes (default: all cores); with --executor ray, tasks "
+                        "at once (default: every CPU of the cluster)")
+    p.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="run on local processes (default) or on a Ray cluster; Ray workers "
+                        "write to --out directly, so it must be on a filesystem every node "
+                        "mounts at the same path")
+    p.add_argument("--address", default=None, metavar="ADDR",
+                   help="with --executor ray: the cluster to join (host:port, or auto); "
+                        "default: start a local Ray with --workers CPUs")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--chunk-docs", type=int, metavar="N", help="documents per chunk")
     size.add_argument("--chunk-mb", type=float, metavar="MB",
@@ -45,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
                     workers=args.workers, chunk_docs=args.chunk_docs, chunk_mb=args.chunk_mb,
                     append_eod=args.append_eod, eod_token=args.eod_token,
                     on_error=args.on_error, overwrite=args.overwrite,
-                    progress=not args.no_progress)
+                    progress=not args.no_progress, executor=args.executor,
+                    address=args.address)
     print(json.dumps(summary.to_dict(), indent=2) if args.json else summary)
     return 0
