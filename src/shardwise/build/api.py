@@ -8,6 +8,7 @@ one against an existing cache is refused with the fields that differ.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -36,6 +37,7 @@ from shardwise.format.manifest import (
     describe_differences,
 )
 from shardwise.format.megatron import token_dtype
+from shardwise.format.storage import RemoteStore, Root, open_root
 
 LEDGER_SAVE_INTERVAL = 0.25
 
@@ -64,16 +66,45 @@ def _make_processor(tokenizer: str | os.PathLike[str] | None,
     return FunctionProcessor(processor, vocab_size, version=processor_version, records=records)
 
 
+_HELD_LOCKS: set[int] = set()
+_FORK_HOOK: list[bool] = []
+LOCK_WAIT_SECONDS = 5.0
+
+
+def _drop_locks_in_child() -> None:
+    """A forked worker must not keep the build's lock alive after the build dies."""
+    for fd in _HELD_LOCKS:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD_LOCKS.clear()
+
+
 def _lock(root: Path) -> int:
     """An exclusive advisory lock on the cache directory itself: released by the kernel
-    when the process dies, so a crash leaves no lock file behind."""
+    when the process dies, so a crash leaves no lock file behind. Waits a few seconds
+    for a build that is just dying (its lock goes with its last process)."""
+    if not _FORK_HOOK:
+        os.register_at_fork(after_in_child=_drop_locks_in_child)
+        _FORK_HOOK.append(True)
     fd = os.open(root, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise CacheError(f"{root}: another build is writing this cache right now") from None
+    deadline = time.monotonic() + LOCK_WAIT_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise CacheError(f"{root}: another build is writing this cache right now"
+                                 ) from None
+            time.sleep(0.05)
+    _HELD_LOCKS.add(fd)
     return fd
+
+
+def _unlock(fd: int) -> None:
+    _HELD_LOCKS.discard(fd)
+    os.close(fd)
 
 
 def _prepare_root(root: Path, manifest: Manifest, overwrite: bool) -> Ledger | None:
@@ -88,6 +119,25 @@ def _prepare_root(root: Path, manifest: Manifest, overwrite: bool) -> Ledger | N
             raise ConfigError(f"{root} exists and is not a shardwise cache (it holds "
                               f"{sorted(stray)[:5]}); choose an empty or new directory")
         return None
+    return _resume_ledger(root, manifest)
+
+
+def _prepare_remote(store: RemoteStore, manifest: Manifest, overwrite: bool) -> Ledger | None:
+    """:func:`_prepare_root` for a cache on an object store (no lock: see :func:`build`)."""
+    keys = store.list_keys()
+    if overwrite and MANIFEST_NAME in keys:  # the ledger first: no reader sees it name
+        store.remove([k for k in (LEDGER_NAME, MANIFEST_NAME) if k in keys])  # a gone chunk
+        store.remove([k for k in keys if k.startswith("chunks/")])
+        keys = []
+    if MANIFEST_NAME not in keys:
+        if keys:
+            raise ConfigError(f"{store} exists and is not a shardwise cache (it holds "
+                              f"{keys[:5]}); choose an empty or new prefix")
+        return None
+    return _resume_ledger(store, manifest)
+
+
+def _resume_ledger(root: Root, manifest: Manifest) -> Ledger | None:
     stored = Manifest.load(root)
     diffs = describe_differences(stored.identity(), manifest.identity())
     diffs = [d for d in diffs if not d.startswith("on_error")]
@@ -96,7 +146,9 @@ def _prepare_root(root: Path, manifest: Manifest, overwrite: bool) -> Ledger | N
             f"{root} was built with different arguments; refusing to mix them:\n  "
             + "\n  ".join(diffs) + "\nbuild into a new directory, or pass overwrite=True "
             "(--overwrite) to start this cache again")
-    return Ledger.load(root) if (root / LEDGER_NAME).exists() else None
+    has_ledger = (root.exists(LEDGER_NAME) if isinstance(root, RemoteStore)
+                  else (root / LEDGER_NAME).exists())
+    return Ledger.load(root) if has_ledger else None
 
 
 def _ordered_tasks(ledger: Ledger, infos: list[Any]) -> list[Task]:
@@ -150,7 +202,7 @@ def _make_executor(executor: str | ExecutorKind | Executor | None, workers: int 
 class _Coordinator:
     """Applies worker messages to the ledger and saves it (at most every 0.25 s)."""
 
-    def __init__(self, root: Path, ledger: Ledger, reporter: ProgressReporter) -> None:
+    def __init__(self, root: Root, ledger: Ledger, reporter: ProgressReporter) -> None:
         self.root, self.ledger, self.reporter = root, ledger, reporter
         self.dirty = False
         self.saved_at = 0.0
@@ -199,12 +251,19 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
           processor_version: str | None = None, overwrite: bool = False,
           progress: bool | None = None,
           executor: str | ExecutorKind | Executor | None = None,
-          address: str | None = None) -> BuildSummary:
+          address: str | None = None,
+          storage_options: dict[str, Any] | None = None) -> BuildSummary:
     """Tokenize ``sources`` into the cache directory ``out``; resume it if it exists.
 
     ``executor`` is ``"local"`` (processes on this machine, the default), ``"ray"``
     (tasks on the Ray cluster at ``address``, or on a local Ray; see
     :mod:`shardwise.build.ray_executor`), or an executor object, which the caller closes.
+
+    ``out`` may be a URL (``s3://bucket/prefix``, anything fsspec speaks); chunks are then
+    uploaded as whole objects before the ledger names them (see
+    :mod:`shardwise.format.storage`), with credentials from the environment or
+    ``storage_options`` (never stored). An object store has no lock: run **one build per
+    cache URL at a time** (a local directory is locked against a second build).
 
     >>> build(["data/*.jsonl.zst"], "cache/", tokenizer="tokenizer.json",  # doctest: +SKIP
     ...       workers=8)
@@ -228,18 +287,21 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
         chunking={"max_docs": policy.max_docs, "max_bytes": policy.max_bytes,
                   "segment_bytes": policy.segment_bytes},
         sources=infos, on_error=err_mode.value, created_by=f"shardwise {__version__}")
-    root = Path(out)
-    root.mkdir(parents=True, exist_ok=True)
-    lock = _lock(root)
+    root = open_root(out, storage_options)
+    if isinstance(root, Path):
+        root.mkdir(parents=True, exist_ok=True)
+    lock = _lock(root) if isinstance(root, Path) else None
     try:
-        ledger = _prepare_root(root, manifest, overwrite)
+        ledger = (_prepare_remote(root, manifest, overwrite) if isinstance(root, RemoteStore)
+                  else _prepare_root(root, manifest, overwrite))
         if ledger is None or Manifest.load(root).on_error != manifest.on_error:
             manifest.save(root)
         if ledger is None:
             ledger = Ledger([SourceProgress(plan_segments(i, policy.segment_bytes))
                              for i in infos])
             ledger.save(root)
-        remove_stale_temps(root)
+        if isinstance(root, Path):
+            remove_stale_temps(root)
         kept = sum(len(c.chunks) for s in ledger.sources for c in s.segments)
         tasks = _ordered_tasks(ledger, infos)
         reporter = ProgressReporter(sum(len(s.segments) for s in ledger.sources),
@@ -247,7 +309,7 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
         reporter.advance(sum(seg.finished for s in ledger.sources for seg in s.segments))
         coordinator = _Coordinator(root, ledger, reporter)
         job = Job(str(root), proc, policy, err_mode, dtype.name, vocab, records,
-                  max_record_bytes)
+                  max_record_bytes, storage_options)
         try:
             runner.run(job, tasks, coordinator)
         finally:
@@ -262,7 +324,8 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
             seconds=time.monotonic() - started, errors=ledger.errors(),
             resumed_chunks=kept, new_chunks=coordinator.new_chunks)
     finally:
-        os.close(lock)
+        if lock is not None:
+            _unlock(lock)
 
 
 __all__ = ["build"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +26,7 @@ from shardwise.format.chunk import (
 )
 from shardwise.format.ledger import ChunkEntry, Segment
 from shardwise.format.manifest import SourceInfo
+from shardwise.format.storage import open_root
 
 BATCH_RECORDS = 1024
 
@@ -43,6 +43,7 @@ class Job:
     vocab_size: int
     records: bool = False
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    storage_options: dict[str, Any] | None = None  # for a URL root; never written anywhere
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ class SegmentBuilder:
         fields = {"source": t.source, "source_path": t.info.path, "segment": t.seg_index,
                   "index": self.next_index,
                   "range": SourceRange(unit, p.start, end, p.line_start, line)}
-        root = Path(job.root)
+        root = open_root(job.root, job.storage_options)
         if job.records:
             meta, meta_sum = publish_record_chunk(root, stem, _records_table(p.docs),
                                                   p.tokens, fields)

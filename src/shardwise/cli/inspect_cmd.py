@@ -35,7 +35,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                "  shardwise inspect cache/ --plot lengths.png\n"
                "  shardwise inspect cache/ --examples 2 --seq-len 16 --tokenizer tok.json",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", metavar="DIR", help="cache directory or Megatron prefix")
+    p.add_argument("path", metavar="DIR", help="cache directory, Megatron prefix, or cache URL "
+                   "(s3://bucket/prefix; chunk files are downloaded to ~/.cache/shardwise)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--plot", metavar="FILE.png", type=Path,
                    help="write a PNG: document length distribution and tokens per source "

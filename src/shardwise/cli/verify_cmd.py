@@ -16,7 +16,8 @@ import orjson
 
 from shardwise.errors import ManifestError
 from shardwise.format.manifest import MANIFEST_NAME
-from shardwise.format.verify import VerifyReport, verify_cache, verify_megatron
+from shardwise.format.storage import is_url
+from shardwise.format.verify import VerifyReport, verify_cache, verify_megatron, verify_remote
 
 DESCRIPTION = ("Check a shardwise cache exhaustively: the manifest, the ledger's consistency, "
                "and for every chunk the ledger names (visible or not) its metadata checksum, "
@@ -31,15 +32,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=textwrap.fill(DESCRIPTION, 88),
         epilog="exit status: 0 the cache is intact, 1 problems were found, 2 usage error.\n"
                "examples:\n  shardwise verify cache/\n  shardwise verify data/corpus_text_document"
-               "\n  shardwise verify cache/ --json",
+               "\n  shardwise verify cache/ --json\n  shardwise verify s3://bucket/cache",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", metavar="DIR", help="cache directory or Megatron prefix")
+    p.add_argument("path", metavar="DIR", help="cache directory, Megatron prefix, or cache URL "
+                   "(s3://bucket/prefix; credentials from the environment)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    report = check(Path(args.path))
+    report = verify_remote(args.path) if is_url(args.path) else check(Path(args.path))
     if args.json:
         print(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode())
     else:

@@ -3,7 +3,8 @@
 A token chunk is ``<stem>.bin`` + ``<stem>.idx`` (Megatron layout) + ``<stem>.json``
 (metadata); a record chunk is ``<stem>.parquet`` + ``<stem>.json``. The metadata file
 is renamed into place last, after the data files, so a chunk with metadata is complete;
-the ledger names it only after that, and readers trust only the ledger.
+the ledger names it only after that, and readers trust only the ledger. On an object
+store (no rename) each file is one whole-object PUT, in the same order.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import orjson
 from shardwise.format.atomic import fsync_dir, write_temp
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.megatron import idx_bytes
+from shardwise.format.storage import RemoteStore, Root
 
 
 class ChunkKind(str, Enum):
@@ -82,9 +84,12 @@ class ChunkMeta:
         return cls(**d)
 
 
-def _publish(root: Path, stem: str, payloads: dict[str, bytes | memoryview],
+def _publish(root: Root, stem: str, payloads: dict[str, bytes | memoryview],
              meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
-    """Write every payload to a temp name, fsync, rename; then the metadata, last."""
+    """Write every payload to a temp name, fsync, rename; then the metadata, last.
+    On an object store: one whole-object PUT each, data objects first, metadata last."""
+    if isinstance(root, RemoteStore):
+        return _upload(root, stem, payloads, meta_fields)
     base = root / stem
     base.parent.mkdir(parents=True, exist_ok=True)
     files: dict[str, dict[str, Any]] = {}
@@ -104,7 +109,19 @@ def _publish(root: Path, stem: str, payloads: dict[str, bytes | memoryview],
     return meta, bytes_checksum(meta_bytes)
 
 
-def publish_token_chunk(root: Path, stem: str, tokens: npt.NDArray[np.generic],
+def _upload(store: RemoteStore, stem: str, payloads: dict[str, bytes | memoryview],
+            meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
+    files = {suffix: {"bytes": len(data), "xxh3_64": bytes_checksum(data)}
+             for suffix, data in payloads.items()}
+    for suffix, data in payloads.items():
+        store.put(stem + suffix, data)
+    meta = ChunkMeta(stem=stem, files=files, **meta_fields)
+    meta_bytes = meta.to_json()
+    store.put(stem + META_SUFFIX, meta_bytes)
+    return meta, bytes_checksum(meta_bytes)
+
+
+def publish_token_chunk(root: Root, stem: str, tokens: npt.NDArray[np.generic],
                         doc_lengths: npt.NDArray[np.int64],
                         meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
     """Publish a Megatron ``.bin/.idx`` chunk; returns its metadata and the metadata's checksum."""
@@ -126,7 +143,7 @@ def parquet_bytes(table: Any) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def publish_record_chunk(root: Path, stem: str, table: Any, tokens: int,
+def publish_record_chunk(root: Root, stem: str, table: Any, tokens: int,
                          meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
     """Publish a Parquet chunk of processed records (token ids plus other fields)."""
     fields = dict(meta_fields, kind=ChunkKind.RECORDS, documents=table.num_rows, tokens=tokens)

@@ -17,13 +17,12 @@ b0 published)::
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
 
 from shardwise.errors import ManifestError
-from shardwise.format.atomic import atomic_write_bytes
+from shardwise.format.storage import Root, read_file, where, write_file
 
 LEDGER_NAME = "ledger.json"
 LEDGER_VERSION = 1
@@ -128,17 +127,17 @@ class Ledger:
             raise ManifestError(f"{where}: not a valid shardwise ledger ({e})") from e
         return cls(sources=sources)
 
-    def save(self, root: Path) -> None:
-        atomic_write_bytes(root / LEDGER_NAME, self.to_json())
+    def save(self, root: Root) -> None:
+        write_file(root, LEDGER_NAME, self.to_json())
 
     @classmethod
-    def load(cls, root: Path) -> Ledger:
-        path = root / LEDGER_NAME
+    def load(cls, root: Root) -> Ledger:
+        path = where(root, LEDGER_NAME)
         try:
-            data = orjson.loads(path.read_bytes())
+            data = orjson.loads(read_file(root, LEDGER_NAME))
         except FileNotFoundError:
             raise ManifestError(f"{root}: no {LEDGER_NAME}; the build has not started "
                                 "or this is not a shardwise cache") from None
         except orjson.JSONDecodeError as e:
             raise ManifestError(f"{path}: invalid JSON ({e})") from e
-        return cls.from_dict(data, where=str(path))
+        return cls.from_dict(data, where=path)

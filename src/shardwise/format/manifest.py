@@ -8,13 +8,12 @@ cache compares its own manifest with the stored one and refuses on any differenc
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
 
 from shardwise.errors import ManifestError
-from shardwise.format.atomic import atomic_write_bytes
+from shardwise.format.storage import Root, read_file, where, write_file
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -74,21 +73,21 @@ class Manifest:
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise ManifestError(f"{where}: not a valid shardwise manifest ({e})") from e
 
-    def save(self, root: Path) -> None:
-        atomic_write_bytes(root / MANIFEST_NAME, self.to_json())
+    def save(self, root: Root) -> None:
+        write_file(root, MANIFEST_NAME, self.to_json())
 
     @classmethod
-    def load(cls, root: Path) -> Manifest:
-        path = root / MANIFEST_NAME
+    def load(cls, root: Root) -> Manifest:
+        path = where(root, MANIFEST_NAME)
         try:
-            data = orjson.loads(path.read_bytes())
+            data = orjson.loads(read_file(root, MANIFEST_NAME))
         except FileNotFoundError:
             raise ManifestError(f"{root}: no {MANIFEST_NAME}; not a shardwise cache "
                                 "(for a Megatron dataset pass its prefix, without .bin/.idx)"
                                 ) from None
         except orjson.JSONDecodeError as e:
             raise ManifestError(f"{path}: invalid JSON ({e})") from e
-        return cls.from_dict(data, where=str(path))
+        return cls.from_dict(data, where=path)
 
 
 def describe_differences(stored: dict[str, Any], wanted: dict[str, Any], prefix: str = ""

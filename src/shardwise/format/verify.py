@@ -11,11 +11,18 @@ problems instead of stopping at the first, so one run tells you everything to re
 Files the ledger does not name (chunks published by a build killed before it updated the
 ledger, ``.tmp-*`` leftovers) are *notes*, not problems: readers never see them and the
 next build removes or replaces them. Data files are hashed in blocks (constant memory).
+
+A cache on an object store (:func:`verify_remote`, or ``verify_cache("s3://…")``) gets the
+same checks, one chunk at a time downloaded into a temporary directory (constant disk),
+and every finding names the object by its URL.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,6 +38,7 @@ from shardwise.format.ledger import LEDGER_NAME, ChunkEntry, Ledger, Segment
 from shardwise.format.manifest import MANIFEST_NAME, Manifest
 from shardwise.format.megatron import MegatronIndex, check_index, dtype_code, read_idx
 from shardwise.format.paths import safe_join
+from shardwise.format.storage import RemoteStore, is_url
 
 CHUNK_FORMAT_VERSION = 1  # ChunkMeta.format_version this module understands
 _T = TypeVar("_T")
@@ -81,8 +89,12 @@ class _Expect:
     dtype: np.dtype | None
 
 
-def verify_cache(root: str | Path) -> VerifyReport:
-    """Check a shardwise cache directory exhaustively; never raises on damage."""
+def verify_cache(root: str | Path, *, storage_options: dict[str, Any] | None = None,
+                 _fetch: Callable[[_Expect], AbstractContextManager[None]] | None = None
+                 ) -> VerifyReport:
+    """Check a shardwise cache directory (or URL) exhaustively; never raises on damage."""
+    if is_url(root):
+        return verify_remote(str(root), storage_options=storage_options)
     root = Path(root)
     report = VerifyReport(str(root))
     manifest = _load(Manifest.load, root, MANIFEST_NAME, report)
@@ -94,11 +106,65 @@ def verify_cache(root: str | Path) -> VerifyReport:
                        f"lists {len(manifest.sources)}")
         expects = list(_check_ledger(root, ledger, kind, dtype, report))
         for exp in expects:
-            _check_chunk(exp, report)
+            with _fetch(exp) if _fetch is not None else nullcontext():
+                _check_chunk(exp, report)
             report.chunks_checked += 1
         _note_strays(root, {e.entry.stem for e in expects}, report)
     report.problems.sort()
     return report
+
+
+def verify_remote(url: str, *, storage_options: dict[str, Any] | None = None
+                  ) -> VerifyReport:
+    """:func:`verify_cache` for a cache on an object store: each chunk's objects are
+    downloaded into a temporary directory, checked, and deleted before the next chunk."""
+    store = RemoteStore(url, storage_options)
+    with tempfile.TemporaryDirectory(prefix="shardwise-verify-") as tmp:
+        local = Path(tmp)
+        for name in (MANIFEST_NAME, LEDGER_NAME):
+            _download(store, name, local)
+
+        @contextmanager
+        def fetch(exp: _Expect) -> Iterator[None]:
+            suffixes = (META_SUFFIX, *DATA_SUFFIXES[exp.kind or ChunkKind.TOKENS])
+            for suffix in suffixes:
+                _download(store, exp.entry.stem + suffix, local)
+            try:
+                yield
+            finally:
+                shutil.rmtree(local / "chunks", ignore_errors=True)
+
+        inner = verify_cache(local, _fetch=fetch)
+    head = str(local)
+
+    def named(p: Problem) -> Problem:
+        path = store.url + p.path[len(head):] if p.path.startswith(head) else p.path
+        return Problem(path, p.what)
+
+    report = VerifyReport(store.url, problems=sorted(named(p) for p in inner.problems),
+                          chunks_checked=inner.chunks_checked,
+                          bytes_checked=inner.bytes_checked)
+    named_stems: set[str] = set()
+    with suppress(ManifestError):
+        named_stems = {e.stem for src in Ledger.load(store).sources
+                       for seg in src.segments for e in seg.chunks}
+    for key in store.list_keys():
+        stem = key.rsplit(".", 1)[0]
+        if key.startswith("chunks/") and stem not in named_stems:
+            report.notes.append(Problem(store.url_of(key), "orphan: not named by the ledger "
+                                        "(left by an interrupted build; readers ignore it)"))
+    return report
+
+
+def _download(store: RemoteStore, key: str, local: Path) -> None:
+    """Copy object ``key`` to ``local/key``; a missing object is left missing (and then
+    reported as missing by the local checks)."""
+    dest = safe_join(local, key, where=store.url)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        store.fs.get_file(store.key(key), str(dest))
+    except FileNotFoundError:
+        dest.unlink(missing_ok=True)
 
 
 def verify_megatron(prefix: str | Path) -> VerifyReport:

@@ -26,6 +26,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -128,17 +129,20 @@ class ChunkCache:
 def read_chunk(cache: Cache, c: int) -> Tokens:
     """Chunk ``c``'s tokens, read (not memory-mapped) into a private array."""
     info = cache.chunks[c]
-    path = info.base.with_name(info.base.name + ".bin")
     out = np.empty(info.tokens, dtype=cache.dtype)
-    try:
+
+    def fill(path: Path) -> tuple[int, bytes]:
         with open(path, "rb", buffering=0) as f:
-            got = f.readinto(out.data.cast("B")) if out.nbytes else 0
-            extra = f.read(1)
+            return (f.readinto(out.data.cast("B")) if out.nbytes else 0), f.read(1)
+
+    name = f"{cache.location}/{info.stem}.bin"
+    try:  # through the bounded download directory when the cache is on an object store
+        got, extra = cache.with_chunk_file(c, ".bin", fill)
     except FileNotFoundError:
-        raise CorruptChunkError(f"{path}: named by the ledger but missing; run "
-                                f"'shardwise verify {cache.root}'") from None
+        raise CorruptChunkError(f"{name}: named by the ledger but missing; run "
+                                f"'shardwise verify {cache.location}'") from None
     if got != out.nbytes or extra:
-        raise CorruptChunkError(f"{path}: size differs from the {info.tokens} tokens the "
-                                f"ledger records; run 'shardwise verify {cache.root}'")
+        raise CorruptChunkError(f"{name}: size differs from the {info.tokens} tokens the "
+                                f"ledger records; run 'shardwise verify {cache.location}'")
     cache.opened[info.stem] += 1
     return out

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shardwise.format.cache import Cache, ChunkInfo
+from shardwise.format.cache import Cache
 from shardwise.format.chunk import ChunkKind
 from shardwise.format.ledger import Ledger
 from shardwise.format.megatron import read_idx
@@ -103,7 +103,7 @@ def summarize(cache: Cache, *, sample_docs: int = SAMPLE_DOCS) -> CacheSummary:
     status = "finished" if cache.finished else "building"
     m = cache.manifest
     return CacheSummary(
-        path=str(cache.root if m is not None else cache.chunks[0].base),
+        path=cache.location if m is not None else str(cache.chunks[0].base),
         layout="megatron" if m is None else "shardwise",
         chunk_kind=m.chunk_kind if m is not None else ChunkKind.TOKENS.value,
         dtype=cache.dtype.name, tokenizer=m.tokenizer.fingerprint if m else "unknown",
@@ -118,7 +118,7 @@ def _sources(cache: Cache) -> list[SourceSummary]:
         c = cache.chunks[0]
         size = c.base.with_name(c.base.name + ".bin").stat().st_size
         return [SourceSummary(str(c.base), "megatron", size, 1, c.documents, c.tokens, True)]
-    ledger = Ledger.load(cache.root)
+    ledger = Ledger.load(cache.store or cache.root)
     out = []
     for info, progress in zip(cache.manifest.sources, ledger.sources, strict=False):
         entries = [e for seg in progress.segments for e in seg.chunks]
@@ -140,19 +140,25 @@ def sample_lengths(cache: Cache, sample_docs: int = SAMPLE_DOCS
         picks = sorted(set(np.linspace(0, n - 1, MAX_SAMPLE_CHUNKS).round().astype(int)))
     docs = sum(cache.chunks[i].documents for i in picks)
     stride = max(1, -(-docs // max(sample_docs, 1)))
-    parts = [_chunk_lengths(cache.chunks[i], stride) for i in picks]
+    parts = [_chunk_lengths(cache, i, stride) for i in picks]
     lengths = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     return lengths.astype(np.int64, copy=False), len(picks) < n or stride > 1
 
 
-def _chunk_lengths(info: ChunkInfo, stride: int) -> npt.NDArray[np.int64]:
-    """Every ``stride``-th document length; only those are copied out of the index map."""
+def _chunk_lengths(cache: Cache, i: int, stride: int) -> npt.NDArray[np.int64]:
+    """Every ``stride``-th document length; only those are copied out of the index map
+    (a chunk of a cache on an object store is read through its download directory)."""
+    info = cache.chunks[i]
     if info.kind is ChunkKind.TOKENS:
-        return read_idx(_with(info.base, ".idx")).sequence_lengths[::stride].astype(np.int64)
+        return cache.with_chunk_file(i, ".idx", lambda p: np.asarray(
+            read_idx(p).sequence_lengths[::stride], dtype=np.int64))
+    return cache.with_chunk_file(i, ".parquet", lambda p: _parquet_lengths(p, stride))
+
+
+def _parquet_lengths(path: Path, stride: int) -> npt.NDArray[np.int64]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    path = _with(info.base, ".parquet")
     if "input_ids" not in pq.ParquetFile(path).schema_arrow.names:
         return np.zeros(0, dtype=np.int64)
     column = pq.read_table(path, columns=["input_ids"]).column("input_ids")

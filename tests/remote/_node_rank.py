@@ -1,0 +1,55 @@
+"""One rank of the simulated multi-node run (launched by tests/distributed/test_remote_*.py).
+
+usage: ``python _node_rank.py SPEC.json`` with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE`` and ``NODE_RANK`` in the environment, as torchrun would set them. The
+node's ranks share ``<local_root>/node<NODE_RANK>``; gloo (file store) gathers every rank's
+download counts to rank 0, which writes them with the rows.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    import torch.distributed as dist
+
+    import shardwise as sw
+    from shardwise.torch import loader
+
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method=f"file://{spec['store']}", rank=rank,
+                            world_size=size, timeout=datetime.timedelta(seconds=120))
+    world = sw.World.detect()  # the global rank and size: placement ignores the node
+    node = int(os.environ["NODE_RANK"])
+    cache = sw.open_cache(spec["url"], local_dir=Path(spec["local_root"]) / f"node{node}",
+                          local_bytes=spec["local_bytes"])
+    ds = sw.TokenDataset(cache, seq_len=spec["seq_len"], seed=spec["seed"])
+    dl = loader(ds, global_batch_size=spec["global_batch"], micro_batch_size=spec["micro"],
+                world=world)
+    it = iter(dl)
+    rows = np.concatenate([next(it)["input_ids"].numpy() for _ in range(spec["steps"])])
+    it.close()
+    assert cache.downloads is not None
+    mine = {"rank": rank, "node": node, "local_rank": int(os.environ["LOCAL_RANK"]),
+            "downloaded": dict(cache.downloads.downloaded), "state": dl.state_dict()}
+    gathered: list[object] = [None] * size
+    dist.all_gather_object(gathered, mine)
+    out = Path(spec["out"])
+    np.save(out / f"rows.r{rank}.npy", rows)
+    if rank == 0:
+        (out / "ranks.json").write_text(json.dumps(gathered))
+    dist.barrier()
+    dist.destroy_process_group()
+    cache.close()
+
+
+if __name__ == "__main__":
+    main()

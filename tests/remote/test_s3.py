@@ -1,0 +1,222 @@
+"""Caches on object storage, against a real S3-compatible server (moto on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pytest
+from tests.helpers_cache import cache_files
+from tests.remote.conftest import BUCKET
+
+import shardwise as sw
+from shardwise.errors import CorruptChunkError
+from shardwise.format.download import CLAIM_PREFIX, DownloadDir, _start_time
+from shardwise.format.verify import verify_cache
+from shardwise.read.world import World
+
+SEQ_LEN = 32
+
+
+def _s3() -> fsspec.AbstractFileSystem:
+    return fsspec.filesystem("s3", skip_instance_cache=True)
+
+
+def _dir_bytes(d: Path) -> int:
+    return sum(p.stat().st_size for p in d.rglob("*") if p.is_file()
+               and ".shardwise-plans" not in p.parts and p.name != ".lock")
+
+
+def _copy_prefix(src: str, dst: str) -> None:
+    fs = _s3()
+    for key in fs.find(src.removeprefix("s3://")):
+        fs.pipe_file(dst.removeprefix("s3://") + key[len(src) - 5:], fs.cat_file(key))
+
+
+def _rows(url_or_dir: str | Path, rank: int, size: int, tmp: Path, steps: int,
+          state: dict | None = None, **open_kw: object) -> tuple[np.ndarray, dict]:
+    from shardwise.torch import loader
+
+    cache = sw.open_cache(url_or_dir, **open_kw) if open_kw else url_or_dir
+    ds = sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=7, plan_dir=tmp / "plans")
+    dl = loader(ds, global_batch_size=8, micro_batch_size=2,
+                world=World(rank, size))
+    if state is not None:
+        dl.load_state_dict(state)
+    it = iter(dl)
+    rows = np.concatenate([next(it)["input_ids"].numpy() for _ in range(steps)])
+    it.close()
+    return rows, dl.state_dict()
+
+
+def test_build_to_s3_equals_a_local_build_byte_for_byte(built: tuple[str, Path]) -> None:
+    url, local = built
+    fs = _s3()
+    prefix = url.removeprefix("s3://") + "/"
+    remote = {k[len(prefix):]: fs.cat_file(k) for k in fs.find(prefix)}
+    assert remote == cache_files(local)
+    assert not any("aws" in v.decode("latin-1").lower() or b"testing" in v
+                   for k, v in remote.items() if k.endswith(".json"))  # no credentials
+
+
+def test_two_ranks_read_the_same_global_batches_as_local_and_resume(
+        built: tuple[str, Path], tmp_path: Path) -> None:
+    url, local = built
+    steps = 6
+    want = [_rows(local, r, 2, tmp_path, steps)[0] for r in range(2)]
+    got, states = [], []
+    for r in range(2):
+        rows, st = _rows(url, r, 2, tmp_path, steps, local_dir=tmp_path / "node",
+                         local_bytes=64 << 20)
+        got.append(rows)
+        states.append(st)
+    for r in range(2):
+        np.testing.assert_array_equal(got[r], want[r])
+    assert states[0] == states[1]
+    # resume from the state on fresh ranks (and a fresh local directory)
+    tail_local = [_rows(local, r, 2, tmp_path, 3, state=states[0])[0] for r in range(2)]
+    for r in range(2):
+        tail, _ = _rows(url, r, 2, tmp_path, 3, state=states[1], local_dir=tmp_path / "n2",
+                        local_bytes=64 << 20)
+        np.testing.assert_array_equal(tail, tail_local[r])
+    # the continuation differs from the head: resume did not restart from zero
+    assert not np.array_equal(tail_local[0], want[0][: len(tail_local[0])])
+
+
+def test_local_directory_never_exceeds_its_bound(built: tuple[str, Path],
+                                                 tmp_path: Path) -> None:
+    url, local = built
+    ref = sw.open_cache(local)
+    sizes = [(ref.chunks[c].base.with_name(ref.chunks[c].base.name + ".bin")).stat().st_size
+             for c in range(len(ref.chunks))]
+    bound = 3 * max(sizes) + 4096
+    cache = sw.open_cache(url, local_dir=tmp_path / "node", local_bytes=bound)
+    ds = sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=3, plan_dir=tmp_path / "plans")
+    lds = sw.TokenDataset(ref, seq_len=SEQ_LEN, seed=3, plan_dir=tmp_path / "plans")
+    assert cache.downloads is not None
+    peak = 0
+    for start in range(0, min(len(ds), 160), 8):
+        idx = list(range(start, min(start + 8, len(ds))))
+        np.testing.assert_array_equal(ds.__getitems__(idx)["input_ids"],
+                                      lds.__getitems__(idx)["input_ids"])
+        peak = max(peak, _dir_bytes(cache.downloads.dir))
+        assert peak <= bound
+    assert cache.downloads.evicted > 0, "the bound was never reached; the test is too weak"
+    assert not list(cache.downloads.dir.rglob(f"{CLAIM_PREFIX}*"))
+    cache.close()
+
+
+def test_prefetch_downloads_in_the_background(built: tuple[str, Path], tmp_path: Path) -> None:
+    url, _ = built
+    cache = sw.open_cache(url, local_dir=tmp_path / "node", local_bytes=64 << 20)
+    cache.prefetch([0, 1, 2])
+    assert cache.downloads is not None
+    cache.tokens(2)  # waits for the prefetched download, no second download
+    cache.close()
+    assert {k for k in cache.downloads.downloaded if k.endswith(".bin")} == {
+        cache.chunks[c].stem + ".bin" for c in (0, 1, 2)}
+    assert all(v == 1 for v in cache.downloads.downloaded.values())
+
+
+@pytest.fixture()
+def damaged(built: tuple[str, Path]) -> tuple[str, str, str]:
+    """A copy of the cache with one .bin object's bits flipped and one .idx deleted."""
+    url, _ = built
+    bad = f"s3://{BUCKET}/damaged-{os.getpid()}-{os.urandom(3).hex()}"
+    _copy_prefix(url, bad)
+    cache = sw.open_cache(url, local_dir="/nonexistent-never-used", local_bytes=1)
+    flipped = cache.chunks[3].stem + ".bin"
+    deleted = cache.chunks[5].stem + ".idx"
+    fs = _s3()
+    data = bytearray(fs.cat_file(f"{bad[5:]}/{flipped}"))
+    data[10] ^= 0xFF
+    fs.pipe_file(f"{bad[5:]}/{flipped}", bytes(data))
+    fs.rm(f"{bad[5:]}/{deleted}")
+    return bad, flipped, deleted
+
+
+def test_verify_names_every_damaged_object_by_key(damaged: tuple[str, str, str]) -> None:
+    bad, flipped, deleted = damaged
+    report = verify_cache(bad)
+    assert not report.ok
+    named = {p.path for p in report.problems}
+    assert named == {f"{bad}/{flipped}", f"{bad}/{deleted}"}, report.problems
+    assert report.chunks_checked > 10
+    out = subprocess.run([sys.executable, "-m", "shardwise.cli.main", "verify", bad],
+                         capture_output=True, text=True, env=os.environ.copy())
+    assert out.returncode == 1, out.stderr
+    assert f"BAD {bad}/{flipped}: xxh3_64" in out.stdout
+    assert f"BAD {bad}/{deleted}: missing" in out.stdout
+
+
+def test_reader_names_a_damaged_or_missing_object(damaged: tuple[str, str, str],
+                                                  tmp_path: Path) -> None:
+    bad, flipped, deleted = damaged
+    cache = sw.open_cache(bad, local_dir=tmp_path / "node", local_bytes=64 << 20)
+    with pytest.raises(CorruptChunkError, match=f"{bad}/{flipped}: xxh3_64"):
+        cache.tokens(3)
+    with pytest.raises(CorruptChunkError, match=f"{bad}/{deleted}: named by the ledger"):
+        cache.index(5)
+    assert cache.downloads is not None
+    assert not (cache.downloads.dir / flipped).exists()  # never published locally
+    np.testing.assert_array_equal(cache.tokens(2)[:5], cache.tokens(2)[:5])
+
+
+def test_a_crashed_downloader_never_blocks_others(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    d = DownloadDir(tmp_path, 100, timeout=5)
+    key = "chunks/00000/00000-00000.bin"
+    (tmp_path / "chunks/00000").mkdir(parents=True)
+    claim = tmp_path / "chunks/00000" / f"{CLAIM_PREFIX}00000-00000.bin"
+    claim.write_text(f"{dead.pid} 0 10")
+    partial = tmp_path / "chunks/00000" / f".tmp-00000-00000.bin.{dead.pid}.abcd"
+    partial.write_bytes(b"half")
+    path = d.fetch(key, 10, lambda tmp: tmp.write_bytes(b"0123456789"))
+    assert path.read_bytes() == b"0123456789"
+    assert not claim.exists() and not partial.exists()
+    assert d.downloaded[key] == 1
+    # a claim naming a live pid with another start time: a reused pid, stale too
+    reused = tmp_path / "chunks/00000" / f"{CLAIM_PREFIX}00000-00002.bin"
+    reused.write_text(f"{os.getpid()} 1 10")
+    d.fetch("chunks/00000/00000-00002.bin", 10, lambda tmp: tmp.write_bytes(b"y" * 10))
+    # a live owner's claim (this process) is waited for, then times out loudly
+    other = "chunks/00000/00000-00001.bin"
+    live = tmp_path / "chunks/00000" / f"{CLAIM_PREFIX}00000-00001.bin"
+    live.write_text(f"{os.getpid()} {_start_time(os.getpid())} 10")
+    d.timeout = 0.2
+    with pytest.raises(sw.CacheError, match="waited"):
+        d.fetch(other, 10, lambda tmp: tmp.write_bytes(b"x" * 10))
+    live.unlink()
+
+
+def test_stream_placement_reads_its_chunks_through_the_bounded_download_dir(
+        built: tuple[str, Path], tmp_path: Path) -> None:
+    url, local = built
+    bound = 64 << 10
+    remote = sw.open_cache(url, local_dir=tmp_path / "node", local_bytes=bound)
+    rows = []
+    for cache in (remote, sw.open_cache(local)):
+        with sw.StreamDataset(cache, seq_len=32, streams=4, seed=3,
+                              world=sw.World(1, 2), epochs=1) as st:
+            rows.append(np.stack([ex["input_ids"] for ex in st]))
+    assert rows[0].shape == rows[1].shape and (rows[0] == rows[1]).all()
+    assert remote.downloads is not None and len(remote.downloads.downloaded) > 0
+    assert _dir_bytes(next((tmp_path / "node").iterdir())) <= bound
+    # rank 1 of 2 serves streams 1 and 3: it fetched only chunks c % 4 in {1, 3}
+    stems = [c.stem for c in remote.chunks]
+    assert {stems.index(s) % 4 for s in remote.opened} <= {1, 3}
+
+
+def test_inspect_a_remote_cache(built: tuple[str, Path], tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    from shardwise.cli.main import main
+
+    url, _ = built
+    assert main(["inspect", url]) == 0
+    out = capsys.readouterr().out
+    assert url in out and "516 documents" in out
