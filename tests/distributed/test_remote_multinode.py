@@ -1,8 +1,9 @@
 """Two simulated nodes of two ranks each read one cache on S3 (moto on 127.0.0.1).
 
-Four real rank processes (gloo): global placement uses the global rank and world size, so
-the global batches equal a single-process run's; each node's ranks share one local
-download directory, so every chunk crosses the network once per node.
+Two torchrun agents (one per simulated node, rendezvous on 127.0.0.1) run four ranks
+(gloo): global placement uses the global rank and world size, so the global batches equal
+a single-process run's; each node's ranks share one local download directory, so every
+chunk crosses the network once per node.
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ def remote_cache(sample_corpus: Path, tokenizer_path: Path) -> Iterator[str]:
         yield url
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _single_process_rows(url: str, local: Path) -> np.ndarray:
     from shardwise.torch import loader
 
@@ -55,29 +64,31 @@ def test_two_nodes_match_one_process_and_download_each_chunk_once_per_node(
         remote_cache: str, tmp_path: Path) -> None:
     world = NODES * PER_NODE
     spec = dict(SPEC, url=remote_cache, local_root=str(tmp_path / "local"),
-                local_bytes=64 << 20, store=str(tmp_path / "gloo-store"), out=str(tmp_path))
+                local_bytes=64 << 20, out=str(tmp_path))
     (tmp_path / "spec.json").write_text(json.dumps(spec))
+    port = _free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(Path.cwd()), os.environ.get("PYTHONPATH", "")]))
     procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world),
-                   LOCAL_RANK=str(rank % PER_NODE), LOCAL_WORLD_SIZE=str(PER_NODE),
-                   NODE_RANK=str(rank // PER_NODE), OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([str(Path.cwd()), os.environ.get("PYTHONPATH", "")]))
-        log = open(tmp_path / f"log.r{rank}", "wb")  # noqa: SIM115 - closed below
-        procs.append((subprocess.Popen([sys.executable, str(RANK_SCRIPT),
-                                        str(tmp_path / "spec.json")],
-                                       stdout=log, stderr=subprocess.STDOUT, env=env), log))
+    for node in range(NODES):  # one torchrun agent per simulated node, rendezvous on loopback
+        log = open(tmp_path / f"log.node{node}", "wb")  # noqa: SIM115 - closed below
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES),
+               "--node-rank", str(node), "--nproc-per-node", str(PER_NODE),
+               "--master-addr", "127.0.0.1", "--master-port", str(port),
+               str(RANK_SCRIPT), str(tmp_path / "spec.json")]
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env),
+                      log))
     failed = []
-    for rank, (p, log) in enumerate(procs):
+    for node, (p, log) in enumerate(procs):
         try:
-            code = p.wait(timeout=180)
+            code = p.wait(timeout=240)
         except subprocess.TimeoutExpired:
             p.kill()
             code = None
         log.close()
         if code != 0:
-            failed.append(f"rank {rank} exit {code}:\n"
-                          + (tmp_path / f"log.r{rank}").read_text(errors="replace")[-3000:])
+            failed.append(f"node {node} exit {code}:\n"
+                          + (tmp_path / f"log.node{node}").read_text(errors="replace")[-3000:])
     assert not failed, "\n".join(failed)
 
     # identical global batches: each step is ranks 0..3's micro-batches in rank order

@@ -1,8 +1,9 @@
 """One rank of the simulated multi-node run (launched by tests/distributed/test_remote_*.py).
 
-usage: ``python _node_rank.py SPEC.json`` with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``LOCAL_WORLD_SIZE`` and ``NODE_RANK`` in the environment, as torchrun would set them. The
-node's ranks share ``<local_root>/node<NODE_RANK>``; gloo (file store) gathers every rank's
+usage: ``torchrun --nnodes 2 --node-rank N --nproc-per-node 2 --master-addr 127.0.0.1
+--master-port P _node_rank.py SPEC.json``: torchrun sets ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the node) and the rendezvous address.
+The node's ranks share ``<local_root>/node<GROUP_RANK>``; gloo gathers every rank's
 download counts to rank 0, which writes them with the rows.
 """
 
@@ -25,10 +26,9 @@ def main() -> None:
     from shardwise.torch import loader
 
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", init_method=f"file://{spec['store']}", rank=rank,
-                            world_size=size, timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))  # env://
     world = sw.World.detect()  # the global rank and size: placement ignores the node
-    node = int(os.environ["NODE_RANK"])
+    node = int(os.environ["GROUP_RANK"])
     cache = sw.open_cache(spec["url"], local_dir=Path(spec["local_root"]) / f"node{node}",
                           local_bytes=spec["local_bytes"])
     ds = sw.TokenDataset(cache, seq_len=spec["seq_len"], seed=spec["seed"])
