@@ -199,3 +199,16 @@ def test_progress_bar_on_a_terminal_and_lines_otherwise() -> None:
     quiet = io.StringIO()
     ProgressReporter(4, stream=quiet, enabled=False).advance(1.0)
     assert quiet.getvalue() == ""
+
+
+def _too_big(record: dict) -> list[int]:
+    return [5, 300] if "CSV" in record["text"] else [5, 6]
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_naming_the_line(
+        tmp_path: Path, sample_corpus: Path) -> None:
+    first = next(i for i, t in enumerate(sample_texts()) if "CSV" in t)
+    with pytest.raises(ConfigError, match=rf"\[5, 300\] at line {first + 1} .* vocabulary of "
+                                          r"256"):
+        build([sample_corpus], tmp_path / "c", processor=_too_big, vocab_size=256,
+              chunk_docs=1000, workers=1, progress=False)

@@ -87,6 +87,7 @@ class _Pending:
     """Documents of the chunk being filled."""
 
     docs: list[Any] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
     nbytes: int = 0
     tokens: int = 0
     start: int = 0
@@ -110,16 +111,21 @@ class SegmentBuilder:
         self.last_end = task.segment.position
         self.last_line = task.segment.line
 
-    def add(self, doc: Any, end: int, line: int) -> None:
-        ids = doc["input_ids"] if isinstance(doc, dict) else doc
-        n = len(ids)
-        if n and (int(np.max(ids)) >= self.job.vocab_size or int(np.min(ids)) < 0):
+    def _check_ids(self, ids: Any, line: int) -> None:
+        if len(ids) and (int(np.max(ids)) >= self.job.vocab_size or int(np.min(ids)) < 0):
             raise ConfigError(f"{self.t.info.path}: a token id in [{int(np.min(ids))}, "
                               f"{int(np.max(ids))}] at line {line + 1} of segment "
                               f"{self.t.seg_index} is outside the vocabulary of "
                               f"{self.job.vocab_size}")
+
+    def add(self, doc: Any, end: int, line: int) -> None:
+        ids = doc["input_ids"] if isinstance(doc, dict) else doc
+        n = len(ids)
+        if isinstance(doc, dict):
+            self._check_ids(ids, line)  # token chunks are checked once per chunk instead
         p = self.pending
         p.docs.append(doc)
+        p.lines.append(line)
         p.tokens += n
         p.nbytes += n * self.itemsize
         if self.job.policy.full(len(p.docs), p.nbytes):
@@ -147,7 +153,11 @@ class SegmentBuilder:
                                                   p.tokens, fields)
         else:
             lengths = np.fromiter((len(d) for d in p.docs), dtype=np.int64, count=len(p.docs))
-            tokens = np.concatenate(p.docs).astype(job.dtype, copy=False)
+            ids = np.concatenate(p.docs)
+            if ids.size and (int(ids.max()) >= job.vocab_size or int(ids.min()) < 0):
+                for doc, line in zip(p.docs, p.lines, strict=True):  # name the record
+                    self._check_ids(doc, line)
+            tokens = ids.astype(job.dtype, copy=False)
             meta, meta_sum = publish_token_chunk(root, stem, tokens, lengths, fields)
         self.emit(ChunkDone(t.source, t.seg_index,
                             ChunkEntry(stem, meta.documents, meta.tokens, meta_sum),
