@@ -26,11 +26,14 @@ def moto_s3(bucket: str) -> Iterator[dict[str, str]]:
     env = dict(FAKE_ENV, AWS_ENDPOINT_URL=f"http://{host}:{port}")
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    s3 = type(fsspec.filesystem("s3", skip_instance_cache=True))
+    s3.clear_instance_cache()  # a cached client would still point at an earlier server
     try:
         fs = fsspec.filesystem("s3", skip_instance_cache=True)
         fs.mkdir(bucket)
         yield env
     finally:
+        s3.clear_instance_cache()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
