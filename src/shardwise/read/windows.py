@@ -34,6 +34,7 @@ class WindowReader:
         self.cache = cache
         self.cfg = config
         self._starts: OrderedDict[int, npt.NDArray[np.int64]] = OrderedDict()
+        self._positions = np.arange(config.seq_len, dtype=np.int64)
         self._all_starts: npt.NDArray[np.int64] | None = None
 
     @property
@@ -93,28 +94,43 @@ class WindowReader:
     # -- assembly ------------------------------------------------------------------------
     def from_windows(self, windows: npt.NDArray[np.int64], pad: npt.NDArray[np.bool_]
                      ) -> dict[str, npt.NDArray[Any]]:
-        """Rows for window indices (``pad`` marks padding rows, which have no window)."""
-        L = self.cfg.seq_len
+        """Rows for window indices (``pad`` marks padding rows, which have no window).
+
+        Tokens go straight from the chunk into ``input_ids`` and ``labels`` (no
+        intermediate row array and no strided copies: this is the hot path)."""
+        L, B = self.cfg.seq_len, len(pad)
         total = self.cache.num_tokens
-        rows = np.zeros((len(pad), L + 1), dtype=np.int64)
-        valid = np.zeros(len(pad), dtype=np.int64)
+        input_ids = np.empty((B, L), dtype=np.int64)
+        labels = np.empty((B, L), dtype=np.int64)
+        valid = np.zeros(B, dtype=np.int64)
         bounds: list[npt.NDArray[np.int64]] = []
         starts = windows * L
         stops = np.minimum(starts + L + 1, total)
         cum = self.cache.cum_tokens
         chunks = np.searchsorted(cum, starts, side="right") - 1
+        offsets = starts - cum[chunks]
+        inside = stops <= cum[chunks + 1]
         real_rows = np.flatnonzero(~pad)
-        for r, s, e, c in zip(real_rows.tolist(), starts.tolist(), stops.tolist(),
-                              chunks.tolist(), strict=True):
-            lo = s - int(cum[c])
-            if e <= cum[c + 1]:
-                rows[r, : e - s] = self.cache.tokens(c)[lo: lo + e - s]
-            else:
-                rows[r, : e - s] = self.cache.read_tokens(s, e)
-            valid[r] = e - s
+        valid[real_rows] = stops - starts
+        if len(real_rows) < B:
+            input_ids[pad] = 0
+            labels[pad] = 0
+        tokens = self.cache.tokens
+        for r, s, e, c, lo, one in zip(real_rows.tolist(), starts.tolist(), stops.tolist(),
+                                       chunks.tolist(), offsets.tolist(), inside.tolist(),
+                                       strict=True):
+            # the common case: the window lies in one chunk
+            src = tokens(c)[lo: lo + e - s] if one else self.cache.read_tokens(s, e)
+            if e - s == L + 1:
+                input_ids[r] = src[:L]
+                labels[r] = src[1:]
+            else:  # the short last window (drop_last=False): zero-filled
+                row = np.zeros(L + 1, dtype=np.int64)
+                row[: e - s] = src
+                input_ids[r], labels[r] = row[:L], row[1:]
             if self._want_boundaries:
                 bounds.append(self._boundaries(s, e))
-        return self._finish(rows, valid, real_rows, bounds)
+        return self._finish(input_ids, labels, valid, real_rows, bounds)
 
     def from_pieces(self, pieces: list[list[tuple[int, int, int]]],
                     pad: npt.NDArray[np.bool_], doc_starts: npt.NDArray[np.int64]
@@ -135,19 +151,23 @@ class WindowReader:
                 at += n
             valid[r] = at
             bounds.append(np.asarray([x for x in b if x < L], dtype=np.int64))
-        return self._finish(rows, valid, real_rows, bounds if self._want_boundaries else [])
+        return self._finish(np.ascontiguousarray(rows[:, :L]),
+                            np.ascontiguousarray(rows[:, 1:]), valid, real_rows,
+                            bounds if self._want_boundaries else [])
 
-    def _finish(self, rows: npt.NDArray[np.int64], valid: npt.NDArray[np.int64],
-                real_rows: npt.NDArray[np.intp], bounds: list[npt.NDArray[np.int64]]
-                ) -> dict[str, npt.NDArray[Any]]:
+    def _finish(self, input_ids: npt.NDArray[np.int64], labels: npt.NDArray[np.int64],
+                valid: npt.NDArray[np.int64], real_rows: npt.NDArray[np.intp],
+                bounds: list[npt.NDArray[np.int64]]) -> dict[str, npt.NDArray[Any]]:
         L = self.cfg.seq_len
-        B = len(rows)
-        input_ids = np.ascontiguousarray(rows[:, :L])
-        labels = np.ascontiguousarray(rows[:, 1:])
-        loss_mask = (np.arange(L)[None, :] + 1 < valid[:, None]).astype(np.float32)
+        B = len(input_ids)
+        if (valid == L + 1).all():  # no padding: the common case, one fill
+            loss_mask = np.ones((B, L), dtype=np.float32)
+        else:
+            loss_mask = (np.arange(L)[None, :] + 1 < valid[:, None]).astype(np.float32)
         if self.cfg.eod_mask_loss:
             loss_mask[input_ids == self.cache.eod_id] = 0.0
-        position_ids = np.broadcast_to(np.arange(L, dtype=np.int64), (B, L)).copy()
+        position_ids = np.empty((B, L), dtype=np.int64)
+        position_ids[:] = self._positions
         out: dict[str, npt.NDArray[Any]] = {"input_ids": input_ids, "labels": labels,
                                               "loss_mask": loss_mask,
                                               "position_ids": position_ids}
