@@ -87,9 +87,24 @@ class ShardwiseLoader(DataLoader):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._restart(self.consumed)
-        for batch in super().__iter__():
+        batches = self._direct() if self._is_direct() else super().__iter__()
+        for batch in batches:
             self._received += 1
             yield batch
+
+    def _is_direct(self) -> bool:
+        """No worker processes and a batched dataset: fetch in this thread ourselves.
+        (torch's single-process fetcher adds ~30 us of bookkeeping per micro-batch, a
+        third of the whole read path.)"""
+        return (self.num_workers == 0 and hasattr(self.dataset, "__getitems__")
+                and self.collate_fn is collate)
+
+    def _direct(self) -> Iterator[Any]:
+        getitems = self.dataset.__getitems__  # type: ignore[attr-defined]
+        pin = self.pin_memory and torch.cuda.is_available()
+        for indices in self._indices:
+            batch = collate(getitems(indices))
+            yield ({k: v.pin_memory() for k, v in batch.items()} if pin else batch)
 
     def _restart(self, consumed: int) -> None:
         self._indices.sampler = dataclasses.replace(self._indices.sampler, consumed=consumed)
