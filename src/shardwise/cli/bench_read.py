@@ -4,9 +4,10 @@ baselines measured in the same run on the same Megatron ``.bin/.idx`` data.
 The bench writes two corpora of random uint16 tokens (vocab 50k, every document ending in
 the end-of-document id 0) with log-normal document lengths (median 400, mean ~820 tokens,
 like web text): ``--tokens`` and ``--large-factor`` times that (for the size-independence
-figures). On the small one, ``--repeat`` rounds, each reading the same examples
-``[r·n, (r+1)·n)`` (``n = --batches × --micro-batch``) through every path in turn, the
-best (shortest) run of each kept::
+figures). On the small one, an untimed warm-up round, then ``--repeat`` rounds, each
+reading the examples ``[0, n)`` (``n = --batches × --micro-batch``) through every path in
+turn, the best (shortest) run of each kept: a warm steady state, every page in the page
+cache and mapped, so no path pays another's page faults::
 
     plain numpy   windows sliced from np.memmap into a preallocated [m, L+1] int64 array
     ds[i]         TokenDataset.__getitem__, one example per call
@@ -47,6 +48,8 @@ EOD = 0
 DATA_VERSION = 1
 MEGATRON_INSTALL = "pip install --no-deps megatron-core==0.16.1"
 CLOCKS = {"wall": "perf_counter", "cpu": "process_time"}
+RSS_NOTE = ("peak RSS counts mapped page-cache pages (the kernel maps up to 64 KB around each "
+            "touched page), for plain numpy too; the reader's own memory is the heap row")
 TARGETS = {"loader_vs_megatron": 5.0, "loader_vs_numpy": 0.5, "first_example_s": 0.050,
            "import_s": 0.3, "seek_s": 0.010}
 
@@ -228,24 +231,23 @@ def _drain(items: Any) -> None:
     collections.deque(items, maxlen=0)
 
 
-def one_round(ds: Any, mm: npt.NDArray[Any], args: argparse.Namespace, first: int,
+def one_round(ds: Any, mm: npt.NDArray[Any], args: argparse.Namespace,
               make_loader: Callable[[int], Any] | None, meg: Any) -> dict[str, float]:
-    """Seconds of each read path over examples ``[first, first + batches·m)``."""
-    L, m, nb = args.seq_len, args.micro_batch, args.batches
+    """Seconds of each read path over examples ``[0, batches·m)``."""
+    L, m, nb, c = args.seq_len, args.micro_batch, args.batches, args.clock
     n = nb * m
-    windows = ds.windows(np.arange(first, first + n)).reshape(nb, m) * L
-    idx = [list(range(first + k * m, first + (k + 1) * m)) for k in range(nb)]
-    c = args.clock
+    windows = ds.windows(np.arange(n)).reshape(nb, m) * L
+    idx = [list(range(k * m, (k + 1) * m)) for k in range(nb)]
     out = {"numpy": _timed(_numpy_run(mm, windows.tolist(), L), c),
-           "getitem": _timed(lambda: _drain(ds[i] for i in range(first, first + n)), c),
+           "getitem": _timed(lambda: _drain(ds[i] for i in range(n)), c),
            "getitems": _timed(lambda: _drain(ds.__getitems__(i) for i in idx), c)}
     if make_loader is not None:
-        dl = make_loader(first)
+        dl = make_loader(0)
         out["loader"] = _timed(lambda: _drain(itertools.islice(dl, nb)), c)
     if meg is not None:
         from torch.utils.data import DataLoader
 
-        sampler = [i % len(meg) for i in range(first, first + n)]
+        sampler = [i % len(meg) for i in range(n)]
         mdl = DataLoader(meg, batch_size=m, sampler=sampler, num_workers=0)
         with _quiet():
             out["megatron"] = _timed(lambda: _drain(mdl), c)
@@ -258,8 +260,9 @@ def measure_throughput(ds: Any, mm: npt.NDArray[Any], args: argparse.Namespace,
     """Interleaved rounds of every read path over the same examples; best run of each."""
     n = args.batches * args.micro_batch
     runs: dict[str, list[float]] = {}
+    one_round(ds, mm, args, make_loader, meg)  # warm-up: map the pages every path reads
     for r in range(args.repeat):
-        for k, v in one_round(ds, mm, args, r * n, make_loader, meg).items():
+        for k, v in one_round(ds, mm, args, make_loader, meg).items():
             runs.setdefault(k, []).append(v)
         log(f"  round {r + 1}/{args.repeat}: " + ", ".join(
             f"{k} {n / v[-1]:,.0f} ex/s" for k, v in runs.items()))
@@ -568,7 +571,7 @@ def run_read_bench(args: argparse.Namespace) -> int:
         rep: dict[str, Any] = {"config": {**{k: v for k, v in vars(args).items()
                                              if not k.startswith("_")},
                                           "large_tokens": large_tokens},
-                               "data": data, "notes": []}
+                               "data": data, "notes": [RSS_NOTE]}
         from shardwise import TokenDataset, open_cache
 
         ds = TokenDataset(open_cache(small), seq_len=args.seq_len, seed=args.seed)
