@@ -183,6 +183,10 @@ class TokenDataset:
             return idx % self.num_windows
         epochs, pos = np.divmod(idx, self.num_windows)
         blocks = pos // ORDER_BLOCK
+        if idx.size and idx.ndim == 1:  # a micro-batch: one epoch and block, the usual case
+            e0, b0 = int(epochs[0]), int(blocks[0])
+            if (epochs == e0).all() and (blocks == b0).all():
+                return self._order_block(e0, b0)[pos - b0 * ORDER_BLOCK]
         out = np.empty_like(pos)
         for e, b in set(zip(epochs.tolist(), blocks.tolist(), strict=True)):
             sel = (epochs == e) & (blocks == b)
@@ -231,10 +235,10 @@ class TokenDataset:
         """A whole micro-batch as a dict of stacked arrays (one call, one allocation each)."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         pad = idx < 0
-        if (idx < PAD).any():
+        if pad.any() and (idx < PAD).any():
             raise IndexError(f"example indices must be >= 0 (or {PAD} for padding), "
                              f"got {int(idx.min())}")
-        real = idx[~pad]
+        real = idx[~pad] if pad.any() else idx
         if self.config.shuffle is Shuffle.DOCUMENT:
             epochs, pos = np.divmod(real, self.num_windows)
             pieces = [self._epoch_order(int(e)).pieces(int(p)) for e, p in zip(epochs, pos,

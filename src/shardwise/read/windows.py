@@ -116,6 +116,7 @@ class WindowReader:
             input_ids[pad] = 0
             labels[pad] = 0
         tokens = self.cache.tokens
+        want_bounds = self._want_boundaries
         for r, s, e, c, lo, one in zip(real_rows.tolist(), starts.tolist(), stops.tolist(),
                                        chunks.tolist(), offsets.tolist(), inside.tolist(),
                                        strict=True):
@@ -128,7 +129,7 @@ class WindowReader:
                 row = np.zeros(L + 1, dtype=np.int64)
                 row[: e - s] = src
                 input_ids[r], labels[r] = row[:L], row[1:]
-            if self._want_boundaries:
+            if want_bounds:
                 bounds.append(self._boundaries(s, e))
         return self._finish(input_ids, labels, valid, real_rows, bounds)
 
