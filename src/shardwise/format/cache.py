@@ -214,12 +214,18 @@ class Cache:
         raise AssertionError("unreachable")
 
     def _download(self, info: ChunkInfo, suffix: str) -> Path:
-        assert self.store is not None and self.downloads is not None
+        """The local copy of a chunk file: a prefetched one if its download succeeded."""
         pending = self._pending.pop(info.stem + suffix, None)
         if pending is not None and pending.exception() is None:
             with contextlib.suppress(FileNotFoundError):
                 os.utime(pending.result())
                 return pending.result()
+        return self._fetch(info, suffix)
+
+    def _fetch(self, info: ChunkInfo, suffix: str) -> Path:
+        """Download (or find on this node) one chunk file. The prefetch threads run this,
+        never :meth:`_download`, which could wait on its own pending future."""
+        assert self.store is not None and self.downloads is not None
         spec = self._meta(info).files.get(suffix)
         if spec is None:
             raise CorruptChunkError(f"{self.store.url_of(info.stem + META_SUFFIX)}: lists no "
@@ -257,7 +263,7 @@ class Cache:
             info = self.chunks[c]
             key = info.stem + ".bin"
             if key not in self._pending:
-                self._pending[key] = self._prefetch.submit(self._download, info, ".bin")
+                self._pending[key] = self._prefetch.submit(self._fetch, info, ".bin")
 
     def close(self) -> None:
         """Stop background downloads and drop memory maps."""
