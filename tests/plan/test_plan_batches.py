@@ -138,3 +138,25 @@ def test_epoch_and_offset() -> None:
     assert e.tolist() == [0, 1, 1] and o.tolist() == [9, 0, 1]
     with pytest.raises(ValueError, match="n \\(examples per epoch\\) must be >= 1"):
         epoch_and_offset(3, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(world=st.integers(1, 8), m=st.integers(1, 9), consumed_steps=st.integers(0, 50),
+       steps=st.integers(0, 20), data=st.data())
+def test_iter_micro_batches_equals_micro_batch_indices(world: int, m: int, consumed_steps: int,
+                                                       steps: int, data: st.DataObject
+                                                       ) -> None:
+    from shardwise.plan import iter_micro_batches
+
+    rank = data.draw(st.integers(0, world - 1))
+    consumed = consumed_steps * m * world
+    got = list(iter_micro_batches(rank=rank, world_size=world, micro_batch_size=m,
+                                  consumed=consumed, steps=steps))
+    want = [micro_batch_indices(k, rank=rank, world_size=world, micro_batch_size=m,
+                                consumed=consumed).tolist() for k in range(steps)]
+    assert got == want
+    endless = iter_micro_batches(rank=rank, world_size=world, micro_batch_size=m,
+                                 consumed=consumed)
+    assert [next(endless) for _ in range(steps)] == want
+    with pytest.raises(ValueError, match="rank must be in"):
+        next(iter_micro_batches(rank=world, world_size=world, micro_batch_size=m))

@@ -28,6 +28,8 @@ size, ``W`` the world size):
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from typing import overload
 
 import numpy as np
@@ -72,6 +74,19 @@ def micro_batch_indices(k: int, *, rank: int, world_size: int, micro_batch_size:
     start = (check_int(consumed, "consumed", minimum=0)
              + check_int(k, "k", minimum=0) * m * w + r * m)
     return np.arange(start, start + m, dtype=np.int64)
+
+
+def iter_micro_batches(*, rank: int, world_size: int, micro_batch_size: int,
+                       consumed: int = 0, steps: int | None = None) -> Iterator[list[int]]:
+    """*single*: rank ``rank``'s micro-batches ``k = 0, 1, …`` (``steps`` of them, or
+    endless) as lists, equal to :func:`micro_batch_indices` for each ``k``. Arguments are
+    checked once, not per step: this is what a loader calls every step."""
+    r, w, m = _layout(rank, world_size, micro_batch_size)
+    start = check_int(consumed, "consumed", minimum=0) + r * m
+    ks = itertools.count() if steps is None else range(check_int(steps, "steps", minimum=0))
+    for k in ks:
+        first = start + k * m * w
+        yield list(range(first, first + m))
 
 
 def num_micro_batches(n: int, *, world_size: int, micro_batch_size: int,

@@ -25,6 +25,7 @@ from shardwise.errors import ConfigError
 from shardwise.plan.batches import (
     cyclic_micro_batch_indices,
     eval_micro_batch_indices,
+    iter_micro_batches,
     micro_batch_indices,
     num_eval_steps,
 )
@@ -117,8 +118,14 @@ class BatchSampler:
         return idx.tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
-        k = 0
         limit = None if (self.total is None and self.kind is not SamplerKind.EVAL) else len(self)
+        if self.kind is SamplerKind.SINGLE:  # every step of pretraining: no per-step checks
+            w = self.world
+            yield from iter_micro_batches(rank=w.rank, world_size=w.size, steps=limit,
+                                          micro_batch_size=self.micro_batch_size,
+                                          consumed=self.consumed)
+            return
+        k = 0
         while limit is None or k < limit:
             yield self.micro_batch(k)
             k += 1
