@@ -59,6 +59,8 @@ class _Indices:
 
     def __init__(self, sampler: BatchSampler) -> None:
         self.sampler = sampler
+        self.start = sampler.consumed
+        self.received = 0  # micro-batches handed to the caller since ``start``
 
     def __iter__(self) -> Iterator[list[int]]:
         return iter(self.sampler)
@@ -75,21 +77,23 @@ class ShardwiseLoader(DataLoader):  # type: ignore[type-arg]
     """
 
     def __init__(self, dataset: Any, sampler: BatchSampler, **kwargs: Any) -> None:
+        # the position lives on this plain object: DataLoader.__setattr__ runs Python
+        # checks on every attribute set, which would cost each step
         self._indices = _Indices(sampler)
-        self._start = sampler.consumed
-        self._received = 0
         super().__init__(dataset, batch_sampler=self._indices, collate_fn=collate, **kwargs)
 
     @property
     def consumed(self) -> int:
         """Examples of the global order received by all ranks together."""
-        return self._start + self._received * self._indices.sampler.step_examples
+        pos = self._indices
+        return pos.start + pos.received * pos.sampler.step_examples
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._restart(self.consumed)
+        pos = self._indices
         batches = self._direct() if self._is_direct() else super().__iter__()
         for batch in batches:
-            self._received += 1
+            pos.received += 1
             yield batch
 
     def _is_direct(self) -> bool:
@@ -107,8 +111,9 @@ class ShardwiseLoader(DataLoader):  # type: ignore[type-arg]
             yield ({k: v.pin_memory() for k, v in batch.items()} if pin else batch)
 
     def _restart(self, consumed: int) -> None:
-        self._indices.sampler = dataclasses.replace(self._indices.sampler, consumed=consumed)
-        self._start, self._received = consumed, 0
+        pos = self._indices
+        pos.sampler = dataclasses.replace(pos.sampler, consumed=consumed)
+        pos.start, pos.received = consumed, 0
 
     def _state_config(self) -> dict[str, Any]:
         s = self._indices.sampler
