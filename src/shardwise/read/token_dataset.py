@@ -130,6 +130,7 @@ class TokenDataset:
         self._plan_dir = Path(plan_dir) if plan_dir is not None else None
         self._orders: dict[int, Any] = {}
         self._blocks: OrderedDict[tuple[int, int], npt.NDArray[np.int64]] = OrderedDict()
+        self._last_block: tuple[tuple[int, int], list[int]] = ((0, 0), [])
         self._reader = WindowReader(self.cache, self.config)
         self.num_windows = num_windows(self.cache.num_tokens, seq_len, drop_last=drop_last)
         if self.num_windows == 0:
@@ -233,18 +234,53 @@ class TokenDataset:
     def __getitems__(self, indices: list[int] | npt.NDArray[np.integer]
                      ) -> dict[str, npt.NDArray[Any]]:
         """A whole micro-batch as a dict of stacked arrays (one call, one allocation each)."""
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        pad = idx < 0
-        if pad.any() and (idx < PAD).any():
-            raise IndexError(f"example indices must be >= 0 (or {PAD} for padding), "
-                             f"got {int(idx.min())}")
-        real = idx[~pad] if pad.any() else idx
+        idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
         if self.config.shuffle is Shuffle.DOCUMENT:
+            arr = np.asarray(idx, dtype=np.int64).reshape(-1)
+            pad = self._check_pad(arr)
+            real = arr[~pad]
             epochs, pos = np.divmod(real, self.num_windows)
             pieces = [self._epoch_order(int(e)).pieces(int(p)) for e, p in zip(epochs, pos,
                                                                                  strict=True)]
             return self._reader.from_pieces(pieces, pad, self._doc_starts())
-        return self._reader.from_windows(self.windows(real), pad)
+        return self._reader.from_windows(self._window_list(idx))
+
+    def _window_list(self, indices: list[int]) -> list[int]:
+        """:meth:`windows` in scalar Python for a micro-batch (a handful of indices: numpy's
+        per-call cost would dominate); :data:`PAD` stays ``PAD``."""
+        n, shuffle = self.num_windows, self.config.shuffle
+        (epoch, b), block = self._last_block
+        base = epoch * n + b * ORDER_BLOCK
+        if indices and min(indices) >= base and max(indices) < base + len(block):
+            return [block[i - base] for i in indices]  # a sampler's micro-batch: one block
+        out: list[int] = []
+        key: tuple[int, int] | None = None
+        for i in indices:
+            i = int(i)
+            if i < 0:
+                if i != PAD:
+                    raise IndexError(f"example indices must be >= 0 (or {PAD} for padding), "
+                                     f"got {i}")
+                out.append(PAD)
+                continue
+            epoch, p = divmod(i, n)
+            if shuffle is Shuffle.NONE:
+                out.append(p)
+                continue
+            b, j = divmod(p, ORDER_BLOCK)
+            if key != (epoch, b):
+                key, block = (epoch, b), self._order_block(epoch, b).tolist()
+                self._last_block = key, block
+            out.append(block[j])
+        return out
+
+    @staticmethod
+    def _check_pad(idx: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        pad = idx < 0
+        if pad.any() and (idx < PAD).any():
+            raise IndexError(f"example indices must be >= 0 (or {PAD} for padding), "
+                             f"got {int(idx.min())}")
+        return pad
 
     def _doc_starts(self) -> npt.NDArray[np.int64]:
         return self._reader.stored_doc_starts(self._plan_root())

@@ -13,18 +13,22 @@ at the 4th token::
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from numpy.lib.stride_tricks import as_strided
 
 from shardwise.format.atomic import save_npy
-from shardwise.format.cache import Cache
+from shardwise.format.cache import MAX_OPEN_CHUNKS, Cache
 from shardwise.plan.doc_shuffle import plan_fingerprint
 
 MAX_CACHED_DOC_STARTS = 64
+NO_BOUNDS = np.zeros(0, dtype=np.int64)
+NO_BOUNDS.flags.writeable = False
 
 
 class WindowReader:
@@ -35,7 +39,15 @@ class WindowReader:
         self.cfg = config
         self._starts: OrderedDict[int, npt.NDArray[np.int64]] = OrderedDict()
         self._positions = np.arange(config.seq_len, dtype=np.int64)
+        self._positions_2d = self._positions[None, :]
+        # strided window views of chunk maps (each keeps its map alive: as many as the
+        # cache keeps open)
+        self._views: OrderedDict[int, tuple[int, npt.NDArray[Any]]] = OrderedDict()
         self._all_starts: npt.NDArray[np.int64] | None = None
+        # the stream as of the dataset's creation (its windows were counted on it); a
+        # plain list, because bisecting it per row is ~10x cheaper than numpy calls
+        self._cum: list[int] = cache.cum_tokens.tolist()
+        self._total = cache.num_tokens
 
     @property
     def _want_boundaries(self) -> bool:
@@ -92,46 +104,82 @@ class WindowReader:
         return self._all_starts
 
     # -- assembly ------------------------------------------------------------------------
-    def from_windows(self, windows: npt.NDArray[np.int64], pad: npt.NDArray[np.bool_]
-                     ) -> dict[str, npt.NDArray[Any]]:
-        """Rows for window indices (``pad`` marks padding rows, which have no window).
+    def from_windows(self, windows: list[int]) -> dict[str, npt.NDArray[Any]]:
+        """Rows for window indices (``-1`` marks a padding row, which has no window).
 
-        Tokens go straight from the chunk into ``input_ids`` and ``labels`` (no
-        intermediate row array and no strided copies: this is the hot path)."""
-        L, B = self.cfg.seq_len, len(pad)
-        total = self.cache.num_tokens
-        input_ids = np.empty((B, L), dtype=np.int64)
-        labels = np.empty((B, L), dtype=np.int64)
-        valid = np.zeros(B, dtype=np.int64)
-        bounds: list[npt.NDArray[np.int64]] = []
-        starts = windows * L
-        stops = np.minimum(starts + L + 1, total)
-        cum = self.cache.cum_tokens
-        chunks = np.searchsorted(cum, starts, side="right") - 1
-        offsets = starts - cum[chunks]
-        inside = stops <= cum[chunks + 1]
-        real_rows = np.flatnonzero(~pad)
-        valid[real_rows] = stops - starts
-        if len(real_rows) < B:
-            input_ids[pad] = 0
-            labels[pad] = 0
-        tokens = self.cache.tokens
-        want_bounds = self._want_boundaries
-        for r, s, e, c, lo, one in zip(real_rows.tolist(), starts.tolist(), stops.tolist(),
-                                       chunks.tolist(), offsets.tolist(), inside.tolist(),
-                                       strict=True):
-            # the common case: the window lies in one chunk
-            src = tokens(c)[lo: lo + e - s] if one else self.cache.read_tokens(s, e)
-            if e - s == L + 1:
-                input_ids[r] = src[:L]
-                labels[r] = src[1:]
-            else:  # the short last window (drop_last=False): zero-filled
-                row = np.zeros(L + 1, dtype=np.int64)
-                row[: e - s] = src
-                input_ids[r], labels[r] = row[:L], row[1:]
-            if want_bounds:
-                bounds.append(self._boundaries(s, e))
-        return self._finish(input_ids, labels, valid, real_rows, bounds)
+        This is the hot path of every training step, so it is scalar Python over the rows
+        and whole-batch numpy for the rest: each window is copied once, in the stored
+        dtype, into one ``[B, seq_len + 1]`` staging array (a plain memcpy of a few KB),
+        and ``input_ids`` / ``labels`` are its two shifted views converted to int64 in one
+        call each."""
+        L, B = self.cfg.seq_len, len(windows)
+        valid = [L + 1] * B
+        stage = self._gather_from_one_chunk(windows) if B else None
+        if stage is None:
+            stage = self._gather_rows(windows, valid)
+        bounds = None
+        if self._want_boundaries:
+            bounds = [self._boundaries(w * L, w * L + v) if w >= 0 else NO_BOUNDS
+                      for w, v in zip(windows, valid, strict=True)]
+        return self._finish(stage[:, :L].astype(np.int64), stage[:, 1:].astype(np.int64),
+                            valid, bounds)
+
+    def _gather_from_one_chunk(self, windows: list[int]) -> npt.NDArray[Any] | None:
+        """All rows in one numpy call when every window lies whole inside one chunk (a
+        one-file Megatron dataset; block shuffle), else None."""
+        L, cum = self.cfg.seq_len, self._cum
+        lo, hi = min(windows), max(windows)
+        if lo < 0:
+            return None
+        c = bisect_right(cum, lo * L) - 1
+        if hi * L + L + 1 > cum[c + 1]:
+            return None
+        first, view = self._window_view(c)
+        return view[[w - first for w in windows]]
+
+    def _window_view(self, c: int) -> tuple[int, npt.NDArray[Any]]:
+        """Chunk ``c``'s whole windows as a strided ``[k, seq_len + 1]`` view of its map
+        (consecutive windows share a token, so rows overlap), and the first one's index."""
+        hit = self._views.get(c)
+        if hit is not None:
+            self._views.move_to_end(c)
+        else:
+            L, lo, hi = self.cfg.seq_len, self._cum[c], self._cum[c + 1]
+            first = -(-lo // L)
+            count = max(0, (hi - L - 1) // L - first + 1)
+            src = self.cache.tokens(c)[first * L - lo:]
+            view = as_strided(src, shape=(count, L + 1), strides=(L * src.itemsize,
+                                                                   src.itemsize),
+                              writeable=False)
+            hit = self._views[c] = (first, view)
+            if len(self._views) > MAX_OPEN_CHUNKS:
+                self._views.popitem(last=False)
+        return hit
+
+    def _gather_rows(self, windows: list[int], valid: list[int]) -> npt.NDArray[Any]:
+        """Rows one by one (windows in several chunks, across a chunk edge, short or
+        padding); sets ``valid`` of short and padding rows."""
+        L, B = self.cfg.seq_len, len(windows)
+        cum = self._cum
+        stage = np.empty((B, L + 1), dtype=self.cache.dtype)
+        lo_c, hi_c, src = 0, 0, stage  # no chunk is current yet: src is set before use
+        for r, w in enumerate(windows):
+            s = w * L
+            if not (lo_c <= s and s + L + 1 <= hi_c):  # not inside the last chunk used
+                if w < 0:  # padding
+                    stage[r], valid[r] = 0, 0
+                    continue
+                chunk = bisect_right(cum, s) - 1
+                lo_c, hi_c = cum[chunk], cum[chunk + 1]
+                src = self.cache.tokens(chunk)
+                if s + L + 1 > hi_c:  # across chunk edges, or the short last window
+                    e = min(s + L + 1, self._total)
+                    stage[r, : e - s] = self.cache.read_tokens(s, e)
+                    stage[r, e - s:] = 0
+                    valid[r] = e - s
+                    continue
+            stage[r] = src[s - lo_c: s - lo_c + L + 1]  # the common case
+        return stage
 
     def from_pieces(self, pieces: list[list[tuple[int, int, int]]],
                     pad: npt.NDArray[np.bool_], doc_starts: npt.NDArray[np.int64]
@@ -139,10 +187,10 @@ class WindowReader:
         """Rows for document-shuffled windows given as (stored doc, offset, length) runs."""
         L = self.cfg.seq_len
         rows = np.zeros((len(pad), L + 1), dtype=np.int64)
-        valid = np.zeros(len(pad), dtype=np.int64)
-        bounds = []
-        real_rows = np.flatnonzero(~pad)
-        for r, runs in zip(real_rows.tolist(), pieces, strict=True):
+        valid = [0] * len(pad)
+        bounds = [NO_BOUNDS] * len(pad)
+        real_rows = np.flatnonzero(~pad).tolist()
+        for r, runs in zip(real_rows, pieces, strict=True):
             at, b = 0, []
             for doc, off, n in runs:
                 s = int(doc_starts[doc]) + off
@@ -151,42 +199,48 @@ class WindowReader:
                     b.append(at)
                 at += n
             valid[r] = at
-            bounds.append(np.asarray([x for x in b if x < L], dtype=np.int64))
+            bounds[r] = np.asarray([x for x in b if x < L], dtype=np.int64)
         return self._finish(np.ascontiguousarray(rows[:, :L]),
-                            np.ascontiguousarray(rows[:, 1:]), valid, real_rows,
-                            bounds if self._want_boundaries else [])
+                            np.ascontiguousarray(rows[:, 1:]), valid,
+                            bounds if self._want_boundaries else None)
 
     def _finish(self, input_ids: npt.NDArray[np.int64], labels: npt.NDArray[np.int64],
-                valid: npt.NDArray[np.int64], real_rows: npt.NDArray[np.intp],
-                bounds: list[npt.NDArray[np.int64]]) -> dict[str, npt.NDArray[Any]]:
+                valid: list[int], bounds: list[npt.NDArray[np.int64]] | None
+                ) -> dict[str, npt.NDArray[Any]]:
+        """Masks and positions for rows of ``valid`` real tokens each (``L + 1`` for a whole
+        window, 0 for padding); ``bounds``: each row's document starts (None: not wanted)."""
         L = self.cfg.seq_len
         B = len(input_ids)
-        if (valid == L + 1).all():  # no padding: the common case, one fill
+        if valid.count(L + 1) == B:  # no padding: the common case, one fill
             loss_mask = np.ones((B, L), dtype=np.float32)
-        else:
-            loss_mask = (np.arange(L)[None, :] + 1 < valid[:, None]).astype(np.float32)
+        else:  # a row's label at column j exists when j + 1 < its valid tokens
+            loss_mask = (self._positions[None, :] + 1
+                         < np.asarray(valid, dtype=np.int64)[:, None]).astype(np.float32)
         if self.cfg.eod_mask_loss:
             loss_mask[input_ids == self.cache.eod_id] = 0.0
-        position_ids = np.empty((B, L), dtype=np.int64)
-        position_ids[:] = self._positions
+        position_ids = self._position_rows(B).copy()
         out: dict[str, npt.NDArray[Any]] = {"input_ids": input_ids, "labels": labels,
                                               "loss_mask": loss_mask,
                                               "position_ids": position_ids}
-        if not self._want_boundaries:
+        if bounds is None:
             return out
-        row_bounds = [np.zeros(0, dtype=np.int64)] * B
-        for r, b in zip(real_rows.tolist(), bounds, strict=True):
-            row_bounds[r] = b
         if self.cfg.reset_position_ids:
-            for r, b in enumerate(row_bounds):
+            for r, b in enumerate(bounds):
                 for x in b.tolist():
                     position_ids[r, x:] -= position_ids[r, x]
         if self.cfg.cu_seqlens:
             cu = [0]
-            for r, b in enumerate(row_bounds):
+            for r, b in enumerate(bounds):
                 cu.extend((r * L + b).tolist())
                 cu.append((r + 1) * L)
             cu_arr = np.asarray(cu, dtype=np.int32)
             out["cu_seqlens"] = cu_arr
             out["max_seqlen"] = np.asarray(int(np.diff(cu_arr).max()) if B else 0, np.int32)
         return out
+
+    def _position_rows(self, rows: int) -> npt.NDArray[np.int64]:
+        """``[rows, seq_len]`` of ``0 … seq_len - 1``, kept to be copied (a memcpy is
+        cheaper than a broadcasting fill)."""
+        if len(self._positions_2d) != rows:
+            self._positions_2d = np.tile(self._positions, (rows, 1))
+        return self._positions_2d
