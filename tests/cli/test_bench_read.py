@@ -18,11 +18,12 @@ import pytest
 
 from shardwise import TokenDataset, open_cache
 from shardwise.cli import bench_read
+from shardwise.cli.bench_read_data import chunked_copy
 from shardwise.cli import main as cli_main
 
 TINY = ("--tokens", "200000", "--seq-len", "128", "--batches", "3", "--repeat", "1",
-        "--rss-batches", "4", "--seed", "7", "--json")
-PATHS = ("numpy", "getitem", "getitems", "loader")
+        "--rss-batches", "4", "--seed", "7", "--chunks", "5", "--json")
+PATHS = ("numpy", "getitem", "getitems", "loader", "getitems_chunked", "loader_chunked")
 
 
 def run_bench(*argv: object) -> tuple[int, dict[str, Any]]:
@@ -56,6 +57,10 @@ def test_json_report_structure(tiny: tuple[dict[str, Any], Path]) -> None:
         d = report["data"][name]
         assert d["tokens"] == tokens and d["documents"] > 10 and d["vocab"] == 50_000
         assert (work / f"tokens-{tokens}.bin").stat().st_size == 2 * tokens
+    chunked = report["data"]["chunked"]
+    cache = open_cache(chunked["path"])
+    assert len(cache.chunks) == chunked["chunks"] and 4 <= chunked["chunks"] <= 6
+    assert cache.num_tokens == 200_000
     assert set(report["throughput"]) == set(PATHS)  # no Megatron: it is not importable
     for path in PATHS:
         t = report["throughput"][path]
@@ -67,8 +72,12 @@ def test_json_report_structure(tiny: tuple[dict[str, Any], Path]) -> None:
     st = report["startup"]
     assert st["import"]["torch"] is False and st["first_small"]["torch"] is False
     for key in ("import", "import_numpy", "first_small", "first_large", "first_numpy_small",
-                "first_numpy_large"):
+                "first_numpy_large", "doc_cold_small", "doc_cached_small", "doc_cold_large",
+                "doc_cached_large"):
         assert 0 < st[key]["seconds"] == min(st[key]["runs"])
+    # the cold runs planned in directories they removed; the cached runs left their plan
+    plans = {p.parent.name for p in work.glob("plans-*/*/*.npy")}
+    assert plans == {"cached"}, plans
     seek = report["seek"]
     assert seek["consumed"] % 8 == 0 and seek["consumed"] > 3 * (200_000 // 128 - 1)
     assert seek["deep"] > 0 and seek["zero"] > 0
@@ -86,23 +95,28 @@ def test_shardwise_and_plain_numpy_batches_are_identical(
         tiny: tuple[dict[str, Any], Path]) -> None:
     report, work = tiny
     assert report["identical"] == {"getitem": True, "getitems": True, "loader": True,
+                                   "getitems_chunked": True, "loader_chunked": True,
                                    "batches": 3, "all": True}
     # the same check, independently, on the data the bench kept
     prefix = work / "tokens-200000"
     ds = TokenDataset(open_cache(prefix), seq_len=128, seed=7)
+    chunked = TokenDataset(open_cache(report["data"]["chunked"]["path"]), seq_len=128, seed=7)
     mm = np.memmap(f"{prefix}.bin", dtype=np.uint16, mode="r")
     for k in range(3):
         idx = list(range(8 * k, 8 * k + 8))
         rows = np.stack([mm[w * 128: w * 128 + 129] for w in ds.windows(idx)])
-        batch = ds.__getitems__(idx)
-        np.testing.assert_array_equal(batch["input_ids"], rows[:, :128])
-        np.testing.assert_array_equal(batch["labels"], rows[:, 1:])
+        for reader in (ds, chunked):
+            batch = reader.__getitems__(idx)
+            np.testing.assert_array_equal(batch["input_ids"], rows[:, :128])
+            np.testing.assert_array_equal(batch["labels"], rows[:, 1:])
 
 
 def test_human_report(tiny: tuple[dict[str, Any], Path]) -> None:
     text = bench_read.format_report(tiny[0])
     assert "plain numpy memmap slicing" in text and "first example, 0.8M tokens" in text
     assert "identical to plain numpy (3 micro-batches): getitem yes" in text
+    assert "loader, cache of 5 chunks" in text and "loader_chunked yes" in text
+    assert "doc shuffle, cold plan, 0.2M" in text and "doc shuffle, cached plan, 0.8M" in text
     assert text.count("target ") == 5 and "not measured" in text
 
 
@@ -110,6 +124,11 @@ def test_data_is_reused(tiny: tuple[dict[str, Any], Path]) -> None:
     _, work = tiny
     again = bench_read.make_corpus(work / "tokens-200000", 200_000, 7)
     assert again["reused"] is True and again["made_s"] == 0.0
+    cache_dir = work / "tokens-200000.cache-5"
+    stamp = (cache_dir / "ledger.json").stat().st_mtime_ns
+    assert chunked_copy(work / "tokens-200000", 5) == (cache_dir, tiny[0]["data"]["chunked"][
+        "chunks"])
+    assert (cache_dir / "ledger.json").stat().st_mtime_ns == stamp  # not imported again
 
 
 @pytest.mark.slow
