@@ -4,11 +4,14 @@ Each rank is a separate Python process running this file as a script; it writes 
 read as JSON. The global order rebuilt from the ranks (global example ``i`` is example
 ``i // R`` of rank ``i % R``) must equal the one-process order, for world sizes 1, 2, 4 and
 0 or 2 DataLoader workers; a single pass must read every record exactly once; and the
-ranks' merged states must resume exactly under another world size.
+ranks' merged states must resume exactly under another world size. ``state_dict(
+all_ranks=True)`` gathers that merged state on every rank over torch.distributed (gloo
+through a ``file://`` store in the test's tmp directory).
 """
 
 from __future__ import annotations
 
+import datetime
 import gzip
 import json
 import subprocess
@@ -24,6 +27,7 @@ N_RECORDS = 2400
 GLOBAL = 2000  # examples of the endless order compared
 RESUME_AT, RESUME_TAKE = 600, 160
 CONFIGS = [(1, 0), (1, 2), (2, 0), (2, 2), (4, 0), (4, 2)]  # (world size, loader workers)
+GATHER_BATCH, GATHER_STEPS = 45, 3  # each of 2 ranks, before state_dict(all_ranks=True)
 
 
 def _line(i: int) -> bytes:
@@ -42,8 +46,34 @@ def _ids(examples: Any) -> list[int | None]:
     return [None if x.get("__pad__") else int(x["id"]) for x in examples]
 
 
+def gather_main(args: dict[str, Any]) -> None:
+    """One rank of a gloo group: a few batches, then its local and its gathered state."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    r, w = args["rank"], args["world"]
+    dist.init_process_group("gloo", init_method=f"file://{args['store']}", rank=r,
+                            world_size=w, timeout=datetime.timedelta(seconds=60))
+    rs = make_stream(args["sources"], r, w)
+    for _ in range(GATHER_STEPS):
+        rs.get_next_batch(GATHER_BATCH)
+    out = {"local": rs.state_dict(), "gathered": rs.state_dict(all_ranks=True)}
+    from shardwise.errors import ConfigError
+
+    for name, world in (("size_4", (r, 4)), ("both_rank_0", (0, 2))):  # raise on every rank
+        try:
+            make_stream(args["sources"], *world).state_dict(all_ranks=True)
+        except ConfigError as e:
+            out[name] = str(e)
+    dist.destroy_process_group()
+    Path(args["out"]).write_text(json.dumps(out))
+
+
 def rank_main(args: dict[str, Any]) -> None:
     """One rank: the first examples of the endless order, then a single pass; or resume."""
+    if args.get("store"):
+        return gather_main(args)
     r, w, workers = args["rank"], args["world"], args["loader_workers"]
     out: dict[str, Any] = {}
     if args.get("resume"):
@@ -124,6 +154,34 @@ def test_ranks_and_workers_share_one_global_order(sources: list[str], tmp_path: 
                     for r in range(4)])
     glob = [resumed[i % 4]["resumed"][i // 4] for i in range(RESUME_TAKE)]
     assert glob == want[RESUME_AT:RESUME_AT + RESUME_TAKE]
+
+
+
+def test_all_ranks_state_is_the_merged_state_on_every_rank(sources: list[str],
+                                                           tmp_path: Path) -> None:
+    from shardwise.read.records import merge_states
+
+    store = tmp_path / "gloo-store"
+    ranks = _run([{"rank": r, "world": 2, "store": str(store), "sources": sources,
+                   "out": str(tmp_path / f"gather-{r}.json")} for r in range(2)])
+    assert ranks[0]["gathered"] == ranks[1]["gathered"]
+    assert ranks[0]["gathered"] == merge_states([res["local"] for res in ranks])
+    at = 2 * GATHER_BATCH * GATHER_STEPS
+    assert ranks[0]["gathered"]["consumed"] == at
+    for res in ranks:  # a World that does not match the process group is named, not merged
+        assert "World has size 4, torch.distributed has 2 ranks" in res["size_4"]
+        assert "[(0, 2), (0, 2)] (rank, size), expected ranks 0..1" in res["both_rank_0"]
+
+    # rank 0's gathered state alone restores 1 and 4 ranks: the uninterrupted continuation
+    want = _ids(make_stream(sources, 0, 1).get_next_batch(at + 200))[at:]
+    one = make_stream(sources, 0, 1)
+    one.load_state_dict(ranks[0]["gathered"])
+    assert _ids(one.get_next_batch(200)) == want
+    for r in range(4):  # rank r of 4 serves the global examples i with i % 4 == r
+        rs = make_stream(sources, r, 4)
+        rs.load_state_dict(ranks[0]["gathered"])
+        assert _ids(rs.get_next_batch(50)) == [x for j, x in enumerate(want)
+                                               if (at + j) % 4 == r][:50]
 
 
 if __name__ == "__main__":

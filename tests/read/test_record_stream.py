@@ -205,6 +205,27 @@ def test_resume_under_another_world_size(corpus: dict[str, Any]) -> None:
     assert ids(rs.get_next_batch(200)) == [ref[i] for i in range(1000, 6000) if i % 2 == 1][:200]
 
 
+def test_all_ranks_state_needs_torch_distributed(corpus: dict[str, Any],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    solo = make(corpus)
+    solo.get_next_batch(30)
+    assert solo.state_dict(all_ranks=True) == solo.state_dict()  # world size 1: local
+    half = make(corpus, world=World(1, 2))
+    half.get_next_batch(15)
+    monkeypatch.delitem(sys.modules, "torch.distributed", raising=False)
+    with pytest.raises(ConfigError, match="init_process_group.*merge_states"):
+        half.state_dict(all_ranks=True)
+    assert half.state_dict()["extra"]["streams"].keys() == {"1", "3", "5", "7"}
+
+
+def test_all_ranks_state_refuses_an_uninitialised_process_group(
+        corpus: dict[str, Any]) -> None:
+    dist = pytest.importorskip("torch.distributed")
+    assert not dist.is_initialized()
+    with pytest.raises(ConfigError, match="world size 2.*not initialised.*merge_states"):
+        make(corpus, world=World(0, 2)).state_dict(all_ranks=True)
+
+
 def test_state_mismatches_are_refused_by_name(corpus: dict[str, Any]) -> None:
     rs = make(corpus)
     rs.get_next_batch(50)

@@ -98,7 +98,9 @@ class RecordStream:
     ``extra`` (``order_version``; ``streams``: per stream ``epoch``, ``stop_epoch``,
     ``range``, ``pos``, ``line``, ``draws``, ``buffer``, ``consumed``, ``errors``,
     ``done``). A rank's state holds its own streams: :func:`merge_states` combines the
-    ranks' states into one that restores any world size.
+    ranks' states into one that restores any world size, and
+    ``state_dict(all_ranks=True)`` (a collective over torch.distributed) returns that
+    merged state on every rank.
     """
 
     def __init__(self, sources: Any, *, map_fn: Callable[[Any], Any] | None = None,
@@ -203,14 +205,25 @@ class RecordStream:
 
     # -- state -------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
-        """This consumer's position as plain JSON (what it has received, not prefetched)."""
+    def state_dict(self, *, all_ranks: bool = False) -> dict[str, Any]:
+        """This consumer's position as plain JSON (what it has received, not prefetched).
+
+        ``all_ranks=True``: every rank's streams, merged (:func:`merge_states`), so each
+        rank returns the same state and any one of them restores any world size. It is a
+        collective (``all_gather_object`` over torch.distributed): every rank must call it
+        at the same step. It is opt-in because a collective hidden in ``state_dict()``
+        deadlocks a job where only rank 0 saves. World size 1 and DataLoader workers
+        (whose state is only their share anyway) get the local state.
+        """
         streams = {str(s): p.to_dict() for s, p in sorted(self._positions.items())}
-        return LoaderState(fingerprint=self._fingerprint(), kind=STATE_KIND,
-                           consumed=sum(p.consumed for p in self._positions.values()),
-                           config=self._state_config(),
-                           extra={"order_version": ORDER_VERSION, "streams": streams}
-                           ).to_dict()
+        local = LoaderState(fingerprint=self._fingerprint(), kind=STATE_KIND,
+                            consumed=sum(p.consumed for p in self._positions.values()),
+                            config=self._state_config(),
+                            extra={"order_version": ORDER_VERSION, "streams": streams}
+                            ).to_dict()
+        if not all_ranks or self.world.size == 1 or _torch_worker() is not None:
+            return local
+        return _gather_states(self.world, local)
 
     def load_state_dict(self, state: Any) -> None:
         """Continue exactly where ``state`` stopped; :class:`StateError` names what does
@@ -326,6 +339,31 @@ def _default_all_done(world: World) -> Callable[[bool], bool]:
         return bool(flag.item())
 
     return all_done
+
+
+def _gather_states(world: World, local: dict[str, Any]) -> dict[str, Any]:
+    """Every rank's ``local`` state over torch.distributed, merged. Each rank validates
+    the same gathered list, so a mismatch raises on all of them (none is left waiting)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        raise ConfigError(f"state_dict(all_ranks=True) with world size {world.size} gathers "
+                          "the ranks' states over torch.distributed, which is not "
+                          "initialised: call torch.distributed.init_process_group first, or "
+                          "save each rank's state_dict() and combine them with "
+                          "shardwise.read.records.merge_states")
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (world.rank, world.size, local))
+    if len(gathered) != world.size:
+        raise ConfigError(f"state_dict(all_ranks=True): this reader's World has size "
+                          f"{world.size}, torch.distributed has {len(gathered)} ranks; "
+                          "save each data-parallel rank's state_dict() and combine them "
+                          "with shardwise.read.records.merge_states")
+    ranks = sorted(int(r) for r, _, _ in gathered)
+    if ranks != list(range(world.size)) or any(n != world.size for _, n, _ in gathered):
+        raise ConfigError(f"state_dict(all_ranks=True): the processes' Worlds are "
+                          f"{[(r, n) for r, n, _ in gathered]} (rank, size), expected ranks "
+                          f"0..{world.size - 1} of {world.size} once each")
+    return merge_states([st for _, _, st in gathered])
 
 
 def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
