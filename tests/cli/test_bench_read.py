@@ -18,8 +18,8 @@ import pytest
 
 from shardwise import TokenDataset, open_cache
 from shardwise.cli import bench_read
-from shardwise.cli.bench_read_data import chunked_copy
 from shardwise.cli import main as cli_main
+from shardwise.cli.bench_read_data import chunked_copy
 
 TINY = ("--tokens", "200000", "--seq-len", "128", "--batches", "3", "--repeat", "1",
         "--rss-batches", "4", "--seed", "7", "--chunks", "5", "--json")
