@@ -37,6 +37,7 @@ def main() -> None:
     it = iter(dl)
     rows = np.concatenate([next(it)["input_ids"].numpy() for _ in range(spec["steps"])])
     it.close()
+    cache.close()  # waits for downloads the loader started ahead of the batches read
     assert cache.downloads is not None
     mine = {"rank": rank, "node": node, "local_rank": int(os.environ["LOCAL_RANK"]),
             "downloaded": dict(cache.downloads.downloaded), "state": dl.state_dict()}
@@ -48,7 +49,6 @@ def main() -> None:
         (out / "ranks.json").write_text(json.dumps(gathered))
     dist.barrier()
     dist.destroy_process_group()
-    cache.close()
 
 
 if __name__ == "__main__":

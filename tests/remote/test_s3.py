@@ -122,6 +122,42 @@ def test_prefetch_downloads_in_the_background(built: tuple[str, Path], tmp_path:
     assert all(v == 1 for v in cache.downloads.downloaded.values())
 
 
+def test_loader_downloads_the_chunks_of_coming_micro_batches(built: tuple[str, Path],
+                                                            tmp_path: Path) -> None:
+    """After the first micro-batch, exactly the chunks of micro-batches 0..look_ahead are
+    downloaded (the later ones in the background), and the batches equal a local read."""
+    from shardwise.torch import loader
+
+    url, local = built
+    ahead, m = 3, 2
+    cache = sw.open_cache(url, local_dir=tmp_path / "node", local_bytes=64 << 20)
+    ds = sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=5)
+    dl = loader(ds, global_batch_size=4, micro_batch_size=m, world=World(1, 2),
+                look_ahead=ahead)
+    it = iter(dl)
+    first = next(it)["input_ids"].numpy()
+    cache.wait_for_prefetch()
+    ref = sw.TokenDataset(sw.open_cache(local), seq_len=SEQ_LEN, seed=5)
+    want = set()
+    for k in range(ahead + 1):  # rank 1's micro-batches: examples 4k + 2, 4k + 3
+        for w in ref.windows([4 * k + 2, 4 * k + 3]).tolist():
+            lo = np.searchsorted(ref.cache.cum_tokens, w * SEQ_LEN, side="right") - 1
+            hi = np.searchsorted(ref.cache.cum_tokens, w * SEQ_LEN + SEQ_LEN, side="right") - 1
+            want |= {cache.chunks[c].stem + ".bin" for c in range(lo, hi + 1)}
+    assert cache.downloads is not None
+    got = {k for k in cache.downloads.downloaded if k.endswith(".bin")}
+    assert got == want and len(want) > 2
+    assert set(cache.downloads.downloaded.values()) == {1}
+    np.testing.assert_array_equal(first, ref.__getitems__([2, 3])["input_ids"])
+    rest = np.concatenate([next(it)["input_ids"].numpy() for _ in range(4)])
+    np.testing.assert_array_equal(rest, np.concatenate(
+        [ref.__getitems__([4 * k + 2, 4 * k + 3])["input_ids"] for k in range(1, 5)]))
+    with pytest.raises(sw.ConfigError, match="look_ahead"):
+        loader(ds, global_batch_size=4, micro_batch_size=m, world=World(1, 2), look_ahead=-1)
+    it.close()
+    cache.close()
+
+
 @pytest.fixture()
 def damaged(built: tuple[str, Path]) -> tuple[str, str, str]:
     """A copy of the cache with one .bin object's bits flipped and one .idx deleted."""

@@ -23,6 +23,7 @@ import hashlib
 import os
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -260,13 +261,20 @@ class Cache:
         if self._prefetch is None:
             self._prefetch = ThreadPoolExecutor(2, thread_name_prefix="shardwise-download")
         for c in chunks:
+            if c in self._maps:  # already mapped: its file is here
+                continue
             info = self.chunks[c]
             key = info.stem + ".bin"
             if key not in self._pending:
                 self._pending[key] = self._prefetch.submit(self._fetch, info, ".bin")
 
+    def wait_for_prefetch(self) -> None:
+        """Block until every download :meth:`prefetch` started has finished (e.g. to warm a
+        node's local copy before training); their errors surface when a chunk is used."""
+        futures.wait(list(self._pending.values()))
+
     def close(self) -> None:
-        """Stop background downloads and drop memory maps."""
+        """Stop background downloads (queued ones are dropped) and drop memory maps."""
         if self._prefetch is not None:
             self._prefetch.shutdown(wait=True, cancel_futures=True)
             self._prefetch = None

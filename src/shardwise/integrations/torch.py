@@ -13,8 +13,9 @@ State keys: ``kind``, ``version``, ``fingerprint``, ``consumed``, ``config``, ``
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from shardwise.errors import ConfigError, MissingExtraError, StateError
@@ -31,6 +32,7 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
                             ) from e
 
 STATE_KIND = "torch_loader"
+LOOK_AHEAD = 4  # micro-batches whose chunks a remote cache downloads before they are read
 
 
 def _register_iterables() -> None:
@@ -53,17 +55,39 @@ def collate(data: Any) -> Any:
     return default_collate(data)
 
 
+def look_ahead(batches: Iterator[list[int]], prefetch: Callable[[list[int]], None],
+               ahead: int) -> Iterator[list[int]]:
+    """``batches`` unchanged, with ``prefetch(batch)`` called ``ahead`` batches before each
+    is handed on (so its chunks download while earlier batches are read)::
+
+        ahead=2:  prefetch b0, b1, b2 → yield b0 → prefetch b3 → yield b1 → …
+    """
+    window: collections.deque[list[int]] = collections.deque()
+    for batch in batches:
+        prefetch(batch)
+        window.append(batch)
+        if len(window) > ahead:
+            yield window.popleft()
+    yield from window
+
+
 class _Indices:
     """The batch sampler handed to torch: a mutable holder, so a restored position takes
-    effect on the next ``iter()`` (also with persistent workers)."""
+    effect on the next ``iter()`` (also with persistent workers). ``prefetch`` (a
+    dataset's, for a cache on an object store) sees each batch ``ahead`` batches early."""
 
-    def __init__(self, sampler: BatchSampler) -> None:
+    def __init__(self, sampler: BatchSampler,
+                 prefetch: Callable[[list[int]], None] | None = None, ahead: int = 0) -> None:
         self.sampler = sampler
         self.start = sampler.consumed
         self.received = 0  # micro-batches handed to the caller since ``start``
+        self.prefetch, self.ahead = prefetch, ahead
 
     def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.sampler)
+        batches = iter(self.sampler)
+        if self.prefetch is None or self.ahead == 0:
+            return batches
+        return look_ahead(batches, self.prefetch, self.ahead)
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -76,10 +100,11 @@ class ShardwiseLoader(DataLoader):  # type: ignore[type-arg]
     global order consumed so far), so an interrupted loop picks up where it stopped.
     """
 
-    def __init__(self, dataset: Any, sampler: BatchSampler, **kwargs: Any) -> None:
+    def __init__(self, dataset: Any, sampler: BatchSampler, *, look_ahead: int = 0,
+                 **kwargs: Any) -> None:
         # the position lives on this plain object: DataLoader.__setattr__ runs Python
         # checks on every attribute set, which would cost each step
-        self._indices = _Indices(sampler)
+        self._indices = _Indices(sampler, getattr(dataset, "prefetch", None), look_ahead)
         super().__init__(dataset, batch_sampler=self._indices, collate_fn=collate, **kwargs)
 
     @property
@@ -166,17 +191,21 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
            seed: int = 0, data_sharding: bool = True, epochs: int | None = None,
            total_samples: int | None = None, consumed: int = 0, pin_memory: bool = False,
            persistent_workers: bool = False, prefetch_factor: int | None = None,
-           **dataloader_kwargs: Any) -> ShardwiseLoader:
+           look_ahead: int = LOOK_AHEAD, **dataloader_kwargs: Any) -> ShardwiseLoader:
     """This rank's loader over ``dataset`` (a TokenDataset or any map-style dataset).
 
     ``global_batch_size = micro_batch_size × world size × accumulation``; ``epochs`` or
     ``total_samples`` bound the run (default: endless). ``sampler="eval"`` is one padded
-    pass in stored order.
+    pass in stored order. ``look_ahead``: for a cache on an object store, the chunks of
+    this many coming micro-batches download in the background while earlier ones are read
+    (0: only on demand; local caches never prefetch).
 
     >>> dl = loader(ds, global_batch_size=64, micro_batch_size=8,  # doctest: +SKIP
     ...             world=World(0, 2))
     """
     kind = SamplerKind.parse(sampler)
+    if isinstance(look_ahead, bool) or not isinstance(look_ahead, int) or look_ahead < 0:
+        raise ConfigError(f"look_ahead must be a non-negative integer, got {look_ahead!r}")
     world = world or World.detect()
     if epochs is not None and total_samples is not None:
         raise ConfigError("give epochs or total_samples, not both")
@@ -189,4 +218,4 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
         if prefetch_factor is not None:
             extra["prefetch_factor"] = prefetch_factor
     return ShardwiseLoader(dataset, batches, num_workers=num_workers, pin_memory=pin_memory,
-                           **extra, **dataloader_kwargs)
+                           look_ahead=look_ahead, **extra, **dataloader_kwargs)

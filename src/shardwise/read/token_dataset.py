@@ -274,6 +274,24 @@ class TokenDataset:
             out.append(block[j])
         return out
 
+    def prefetch(self, indices: list[int]) -> None:
+        """Start downloading the chunks examples ``indices`` will read, in the background
+        (a cache on an object store; local chunks are mapped on demand, so a no-op)."""
+        if self.cache.store is None:
+            return
+        idx = list(indices)
+        if self.config.shuffle is Shuffle.DOCUMENT:
+            starts = self._doc_starts()
+            ranges = [(int(starts[doc]) + off, int(starts[doc]) + off + n)
+                      for i in idx if i >= 0
+                      for doc, off, n in self._epoch_order(i // self.num_windows).pieces(
+                          i % self.num_windows)]
+        else:
+            L, total = self.config.seq_len, self.cache.num_tokens
+            ranges = [(w * L, min(w * L + L + 1, total)) for w in self._window_list(idx)
+                      if w >= 0]
+        self.cache.prefetch(self._reader.chunks_of(ranges))
+
     @staticmethod
     def _check_pad(idx: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         pad = idx < 0

@@ -103,6 +103,15 @@ class WindowReader:
                 self._all_starts = starts
         return self._all_starts
 
+    def chunks_of(self, ranges: list[tuple[int, int]]) -> list[int]:
+        """The chunks holding stream tokens ``[start, stop)`` of each range, in first-use
+        order, each once."""
+        cum, seen = self._cum, {}
+        for start, stop in ranges:
+            first, last = bisect_right(cum, start) - 1, bisect_right(cum, stop - 1) - 1
+            seen.update(dict.fromkeys(range(first, last + 1)))
+        return list(seen)
+
     # -- assembly ------------------------------------------------------------------------
     def from_windows(self, windows: list[int]) -> dict[str, npt.NDArray[Any]]:
         """Rows for window indices (``-1`` marks a padding row, which has no window).
