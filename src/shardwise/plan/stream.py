@@ -20,7 +20,9 @@ Worked example (``R* = 4`` streams, ``R = 2`` ranks, 10 chunks)::
 ``R = 4`` is the ``chunk_idx % world_size == rank`` layout. Inside a stream, chunks are
 shuffled within consecutive blocks of ``block_chunks`` (keyed by seed, epoch, stream): a
 block's order is final once the block is full, so a reader following a growing cache
-never reorders chunks it has already read.
+never reorders chunks it has already read. A block's documents are packed into windows
+(:func:`windows_per_block`) that never cross the block, read in a seeded order
+(:func:`window_order`), so a follower never waits for the next block to finish a window.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from shardwise.plan._checks import (
 from shardwise.plan.permutation import permute_within
 
 STREAM_TAG = "stream_chunks"
+WINDOW_TAG = "stream_windows"
 
 
 def streams_per_rank(world: int, n_streams: int) -> int:
@@ -138,3 +141,42 @@ def shuffled_stream_chunks(s: int, n_chunks: int, n_streams: int, *, seed: int, 
     inner = permute_within(pos % bc, size, block, seed=seed, epoch=epoch,
                            tag=f"{STREAM_TAG}.{s}")
     return chunks[block * bc + inner]
+
+
+def stream_chunk_tokens(cum_tokens: IntArray, s: int, n_streams: int, start: int = 0
+                        ) -> IntArray:
+    """Token counts of stream ``s``'s visible chunks, from its ``start``-th chunk on."""
+    idx = np.arange(s + start * n_streams, len(cum_tokens) - 1, n_streams)
+    return cum_tokens[idx + 1] - cum_tokens[idx]
+
+
+def windows_per_block(chunk_tokens: npt.ArrayLike, block_chunks: int, seq_len: int,
+                      drop_last: bool) -> IntArray:
+    """Windows of each block, given a stream's chunk token counts from a block start.
+
+    Example: tokens ``[5, 4, 9]``, ``block_chunks=2``, ``seq_len=4`` → blocks of 9 and 9
+    tokens → ``[2, 2]`` windows (``drop_last``), ``[2, 2]`` padded too (``(9-1)/4 = 2``).
+    """
+    toks = np.asarray(chunk_tokens, dtype=np.int64)
+    if toks.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    sums = np.add.reduceat(toks, np.arange(0, toks.size, block_chunks))
+    labels = np.maximum(sums - 1, 0)
+    return labels // seq_len if drop_last else (labels + seq_len - 1) // seq_len
+
+
+def block_read_order(s: int, b: int, size: int, *, n_streams: int, block_chunks: int,
+                     seed: int, epoch: int) -> IntArray:
+    """Global chunks of block ``b`` (``size`` chunks) of stream ``s``, in read order: the
+    slice ``[b·block_chunks, b·block_chunks + size)`` of
+    :func:`shuffled_stream_chunks`, computed for one block."""
+    inner = permute_within(np.arange(size), size, b, seed=seed, epoch=epoch,
+                           tag=f"{STREAM_TAG}.{s}") if size > 1 else np.zeros(size, np.int64)
+    return s + (b * block_chunks + inner) * n_streams
+
+
+def window_order(s: int, b: int, n: int, *, seed: int, epoch: int) -> IntArray:
+    """The seeded order of block ``b``'s ``n`` windows (keyed by seed, epoch, stream)."""
+    if n <= 1:
+        return np.arange(n, dtype=np.int64)
+    return permute_within(np.arange(n), n, b, seed=seed, epoch=epoch, tag=f"{WINDOW_TAG}.{s}")

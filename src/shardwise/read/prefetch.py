@@ -1,9 +1,9 @@
 """What a stream rank reads next, and the background thread that reads it ahead.
 
-Three pieces, from pure to stateful:
+Two pieces, over the pure stream layout of :mod:`shardwise.plan.stream`
+(:func:`~shardwise.plan.stream.windows_per_block`,
+:func:`~shardwise.plan.stream.block_read_order`):
 
-* :func:`windows_per_block`, :func:`block_read_order`, :func:`window_order`: the stream
-  layout as pure integer functions of chunk token counts (no token I/O).
 * :class:`StreamLayout` (one stream: where its ``k``-th example is, growing with the
   cache) and :class:`RankSchedule` (the rank's blocks in the order its consumer will need
   them, waiting for the producer in follow mode through a :class:`Follower`).
@@ -37,45 +37,10 @@ from shardwise.errors import ConfigError, ManifestError, ProducerTimeoutError
 from shardwise.format.cache import Cache, open_cache
 from shardwise.format.ledger import LEDGER_NAME
 from shardwise.format.manifest import MANIFEST_NAME
-from shardwise.plan.permutation import permute_within
-from shardwise.plan.stream import STREAM_TAG
+from shardwise.plan.stream import block_read_order, stream_chunk_tokens, windows_per_block
 from shardwise.read.chunk_cache import ChunkCache, Tokens
 
-WINDOW_TAG = "stream_windows"
 IntArray = npt.NDArray[np.int64]
-
-
-# -- pure layout ------------------------------------------------------------------------
-def windows_per_block(chunk_tokens: npt.ArrayLike, block_chunks: int, seq_len: int,
-                      drop_last: bool) -> IntArray:
-    """Windows of each block, given a stream's chunk token counts from a block start.
-
-    Example: tokens ``[5, 4, 9]``, ``block_chunks=2``, ``seq_len=4`` → blocks of 9 and 9
-    tokens → ``[2, 2]`` windows (``drop_last``), ``[2, 2]`` padded too (``(9-1)/4 = 2``).
-    """
-    toks = np.asarray(chunk_tokens, dtype=np.int64)
-    if toks.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    sums = np.add.reduceat(toks, np.arange(0, toks.size, block_chunks))
-    labels = np.maximum(sums - 1, 0)
-    return labels // seq_len if drop_last else (labels + seq_len - 1) // seq_len
-
-
-def block_read_order(s: int, b: int, size: int, *, n_streams: int, block_chunks: int,
-                     seed: int, epoch: int) -> IntArray:
-    """Global chunks of block ``b`` (``size`` chunks) of stream ``s``, in read order: the
-    slice ``[b·block_chunks, b·block_chunks + size)`` of
-    :func:`~shardwise.plan.stream.shuffled_stream_chunks`, computed for one block."""
-    inner = permute_within(np.arange(size), size, b, seed=seed, epoch=epoch,
-                           tag=f"{STREAM_TAG}.{s}") if size > 1 else np.zeros(size, np.int64)
-    return s + (b * block_chunks + inner) * n_streams
-
-
-def window_order(s: int, b: int, n: int, *, seed: int, epoch: int) -> IntArray:
-    """The seeded order of block ``b``'s ``n`` windows (keyed by seed, epoch, stream)."""
-    if n <= 1:
-        return np.arange(n, dtype=np.int64)
-    return permute_within(np.arange(n), n, b, seed=seed, epoch=epoch, tag=f"{WINDOW_TAG}.{s}")
 
 
 @dataclass(frozen=True)
@@ -88,13 +53,6 @@ class Layout:
     block_chunks: int
     drop_last: bool
     epochs: int | None
-
-
-def stream_chunk_tokens(cum_tokens: IntArray, s: int, n_streams: int, start: int = 0
-                        ) -> IntArray:
-    """Token counts of stream ``s``'s visible chunks, from its ``start``-th chunk on."""
-    idx = np.arange(s + start * n_streams, len(cum_tokens) - 1, n_streams)
-    return cum_tokens[idx + 1] - cum_tokens[idx]
 
 
 # -- one stream ---------------------------------------------------------------------------

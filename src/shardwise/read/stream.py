@@ -95,6 +95,7 @@ from shardwise.format.cache import Cache, open_cache
 from shardwise.format.chunk import ChunkKind
 from shardwise.plan._checks import divisors
 from shardwise.plan.permutation import PERMUTATION_VERSION
+from shardwise.plan.stream import stream_chunk_tokens, window_order, windows_per_block
 from shardwise.read.chunk_cache import ChunkCache, Tokens, read_chunk
 from shardwise.read.prefetch import (
     Follower,
@@ -104,9 +105,6 @@ from shardwise.read.prefetch import (
     RankSchedule,
     Stopped,
     open_when_ready,
-    stream_chunk_tokens,
-    window_order,
-    windows_per_block,
 )
 from shardwise.read.world import World
 from shardwise.state import LoaderState
