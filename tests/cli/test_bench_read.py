@@ -141,6 +141,15 @@ def test_megatron_baseline(tmp_path: Path) -> None:
     assert report["throughput"]["megatron"]["examples_per_s"] > 0
     assert report["targets"][0]["got"] > 0
     assert any(r["baseline_what"].startswith("Megatron") for r in report["rows"])
+    st, rss = report["startup"], report["rss"]
+    for name in ("small", "large"):
+        for plan in ("cold", "cached"):
+            assert st[f"megatron_{plan}_{name}"]["seconds"] > 0
+        assert rss[f"megatron_{name}"]["peak_mb"] > 0
+    # Megatron's index files: left by the cached runs only
+    assert {p.parent.name for p in tmp_path.glob("megatron-index-*/*/*")} == {"cached"}
+    compared = [r for r in report["rows"] if r["baseline_what"].startswith("Megatron")]
+    assert len(compared) == 1 + 4 + 2 and all(r["ratio"] is not None for r in compared)
 
 
 def test_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:

@@ -215,6 +215,11 @@ def _row(what: str, value: float | None, unit: str, base_what: str, base: float 
             "baseline": base, "ratio": ratio}
 
 
+def _heap_growth(r: dict[str, Any]) -> float:
+    """RssAnon after reading minus RssAnon after the imports (what the reader added)."""
+    return float(r["anon_mb"] - r["after_import"]["anon_mb"])
+
+
 def figure_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
     """Each figure beside its baseline (ratio = figure / baseline)."""
     tp, st, rss, cfg = rep["throughput"], rep["startup"], rep["rss"], rep["config"]
@@ -242,14 +247,12 @@ def figure_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
                   "np.memmap + first window", st["first_numpy_small"]["seconds"]),
              _row(f"first example, {large} tokens", st["first_large"]["seconds"], "s",
                   f"first example, {small} tokens", st["first_small"]["seconds"])]
-    for size in (small, large):
-        name = "small" if size == small else "large"
-        rows += [_row(f"first example, doc shuffle, cold plan, {size}",
-                      st[f"doc_cold_{name}"]["seconds"], "s", "window shuffle",
-                      st[f"first_{name}"]["seconds"]),
-                 _row(f"first example, doc shuffle, cached plan, {size}",
-                      st[f"doc_cached_{name}"]["seconds"], "s", "window shuffle",
-                      st[f"first_{name}"]["seconds"])]
+    for size, name in ((small, "small"), (large, "large")):
+        for plan in ("cold", "cached"):
+            meg_first = st.get(f"megatron_{plan}_{name}", {}).get("seconds")
+            rows.append(_row(f"first example, doc shuffle, {plan} plan, {size}",
+                             st[f"doc_{plan}_{name}"]["seconds"], "s",
+                             f"Megatron GPTDataset, {plan} index", meg_first))
     if "seek" in rep:
         rows.append(_row(f"loader + first batch at example {rep['seek']['consumed']:,}",
                          rep["seek"]["deep"], "s", "at example 0", rep["seek"]["zero"]))
@@ -262,6 +265,11 @@ def figure_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
                       "plain numpy, same windows", rss["numpy_large"][key]),
                  _row(f"{kind}, {large} vs {small} tokens", rss["large"][key], "MB",
                       f"{kind}, {small} tokens", rss["small"][key])]
+    if "anon_mb" in rss.get("megatron_small", {}):
+        rows += [_row(f"heap growth while reading, {size} tokens", _heap_growth(rss[name]),
+                      "MB", "Megatron GPTDataset, as many",
+                      _heap_growth(rss[f"megatron_{name}"]))
+                 for size, name in ((small, "small"), (large, "large"))]
     return rows
 
 
@@ -408,8 +416,8 @@ def run_read_bench(args: argparse.Namespace) -> int:
         if loaders:
             rep["seek"] = measure_seek(small, args)
         log("  measuring start-up and RSS in fresh processes")
-        rep["startup"] = measure_startup(small, large, args, work)
-        rep["rss"] = measure_rss(small, large, args, work)
+        rep["startup"] = measure_startup(small, large, args, work, meg is not None)
+        rep["rss"] = measure_rss(small, large, args, work, meg is not None)
     rep["rows"] = figure_rows(rep)
     rep["targets"] = targets(rep)
     print(json.dumps(rep, indent=2) if args.json else format_report(rep))

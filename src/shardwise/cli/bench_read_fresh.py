@@ -88,6 +88,33 @@ print(json.dumps({**mem_mb(), "after_import": before}))
 """
 
 
+MEGATRON_FIRST_CODE = """
+import json, sys, time
+from pathlib import Path
+from shardwise.cli.bench_read_data import megatron_dataset
+prefix, seq_len, seed, cache_dir = sys.argv[1:5]
+ds, info = megatron_dataset(Path(prefix), int(seq_len), int(seed), Path(cache_dir),
+                            now=lambda: time.perf_counter())
+if ds is None:
+    raise SystemExit(info["note"])
+print(json.dumps({"seconds": info["first_example_s"]}))
+"""
+MEGATRON_RSS_CODE = "import json, sys\n" + _MEM + """
+from pathlib import Path
+from shardwise.cli.bench_read_data import megatron_dataset, quiet
+with quiet():  # its imports (torch among them) count before, as shardwise's import does
+    import megatron.core.datasets.gpt_dataset
+prefix, seq_len, seed, m, nb, cache_dir = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6]
+before = mem_mb()
+ds, info = megatron_dataset(Path(prefix), seq_len, seed, Path(cache_dir))
+if ds is None:
+    raise SystemExit(info["note"])
+for i in range(m * nb):
+    ds[i % len(ds)]
+print(json.dumps({**mem_mb(), "after_import": before}))
+"""
+
+
 def probe(code: str, *argv: object, clock: str = "wall") -> dict[str, Any]:
     """Run ``code`` in a fresh interpreter; its last line of output, parsed as JSON."""
     code = code.replace("time.perf_counter()", f"time.{CLOCKS[clock]}()")
@@ -116,24 +143,25 @@ def best_probe(args: argparse.Namespace, code: str, *argv: object, warm: bool = 
     return _best([probe(code, *argv, clock=args.clock) for _ in range(args.repeat)])
 
 
-def first_document_shuffled(prefix: Path, args: argparse.Namespace, plans: Path
-                            ) -> dict[str, Any]:
-    """First example with ``shuffle="document"``: ``cold`` plans everything (a new, empty
-    plan directory each run), ``cached`` starts where a previous start left its plan."""
-    argv = (prefix, args.seq_len, args.seed, "document")
+def cold_and_cached(code: str, argv: tuple[object, ...], args: argparse.Namespace,
+                    plans: Path) -> dict[str, Any]:
+    """First example of ``code`` (which takes a plan directory as its last argument):
+    ``cold`` plans everything (a new, empty plan directory each run), ``cached`` starts
+    where a previous start left its plan."""
     cold = []
     for i in range(args.repeat):
         fresh = plans / f"cold-{i}"
         shutil.rmtree(fresh, ignore_errors=True)
-        cold.append(probe(FIRST_CODE, *argv, fresh, clock=args.clock))
+        cold.append(probe(code, *argv, fresh, clock=args.clock))
         shutil.rmtree(fresh, ignore_errors=True)
-    kept = plans / "cached"
-    return {"cold": _best(cold), "cached": best_probe(args, FIRST_CODE, *argv, kept, warm=True)}
+    return {"cold": _best(cold),
+            "cached": best_probe(args, code, *argv, plans / "cached", warm=True)}
 
 
-def measure_startup(small: Path, large: Path, args: argparse.Namespace, work: Path
-                    ) -> dict[str, Any]:
-    """Import and first-example times, each in fresh interpreters (best of ``--repeat``)."""
+def measure_startup(small: Path, large: Path, args: argparse.Namespace, work: Path,
+                    megatron: bool) -> dict[str, Any]:
+    """Import and first-example times, each in fresh interpreters (best of ``--repeat``):
+    shardwise's window and document shuffles and, with ``megatron``, GPTDataset."""
     out = {"import": best_probe(args, IMPORT_CODE.format(module="shardwise")),
            "import_numpy": best_probe(args, IMPORT_CODE.format(module="numpy"))}
     for name, prefix in (("small", small), ("large", large)):
@@ -141,14 +169,21 @@ def measure_startup(small: Path, large: Path, args: argparse.Namespace, work: Pa
                                           "window", "", warm=True)
         out[f"first_numpy_{name}"] = best_probe(args, FIRST_NUMPY_CODE, prefix, args.seq_len,
                                                 warm=True)
-        doc = first_document_shuffled(prefix, args, work / f"plans-{name}")
+        doc = cold_and_cached(FIRST_CODE, (prefix, args.seq_len, args.seed, "document"), args,
+                              work / f"plans-{name}")
         out[f"doc_cold_{name}"], out[f"doc_cached_{name}"] = doc["cold"], doc["cached"]
+        if megatron:
+            meg = cold_and_cached(MEGATRON_FIRST_CODE, (prefix, args.seq_len, args.seed), args,
+                                  work / f"megatron-index-{name}")
+            out[f"megatron_cold_{name}"] = meg["cold"]
+            out[f"megatron_cached_{name}"] = meg["cached"]
     return out
 
 
-def measure_rss(small: Path, large: Path, args: argparse.Namespace, work: Path
-                ) -> dict[str, Any]:
-    """Peak RSS of fresh processes reading ``--rss-batches`` micro-batches of each corpus."""
+def measure_rss(small: Path, large: Path, args: argparse.Namespace, work: Path,
+                megatron: bool) -> dict[str, Any]:
+    """Peak RSS of fresh processes reading ``--rss-batches`` micro-batches of each corpus
+    (shardwise, plain numpy and, with ``megatron``, GPTDataset with its index cached)."""
     from shardwise import TokenDataset, open_cache
 
     m, nb = args.micro_batch, args.rss_batches
@@ -159,8 +194,11 @@ def measure_rss(small: Path, large: Path, args: argparse.Namespace, work: Path
         windows = work / f"{name}.windows.npy"
         np.save(windows, ds.windows(np.arange(nb * m)))
         out[f"numpy_{name}"] = probe(RSS_NUMPY_CODE, prefix, args.seq_len, m, windows)
+        if megatron:
+            out[f"megatron_{name}"] = probe(MEGATRON_RSS_CODE, prefix, args.seq_len, args.seed,
+                                            m, nb, work / f"megatron-index-{name}" / "cached")
     return out
 
 
-__all__ = ["CLOCKS", "best_probe", "first_document_shuffled", "measure_rss",
+__all__ = ["CLOCKS", "best_probe", "cold_and_cached", "measure_rss",
            "measure_startup", "probe"]
