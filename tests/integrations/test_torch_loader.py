@@ -56,6 +56,20 @@ def test_resume_from_every_step(ds: sw.TokenDataset, workers: int) -> None:
     assert_resumes_exactly(make, steps=12, stop_points=points)
 
 
+def test_spawned_workers_read_the_same_batches(ds: sw.TokenDataset, tmp_path: Path) -> None:
+    """Workers started with spawn (macOS's default; forkserver on newer Pythons) get the
+    dataset pickled after it has read: they map their own chunks and agree."""
+    doc = sw.TokenDataset(ds.cache, seq_len=32, seed=7, shuffle="document",
+                          plan_dir=tmp_path)
+    want = [doc.__getitems__([4 * k + 2, 4 * k + 3])["input_ids"] for k in range(6)]
+    dl = loader(doc, global_batch_size=4, micro_batch_size=2, world=sw.World(1, 2),
+                num_workers=2, multiprocessing_context="spawn")
+    it = iter(dl)
+    got = [next(it)["input_ids"].numpy() for _ in range(6)]
+    del it
+    assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+
+
 def test_resume_under_another_world_size(ds: sw.TokenDataset) -> None:
     first = [loader(ds, global_batch_size=8, micro_batch_size=2, world=sw.World(r, 2))
              for r in range(2)]

@@ -126,3 +126,24 @@ def test_rows_are_fresh_arrays(one_file: Path) -> None:
     again = ds.__getitems__([0, 1])
     assert not any((again[k] == 7).all() for k in again)
     assert (_stream(ds.cache) == stored).all()
+
+
+@pytest.mark.parametrize("shuffle", ["window", "document"])
+def test_a_used_dataset_pickles_without_its_mapped_data(tmp_path: Path, shuffle: str) -> None:
+    """Spawned DataLoader workers receive the dataset pickled: its chunk maps, window views
+    and memory-mapped plans must stay behind (each would pickle as a copy of its data),
+    and the copy must read the same batches."""
+    import pickle
+
+    from shardwise.cli.bench_read_data import make_corpus
+
+    prefix = tmp_path / "corpus"
+    make_corpus(prefix, 2_000_000, seed=3)  # 4 MB of tokens, ~2,400 documents
+    ds = sw.TokenDataset(prefix, seq_len=64, seed=5, shuffle=shuffle, cu_seqlens=True,
+                         plan_dir=tmp_path / "plans")
+    idx = list(range(0, 6400, 100))
+    before = ds.__getitems__(idx)
+    blob = pickle.dumps(ds)
+    assert len(blob) < 64 << 10, len(blob)  # the data is 4 MB
+    after = pickle.loads(blob).__getitems__(idx)
+    assert all(np.array_equal(before[k], after[k]) for k in before)

@@ -283,8 +283,12 @@ class Cache:
         self._indexes.clear()
 
     def __getstate__(self) -> dict[str, object]:
+        """A copy for another process (a spawned DataLoader worker): no download threads
+        and no memory maps (a map pickles as a copy of its whole chunk); the copy maps
+        what it reads."""
         d = dict(self.__dict__)
         d["_prefetch"], d["_pending"] = None, {}
+        d["_maps"], d["_indexes"] = OrderedDict(), OrderedDict()
         return d
 
     def doc_lengths(self, i: int) -> npt.NDArray[np.int32]:

@@ -138,6 +138,14 @@ class TokenDataset:
                               f"window of seq_len + 1 = {seq_len + 1} (lower seq_len, or "
                               "pass drop_last=False)")
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled for spawned DataLoader workers: the order caches stay behind (a document
+        shuffle's memory-mapped plan would pickle as a copy); the worker rebuilds or maps
+        them again on use."""
+        d = dict(self.__dict__)
+        d["_orders"], d["_blocks"], d["_last_block"] = {}, OrderedDict(), ((0, 0), [])
+        return d
+
     # -- identity -------------------------------------------------------------------------
     def state_config(self) -> dict[str, Any]:
         """The plain fields a checkpoint must match (shown when a state is refused)."""

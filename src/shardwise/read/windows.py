@@ -49,6 +49,14 @@ class WindowReader:
         self._cum: list[int] = cache.cum_tokens.tolist()
         self._total = cache.num_tokens
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the caches of mapped or memory-mapped arrays (they would pickle as
+        copies of the data); a copy in another process rebuilds what it reads."""
+        d = dict(self.__dict__)
+        d["_starts"], d["_views"], d["_all_starts"] = OrderedDict(), OrderedDict(), None
+        d["_positions_2d"] = self._positions[None, :]
+        return d
+
     @property
     def _want_boundaries(self) -> bool:
         return bool(self.cfg.reset_position_ids or self.cfg.cu_seqlens)
