@@ -158,6 +158,68 @@ def test_loader_downloads_the_chunks_of_coming_micro_batches(built: tuple[str, P
     cache.close()
 
 
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")  # Python >= 3.12
+def test_loader_workers_read_a_remote_cache(built: tuple[str, Path], tmp_path: Path) -> None:
+    """DataLoader workers (forked after the loader has downloaded and started downloading
+    ahead) read the same batches as a local read, across a restarted iteration."""
+    from shardwise.torch import loader
+
+    url, local = built
+    ref = sw.TokenDataset(sw.open_cache(local), seq_len=SEQ_LEN, seed=9)
+    cache = sw.open_cache(url, local_dir=tmp_path / "node", local_bytes=64 << 20)
+    ds = sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=9)
+    ds.__getitems__([0, 1])  # the parent has used its filesystem and mapped a chunk
+    dl = loader(ds, global_batch_size=4, micro_batch_size=2, world=World(0, 2),
+                num_workers=2)
+    got = []
+    for _ in range(2):  # each iter() forks new workers while downloads may be pending
+        it = iter(dl)
+        got += [next(it)["input_ids"].numpy() for _ in range(5)]
+        del it
+    cache.close()
+    want = [ref.__getitems__([4 * k, 4 * k + 1])["input_ids"] for k in range(10)]
+    assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def _read_chunk_in_child(cache: sw.Cache, c: int, out: Path) -> None:
+    out.write_bytes(np.asarray(cache.tokens(c)).tobytes())
+
+
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")  # Python >= 3.12
+def test_a_forked_child_never_waits_on_the_parents_download_threads(
+        built: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DataLoader workers fork while the loader's downloads are under way: the child
+    inherits the pending futures but not the threads that would finish them. It must
+    fetch (or find on disk) the chunk itself, not wait forever."""
+    import multiprocessing
+    import threading
+
+    url, local = built
+    cache = sw.open_cache(url, local_dir=tmp_path / "node", local_bytes=64 << 20)
+    release = threading.Event()
+    real_fetch = sw.Cache._fetch
+
+    def slow_fetch(self: sw.Cache, info: object, suffix: str) -> Path:
+        release.wait(30)  # held until the child has forked
+        return real_fetch(self, info, suffix)
+
+    monkeypatch.setattr(sw.Cache, "_fetch", slow_fetch)
+    cache.prefetch([4])
+    monkeypatch.setattr(sw.Cache, "_fetch", real_fetch)
+    child = multiprocessing.get_context("fork").Process(
+        target=_read_chunk_in_child, args=(cache, 4, tmp_path / "child.bin"))
+    child.start()
+    child.join(20)
+    release.set()
+    if child.is_alive():
+        child.kill()
+        child.join()
+    cache.close()
+    assert child.exitcode == 0, "the forked child hung on a future of its parent"
+    want = np.asarray(sw.open_cache(local).tokens(4)).tobytes()
+    assert (tmp_path / "child.bin").read_bytes() == want
+
+
 @pytest.fixture()
 def damaged(built: tuple[str, Path]) -> tuple[str, str, str]:
     """A copy of the cache with one .bin object's bits flipped and one .idx deleted."""

@@ -76,6 +76,7 @@ class Cache:
         self._metas: dict[str, ChunkMeta] = {}
         self._prefetch: ThreadPoolExecutor | None = None
         self._pending: dict[str, Future[Path]] = {}
+        self._prefetch_pid = os.getpid()  # the process whose threads run the downloads
         self.manifest = manifest
         self.dtype = dtype
         self.eod_id = eod_id
@@ -216,6 +217,7 @@ class Cache:
 
     def _download(self, info: ChunkInfo, suffix: str) -> Path:
         """The local copy of a chunk file: a prefetched one if its download succeeded."""
+        self._forget_inherited_downloads()
         pending = self._pending.pop(info.stem + suffix, None)
         if pending is not None and pending.exception() is None:
             with contextlib.suppress(FileNotFoundError):
@@ -258,6 +260,7 @@ class Cache:
         for a local cache. Errors surface when the chunk is used."""
         if self.store is None:
             return
+        self._forget_inherited_downloads()
         if self._prefetch is None:
             self._prefetch = ThreadPoolExecutor(2, thread_name_prefix="shardwise-download")
         for c in chunks:
@@ -271,10 +274,20 @@ class Cache:
     def wait_for_prefetch(self) -> None:
         """Block until every download :meth:`prefetch` started has finished (e.g. to warm a
         node's local copy before training); their errors surface when a chunk is used."""
+        self._forget_inherited_downloads()
         futures.wait(list(self._pending.values()))
+
+    def _forget_inherited_downloads(self) -> None:
+        """A forked child (a DataLoader worker) inherits its parent's pending downloads but
+        not the threads that finish them: waiting on one would hang forever. It forgets
+        them and fetches what it reads (the parent's finished files are on disk)."""
+        if self._prefetch_pid != os.getpid():
+            self._prefetch, self._pending = None, {}
+            self._prefetch_pid = os.getpid()
 
     def close(self) -> None:
         """Stop background downloads (queued ones are dropped) and drop memory maps."""
+        self._forget_inherited_downloads()
         if self._prefetch is not None:
             self._prefetch.shutdown(wait=True, cancel_futures=True)
             self._prefetch = None

@@ -50,13 +50,16 @@ def check_key(relative: str, *, where: str, root: str) -> str:
 
 
 class RemoteStore:
-    """A cache prefix on an object store, through fsspec. Picklable (the filesystem is
-    re-created in each process from the URL and ``storage_options``)."""
+    """A cache prefix on an object store, through fsspec. Picklable, and safe across fork:
+    the filesystem is re-created in each process from the URL and ``storage_options``
+    (fsspec's async filesystems refuse to run in a forked child, e.g. a DataLoader
+    worker)."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
         self._fs: Any = None
+        self._fs_pid = 0  # the process that made ``_fs``
         self._path = ""
 
     def __str__(self) -> str:
@@ -73,11 +76,12 @@ class RemoteStore:
 
     @property
     def fs(self) -> Any:
-        if self._fs is None:
+        if self._fs is None or self._fs_pid != os.getpid():
             import fsspec
 
             self._fs, self._path = fsspec.core.url_to_fs(self.url, **self.storage_options)
             self._path = self._path.rstrip("/")
+            self._fs_pid = os.getpid()
         return self._fs
 
     def key(self, relative: str) -> str:
