@@ -10,17 +10,14 @@ helps.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from shardwise.errors import ConfigError
+from shardwise.cli.bench_child import run_child
 
 CLOCKS = {"wall": "perf_counter", "cpu": "process_time"}
 
@@ -121,13 +118,7 @@ def probe(code: str, *argv: object, clock: str = "wall") -> dict[str, Any]:
     package_parent = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-    proc = subprocess.run([sys.executable, "-c", code, *map(str, argv)], env=env,
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise ConfigError(f"a bench process failed (exit {proc.returncode}):\n"
-                          f"{proc.stderr.strip()}")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return run_child(code, *argv, env=env)
 
 
 def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:

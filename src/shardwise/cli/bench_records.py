@@ -20,13 +20,13 @@ import argparse
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from shardwise.cli.bench_child import run_child
 from shardwise.errors import ConfigError
 
 GB = 1_000_000_000
@@ -138,13 +138,7 @@ def _child_main(spec: dict[str, Any]) -> None:
 def measure(spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     code = ("import sys, json; from shardwise.cli.bench_records import _child_main; "
             "_child_main(json.loads(sys.argv[1]))")
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], env=env,
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise ConfigError(f"the {spec['reader']} run failed (exit {proc.returncode}):\n"
-                          f"{proc.stderr.strip()[-2000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return run_child(code, json.dumps(spec), env=env, what=f"the {spec['reader']} run")
 
 
 def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:
