@@ -106,6 +106,14 @@ def _numpy_run(mm: npt.NDArray[Any], starts: list[list[int]], L: int) -> Callabl
     return run
 
 
+def _same_rows(batch: dict[str, Any], rows: npt.NDArray[np.int64]) -> bool:
+    """``input_ids`` and ``labels`` of ``batch`` (numpy or torch) are ``rows`` shifted."""
+    L = rows.shape[1] - 1
+    inputs, labels = (np.asarray(batch[k]) for k in ("input_ids", "labels"))
+    return bool(np.array_equal(inputs.reshape(-1, L), rows[:, :L])
+                and np.array_equal(labels.reshape(-1, L), rows[:, 1:]))
+
+
 def check_identical(readers: dict[str, Any], mm: npt.NDArray[Any], args: argparse.Namespace,
                     loaders: dict[str, Callable[[], Any]]) -> dict[str, Any]:
     """The first micro-batches through every shardwise path vs plain-numpy slicing."""
@@ -119,18 +127,11 @@ def check_identical(readers: dict[str, Any], mm: npt.NDArray[Any], args: argpars
         idx = list(range(b * m, (b + 1) * m))
         rows = np.stack([np.asarray(mm[w * L: w * L + L + 1], dtype=np.int64)
                          for w in ds.windows(idx).tolist()])
-
-        def same(inputs: Any, labels: Any, rows: npt.NDArray[np.int64] = rows) -> bool:
-            return bool(np.array_equal(inputs, rows[:, :L]) and np.array_equal(labels,
-                                                                               rows[:, 1:]))
         for suffix, reader in readers.items():
-            got = reader.__getitems__(idx)
-            ok[f"getitems{suffix}"] &= same(got["input_ids"], got["labels"])
-        ok["getitem"] &= all(same(ds[i]["input_ids"][None], ds[i]["labels"][None],
-                                  rows[j: j + 1]) for j, i in enumerate(idx))
+            ok[f"getitems{suffix}"] &= _same_rows(reader.__getitems__(idx), rows)
+        ok["getitem"] &= all(_same_rows(ds[i], rows[j: j + 1]) for j, i in enumerate(idx))
         for suffix, it in batches.items():
-            t = next(it)
-            ok[f"loader{suffix}"] &= same(t["input_ids"].numpy(), t["labels"].numpy())
+            ok[f"loader{suffix}"] &= _same_rows(next(it), rows)
     ok["all"] = all(ok.values())
     return {**ok, "batches": k}
 
