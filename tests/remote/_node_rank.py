@@ -37,7 +37,7 @@ def main() -> None:
     it = iter(dl)
     rows = np.concatenate([next(it)["input_ids"].numpy() for _ in range(spec["steps"])])
     it.close()
-    cache.close()  # waits for downloads the loader started ahead of the batches read
+    cache.close()  # settles the look-ahead downloads (running ones finish), so counts are final
     assert cache.downloads is not None
     mine = {"rank": rank, "node": node, "local_rank": int(os.environ["LOCAL_RANK"]),
             "downloaded": dict(cache.downloads.downloaded), "state": dl.state_dict()}
