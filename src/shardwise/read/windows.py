@@ -80,10 +80,7 @@ class WindowReader:
 
     def _boundaries(self, start: int, stop: int) -> npt.NDArray[np.int64]:
         """Document starts strictly inside ``(start, start + seq_len)``, relative to start."""
-        cum = self.cache.cum_tokens
-        c0 = int(np.searchsorted(cum, start, side="right")) - 1
-        c1 = int(np.searchsorted(cum, stop - 1, side="right")) - 1
-        parts = [self._chunk_doc_starts(c) for c in range(c0, c1 + 1)]
+        parts = [self._chunk_doc_starts(c) for c in self.chunks_of([(start, stop)])]
         starts = parts[0] if len(parts) == 1 else np.concatenate(parts)
         lo, hi = np.searchsorted(starts, [start + 1, start + self.cfg.seq_len])
         return starts[lo:hi] - start
