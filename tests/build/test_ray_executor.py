@@ -63,6 +63,10 @@ def test_sample_corpus_equals_the_local_build(tmp_path: Path, ray_address: str,
     on_ray = build([sample_corpus], tmp_path / "ray", executor="ray", **args)
     assert_same_cache(tmp_path / "local", tmp_path / "ray")
     _same_summary(local, on_ray)
+    (tmp_path / "ray/chunks/00000/00000-00003.idx").unlink()  # a rerun on Ray repairs it
+    again = build([sample_corpus], tmp_path / "ray", executor="ray", **args)
+    assert list(again.rebuilt_chunks) == ["chunks/00000/00000-00003"]
+    assert_same_cache(tmp_path / "local", tmp_path / "ray")
 
 
 def test_split_corpus_equals_the_local_build(tmp_path: Path, ray_address: str,

@@ -11,9 +11,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,20 +24,24 @@ from shardwise.build.executor import LocalExecutor
 from shardwise.build.processors import FunctionProcessor, Processor, TokenizerProcessor
 from shardwise.build.progress import BuildSummary, ProgressReporter
 from shardwise.build.records import DEFAULT_MAX_RECORD_BYTES
+from shardwise.build.repair import Damage, find_damaged, repair_tasks
 from shardwise.build.sources import describe, discover, plan_segments
-from shardwise.build.worker import ChunkDone, Job, Progress, SegmentDone, Task
+from shardwise.build.worker import ChunkDone, ChunksRebuilt, Job, Progress, SegmentDone, Task
 from shardwise.errors import CacheError, CacheMismatchError, ConfigError
 from shardwise.format.atomic import remove_stale_temps
 from shardwise.format.chunk import ChunkKind
-from shardwise.format.ledger import LEDGER_NAME, Ledger, SourceProgress
+from shardwise.format.ledger import LEDGER_NAME, ChunkEntry, Ledger, SourceProgress
 from shardwise.format.manifest import (
     MANIFEST_NAME,
     Manifest,
+    SourceInfo,
     TokenizerInfo,
     describe_differences,
 )
 from shardwise.format.megatron import token_dtype
-from shardwise.format.storage import RemoteStore, Root, open_root
+from shardwise.format.owned import clear_cache, foreign_names
+from shardwise.format.storage import RemoteStore, Root, open_root, where
+from shardwise.format.verify import CheckDepth
 
 LEDGER_SAVE_INTERVAL = 0.25
 
@@ -109,26 +113,24 @@ def _unlock(fd: int) -> None:
 
 def _prepare_root(root: Path, manifest: Manifest, overwrite: bool) -> Ledger | None:
     """Check an existing cache against this build; return its ledger to resume, if any."""
-    if overwrite and (root / MANIFEST_NAME).exists():
-        for name in (LEDGER_NAME, MANIFEST_NAME):
-            (root / name).unlink(missing_ok=True)
-        shutil.rmtree(root / "chunks", ignore_errors=True)
+    if overwrite:
+        clear_cache(root)
     if not (root / MANIFEST_NAME).exists():
         stray = [p.name for p in root.iterdir() if not p.name.startswith(".tmp-")]
         if stray:
+            hint = ("; they are shardwise's own files: pass overwrite=True (--overwrite) to "
+                    "remove them, or" if not foreign_names(root) else ";")
             raise ConfigError(f"{root} exists and is not a shardwise cache (it holds "
-                              f"{sorted(stray)[:5]}); choose an empty or new directory")
+                              f"{sorted(stray)[:5]}){hint} choose an empty or new directory")
         return None
     return _resume_ledger(root, manifest)
 
 
 def _prepare_remote(store: RemoteStore, manifest: Manifest, overwrite: bool) -> Ledger | None:
     """:func:`_prepare_root` for a cache on an object store (no lock: see :func:`build`)."""
+    if overwrite:
+        clear_cache(store)
     keys = store.list_keys()
-    if overwrite and MANIFEST_NAME in keys:  # the ledger first: no reader sees it name
-        store.remove([k for k in (LEDGER_NAME, MANIFEST_NAME) if k in keys])  # a gone chunk
-        store.remove([k for k in keys if k.startswith("chunks/")])
-        keys = []
     if MANIFEST_NAME not in keys:
         if keys:
             raise ConfigError(f"{store} exists and is not a shardwise cache (it holds "
@@ -202,23 +204,27 @@ def _make_executor(executor: str | ExecutorKind | Executor | None, workers: int 
 class _Coordinator:
     """Applies worker messages to the ledger and saves it (at most every 0.25 s)."""
 
-    def __init__(self, root: Root, ledger: Ledger, reporter: ProgressReporter) -> None:
-        self.root, self.ledger, self.reporter = root, ledger, reporter
+    def __init__(self, root: Root, ledger: Ledger, reporter: ProgressReporter,
+                 infos: list[SourceInfo]) -> None:
+        self.root, self.ledger, self.reporter, self.infos = root, ledger, reporter, infos
         self.dirty = False
         self.saved_at = 0.0
         self.new_chunks = 0
+        self.rebuilt: set[str] = set()  # stems republished by repair tasks
 
     def __call__(self, msg: object) -> None:
         if isinstance(msg, Progress):
             self.reporter.advance(0.0, msg.documents, msg.tokens, msg.bytes_read)
             return
+        if isinstance(msg, ChunksRebuilt):
+            self.reporter.advance(1.0)
+            return
         if isinstance(msg, ChunkDone):
             seg = self.ledger.sources[msg.source].segments[msg.seg_index]
             known = {c.stem: c for c in seg.chunks}
-            if msg.entry.stem in known:  # a retried task reporting a chunk again
-                if known[msg.entry.stem] != msg.entry:
-                    raise CacheError(f"{self.root}: chunk {msg.entry.stem} was rebuilt with "
-                                     "different bytes; the source changed during the build")
+            if msg.entry.stem in known:  # a repair, or a retried task reporting it again
+                self._check_same(known[msg.entry.stem], msg)
+                self.rebuilt.add(msg.entry.stem)
                 return
             seg.chunks.append(msg.entry)
             seg.position, seg.line, seg.errors = msg.position, msg.line, msg.errors
@@ -232,6 +238,17 @@ class _Coordinator:
             self.reporter.advance(1.0)
         self.dirty = True
         self.save(force=False)
+
+    def _check_same(self, recorded: ChunkEntry, msg: ChunkDone) -> None:
+        """A chunk made again must be the one the ledger names: its ``.json`` (which holds
+        every data file's size and xxh3) must hash the same."""
+        if recorded != msg.entry:
+            path = self.infos[msg.source].path
+            raise CacheError(f"{where(self.root, msg.entry.stem)}: rebuilt with different "
+                             f"bytes than the ledger records ({recorded} vs {msg.entry}): "
+                             f"the source {path} changed since this cache was built; "
+                             "start again with overwrite=True (--overwrite), or build into "
+                             "a new directory")
 
     def save(self, force: bool) -> None:
         now = time.monotonic()
@@ -252,7 +269,8 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
           progress: bool | None = None,
           executor: str | ExecutorKind | Executor | None = None,
           address: str | None = None,
-          storage_options: dict[str, Any] | None = None) -> BuildSummary:
+          storage_options: dict[str, Any] | None = None,
+          verify: bool = True) -> BuildSummary:
     """Tokenize ``sources`` into the cache directory ``out``; resume it if it exists.
 
     ``executor`` is ``"local"`` (processes on this machine, the default), ``"ray"``
@@ -264,6 +282,11 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
     :mod:`shardwise.format.storage`), with credentials from the environment or
     ``storage_options`` (never stored). An object store has no lock: run **one build per
     cache URL at a time** (a local directory is locked against a second build).
+
+    Running it again on an existing cache first checks every chunk an earlier run
+    published (every file's size and xxh3; ``verify=False``: sizes only) and rebuilds the
+    damaged, truncated or missing ones, byte-identical (:mod:`shardwise.build.repair`);
+    the summary lists them.
 
     >>> build(["data/*.jsonl.zst"], "cache/", tokenizer="tokenizer.json",  # doctest: +SKIP
     ...       workers=8)
@@ -289,43 +312,84 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
         sources=infos, on_error=err_mode.value, created_by=f"shardwise {__version__}")
     root = open_root(out, storage_options)
     if isinstance(root, Path):
-        root.mkdir(parents=True, exist_ok=True)
+        _make_dir(root)
     lock = _lock(root) if isinstance(root, Path) else None
     try:
-        ledger = (_prepare_remote(root, manifest, overwrite) if isinstance(root, RemoteStore)
-                  else _prepare_root(root, manifest, overwrite))
-        if ledger is None or Manifest.load(root).on_error != manifest.on_error:
-            manifest.save(root)
-        if ledger is None:
-            ledger = Ledger([SourceProgress(plan_segments(i, policy.segment_bytes))
-                             for i in infos])
-            ledger.save(root)
-        if isinstance(root, Path):
-            remove_stale_temps(root)
-        kept = sum(len(c.chunks) for s in ledger.sources for c in s.segments)
-        tasks = _ordered_tasks(ledger, infos)
-        reporter = ProgressReporter(sum(len(s.segments) for s in ledger.sources),
-                                    enabled=progress)
-        reporter.advance(sum(seg.finished for s in ledger.sources for seg in s.segments))
-        coordinator = _Coordinator(root, ledger, reporter)
+        ledger, check = _start(root, manifest, policy, overwrite,
+                               CheckDepth.CHECKSUMS if verify else CheckDepth.SIZES)
         job = Job(str(root), proc, policy, err_mode, dtype.name, vocab, records,
                   max_record_bytes, storage_options)
+        tasks = repair_tasks(root, ledger, infos, check.damaged) + _ordered_tasks(ledger, infos)
+        reporter = ProgressReporter(sum(len(s.segments) for s in ledger.sources)
+                                    + sum(t.rebuild > 0 for t in tasks), enabled=progress)
+        reporter.advance(sum(seg.finished for s in ledger.sources for seg in s.segments))
+        coordinator = _Coordinator(root, ledger, reporter, infos)
         try:
             runner.run(job, tasks, coordinator)
         finally:
             release()
             coordinator.save(force=True)
             reporter.close()
-        order = ledger.global_order()
-        return BuildSummary(
-            root=str(root), sources=len(infos), chunks=len(order),
-            documents=sum(c.documents for _, c in order),
-            tokens=sum(c.tokens for _, c in order), bytes_read=reporter.bytes_read,
-            seconds=time.monotonic() - started, errors=ledger.errors(),
-            resumed_chunks=kept, new_chunks=coordinator.new_chunks)
+        return _summary(root, ledger, check, coordinator, time.monotonic() - started)
     finally:
         if lock is not None:
             _unlock(lock)
+
+
+def _make_dir(root: Path) -> None:
+    """The cache directory, made if missing; a file in its place is a usage error."""
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"{root}: exists and is not a directory; a cache is a directory: "
+                          "choose a new or empty directory, or an existing cache")
+    root.mkdir(parents=True, exist_ok=True)
+
+
+@dataclass
+class _Check:
+    """What the check of an earlier run's chunks found (nothing checked for a new cache)."""
+
+    depth: CheckDepth | None = None
+    checked: int = 0
+    seconds: float = 0.0
+    damaged: list[Damage] = field(default_factory=list)
+
+
+def _start(root: Root, manifest: Manifest, policy: ChunkPolicy, overwrite: bool,
+           depth: CheckDepth) -> tuple[Ledger, _Check]:
+    """The ledger to continue (a new one for a new cache), and the check of the chunks it
+    already names: a rerun rebuilds those that are damaged."""
+    ledger = (_prepare_remote(root, manifest, overwrite) if isinstance(root, RemoteStore)
+              else _prepare_root(root, manifest, overwrite))
+    if ledger is None or Manifest.load(root).on_error != manifest.on_error:
+        manifest.save(root)
+    if isinstance(root, Path):
+        remove_stale_temps(root)
+    if ledger is not None:
+        started = time.monotonic()
+        damaged, checked = find_damaged(root, ledger, manifest, depth)
+        return ledger, _Check(depth, checked, time.monotonic() - started, damaged)
+    ledger = Ledger([SourceProgress(plan_segments(i, policy.segment_bytes))
+                     for i in manifest.sources])
+    ledger.save(root)
+    return ledger, _Check()
+
+
+def _summary(root: Root, ledger: Ledger, check: _Check, coordinator: _Coordinator,
+             seconds: float) -> BuildSummary:
+    missing = sorted({d.stem for d in check.damaged} - coordinator.rebuilt)
+    if missing:  # every repair task republishes its chunks or raises: this is a bug
+        raise CacheError(f"{root}: damaged chunks {missing[:5]} were not rebuilt")
+    order = ledger.global_order()
+    return BuildSummary(
+        root=str(root), sources=len(ledger.sources), chunks=len(order),
+        documents=sum(c.documents for _, c in order),
+        tokens=sum(c.tokens for _, c in order),
+        bytes_read=coordinator.reporter.bytes_read, seconds=seconds, errors=ledger.errors(),
+        resumed_chunks=check.checked - len(check.damaged), new_chunks=coordinator.new_chunks,
+        checked_chunks=check.checked,
+        check_depth=check.depth.name.lower() if check.depth is not None else "",
+        check_seconds=check.seconds,
+        rebuilt_chunks={d.stem: d.reason(root) for d in check.damaged})
 
 
 __all__ = ["build"]

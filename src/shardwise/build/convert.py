@@ -47,6 +47,8 @@ from shardwise.format.megatron import (
 _COPY_BLOCK = 8 << 20
 _SCAN_DOCS = 1 << 20
 
+IMPORT_KIND = "megatron-import"  # manifest processor kind of a cache imported from Megatron
+
 
 @dataclass(frozen=True)
 class ConvertSummary:
@@ -293,7 +295,7 @@ def _import_manifest(prefix: Path, index: MegatronIndex, top: int, chunk_docs: i
     source = SourceInfo(path=str(prefix.resolve()), size=bin_path.stat().st_size,
                         fingerprint=file_checksum(_with(prefix, ".idx")), format="megatron")
     return Manifest(tokenizer=TokenizerInfo("unknown", vocab, None), dtype=index.dtype.name,
-                    chunk_kind=ChunkKind.TOKENS.value, processor={"kind": "megatron-import"},
+                    chunk_kind=ChunkKind.TOKENS.value, processor={"kind": IMPORT_KIND},
                     chunking={"max_docs": chunk_docs, "max_bytes": max_bytes,
                               "segment_bytes": None},
                     sources=[source], created_by=f"shardwise {__version__}")

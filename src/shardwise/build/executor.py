@@ -127,7 +127,7 @@ class LocalExecutor:
 
     def _pump(self, result_q: Any, on_message: Callable[[object], None], remaining: int
               ) -> None:
-        from shardwise.build.worker import SegmentDone
+        from shardwise.build.worker import TASK_END
 
         while remaining:
             try:
@@ -144,5 +144,5 @@ class LocalExecutor:
             if isinstance(msg, _Failure):
                 raise msg.error
             on_message(msg)
-            if isinstance(msg, SegmentDone):
+            if isinstance(msg, TASK_END):
                 remaining -= 1

@@ -33,6 +33,10 @@ class BuildSummary:
     errors: dict[str, int] = field(default_factory=dict)
     resumed_chunks: int = 0
     new_chunks: int = 0
+    checked_chunks: int = 0  # chunks of an earlier run checked before continuing
+    check_depth: str = ""  # "checksums" (size + xxh3 of every file), "sizes", "" (none)
+    check_seconds: float = 0.0
+    rebuilt_chunks: dict[str, str] = field(default_factory=dict)  # stem -> what was wrong
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -44,8 +48,22 @@ class BuildSummary:
             f"{self.documents:,} documents, {self.tokens:,} tokens",
             f"  {self.seconds:.1f} s  {_rate(self.tokens / s, ' tok/s')}  "
             f"{_rate(self.bytes_read / s, 'B/s')} read  ({self.new_chunks} chunks new, "
-            f"{self.resumed_chunks} kept from an earlier run)",
+            f"{self.resumed_chunks} kept from an earlier run"
+            + (f", {len(self.rebuilt_chunks)} rebuilt)" if self.rebuilt_chunks else ")"),
         ]
+        if self.checked_chunks:
+            how = "size + xxh3 of every file" if self.check_depth == "checksums" else (
+                "sizes only")
+            lines.append(f"  checked {self.checked_chunks} chunks of an earlier run ({how}) "
+                         f"in {self.check_seconds:.1f} s"
+                         + ("" if self.rebuilt_chunks else ": all intact"))
+        if self.rebuilt_chunks:
+            shown = list(self.rebuilt_chunks.items())[:10]
+            more = len(self.rebuilt_chunks) - len(shown)
+            n = len(self.rebuilt_chunks)
+            lines.append(f"  rebuilt {n} damaged chunk{'s' if n != 1 else ''}: "
+                         + ", ".join(f"{stem} ({why})" for stem, why in shown)
+                         + (f" and {more} more" if more else ""))
         if self.errors:
             total = sum(self.errors.values())
             detail = ", ".join(f"{k}: {v}" for k, v in sorted(self.errors.items()))

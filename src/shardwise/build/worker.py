@@ -2,8 +2,9 @@
 
 The worker cuts chunks by the :class:`ChunkPolicy` alone, starting from the position the
 ledger recorded, so a resumed segment produces exactly the chunks an uninterrupted one
-would. It publishes each chunk (temp files, fsync, rename) *before* reporting it; the
-coordinator then names it in the ledger.
+would; a repair task (``Task.rebuild``) starts where a damaged chunk started and stops
+after republishing it, with the same stem and bytes. It publishes each chunk (temp files,
+fsync, rename) *before* reporting it; the coordinator then names it in the ledger.
 """
 
 from __future__ import annotations
@@ -48,12 +49,17 @@ class Job:
 
 @dataclass(frozen=True)
 class Task:
-    """A segment to (continue to) build. ``segment`` carries position, line, chunks, errors."""
+    """A segment to (continue to) build. ``segment`` carries position, line, chunks, errors.
+
+    ``rebuild`` > 0 makes it a repair: republish only the ``rebuild`` chunks that start at
+    ``segment.position`` (numbered from ``len(segment.chunks)``), then end with
+    :class:`ChunksRebuilt` instead of :class:`SegmentDone`."""
 
     source: int
     info: SourceInfo
     seg_index: int
     segment: Segment
+    rebuild: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,17 @@ class SegmentDone:
     position: int
     line: int
     errors: dict[str, int]
+
+
+@dataclass(frozen=True)
+class ChunksRebuilt:
+    """A repair task's end: its chunks were republished (each reported by ChunkDone)."""
+
+    source: int
+    seg_index: int
+
+
+TASK_END = (SegmentDone, ChunksRebuilt)  # the last message of every task
 
 
 @dataclass(frozen=True)
@@ -106,6 +123,7 @@ class SegmentBuilder:
         self.emit = emit
         self.itemsize = np.dtype(job.dtype).itemsize
         self.next_index = len(task.segment.chunks)
+        self.limit = self.next_index + task.rebuild if task.rebuild else None
         self.errors = dict(task.segment.errors)
         self.pending = _Pending(start=task.segment.position, line_start=task.segment.line)
         self.last_end = task.segment.position
@@ -137,9 +155,14 @@ class SegmentBuilder:
             raise err
         self.errors[err.reason] = self.errors.get(err.reason, 0) + 1
 
+    @property
+    def done(self) -> bool:
+        """A repair task has republished all its chunks."""
+        return self.limit is not None and self.next_index >= self.limit
+
     def publish(self, end: int, line: int) -> None:
         p = self.pending
-        if not p.docs:
+        if not p.docs or self.done:
             return
         t, job = self.t, self.job
         stem = chunk_stem(t.source, t.seg_index, self.next_index)
@@ -187,9 +210,14 @@ def run_task(job: Job, task: Task, emit: Emit) -> None:
         if len(batch) >= BATCH_RECORDS:
             _flush(builder, batch)
             batch = []
+            if builder.done:
+                break
     _flush(builder, batch)
     stop = task.segment.stop if task.segment.stop >= 0 else builder.last_end
     builder.publish(stop, builder.last_line)
+    if task.rebuild:
+        emit(ChunksRebuilt(task.source, task.seg_index))
+        return
     emit(SegmentDone(task.source, task.seg_index, stop, builder.last_line,
                      dict(builder.errors)))
 

@@ -12,6 +12,10 @@ Files the ledger does not name (chunks published by a build killed before it upd
 ledger, ``.tmp-*`` leftovers) are *notes*, not problems: readers never see them and the
 next build removes or replaces them. Data files are hashed in blocks (constant memory).
 
+One chunk is checked by :func:`check_chunk` (:func:`check_remote_chunk` on an object
+store), to a :class:`CheckDepth`: a rerun of the build uses it to find the chunks to
+rebuild (``CHECKSUMS``), ``verify`` to find every problem (``STRUCTURE``).
+
 A cache on an object store (:func:`verify_remote`, or ``verify_cache("s3://…")``) gets the
 same checks, one chunk at a time downloaded into a temporary directory (constant disk),
 and every finding names the object by its URL.
@@ -23,7 +27,8 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -76,9 +81,25 @@ class VerifyReport:
                 "notes": [vars(p) for p in self.notes]}
 
 
+class CheckDepth(int, Enum):
+    """How much of a chunk :func:`check_chunk` reads, each level including the ones before.
+
+    ``SIZES`` reads only the small ``.json`` (its xxh3 against the ledger) and ``stat``s
+    the data files (missing, truncated or grown). ``CHECKSUMS`` also hashes every data file
+    (xxh3, streamed): it proves the bytes are the ones published, which is what a rerun of
+    the build needs before keeping a chunk. ``STRUCTURE`` also parses the ``.idx`` against
+    the ``.bin`` and decodes Parquet, which ``verify`` does.
+    """
+
+    SIZES = 1
+    CHECKSUMS = 2
+    STRUCTURE = 3
+
+
 @dataclass(frozen=True)
-class _Expect:
-    """What the manifest and the ledger say one chunk must be."""
+class ExpectedChunk:
+    """What the manifest and the ledger say one chunk must be (``base``: the chunk's
+    path without suffix; ``kind``/``dtype`` None where the manifest is unusable)."""
 
     source: int
     segment: int
@@ -90,7 +111,7 @@ class _Expect:
 
 
 def verify_cache(root: str | Path, *, storage_options: dict[str, Any] | None = None,
-                 _fetch: Callable[[_Expect], AbstractContextManager[None]] | None = None
+                 _fetch: Callable[[ExpectedChunk], AbstractContextManager[None]] | None = None
                  ) -> VerifyReport:
     """Check a shardwise cache directory (or URL) exhaustively; never raises on damage."""
     if is_url(root):
@@ -125,7 +146,7 @@ def verify_remote(url: str, *, storage_options: dict[str, Any] | None = None
             _download(store, name, local)
 
         @contextmanager
-        def fetch(exp: _Expect) -> Iterator[None]:
+        def fetch(exp: ExpectedChunk) -> Iterator[None]:
             suffixes = (META_SUFFIX, *DATA_SUFFIXES[exp.kind or ChunkKind.TOKENS])
             for suffix in suffixes:
                 _download(store, exp.entry.stem + suffix, local)
@@ -221,7 +242,7 @@ def _manifest_kind(root: Path, manifest: Manifest | None, report: VerifyReport
 
 
 def _check_ledger(root: Path, ledger: Ledger, kind: ChunkKind | None,
-                  dtype: np.dtype | None, report: VerifyReport) -> Iterator[_Expect]:
+                  dtype: np.dtype | None, report: VerifyReport) -> Iterator[ExpectedChunk]:
     """Ledger-level consistency; yields the chunks whose files can be checked."""
     where = root / LEDGER_NAME
     seen: dict[str, str] = {}
@@ -254,7 +275,7 @@ def _check_ledger(root: Path, ledger: Ledger, kind: ChunkKind | None,
                     report.bad(where, f"{here} names {entry.stem!r}, not a relative path "
                                "inside the cache")
                     continue
-                yield _Expect(s, g, k, entry, base, kind, dtype)
+                yield ExpectedChunk(s, g, k, entry, base, kind, dtype)
 
 
 def _mistyped(obj: object, names: tuple[str, ...], kind: type, report: VerifyReport,
@@ -282,7 +303,32 @@ def _segment_problems(seg: Segment, previous: Segment | None) -> list[str]:
     return out
 
 
-def _check_chunk(exp: _Expect, report: VerifyReport) -> None:
+def check_chunk(expected: ExpectedChunk, *, depth: CheckDepth = CheckDepth.STRUCTURE
+                ) -> list[Problem]:
+    """Every problem of one chunk's files, each naming its file (empty: the chunk is
+    intact to ``depth``). Constant memory: data files are hashed in blocks."""
+    report = VerifyReport(str(expected.base))
+    _check_chunk(expected, report, depth)
+    return report.problems
+
+
+def check_remote_chunk(store: RemoteStore, expected: ExpectedChunk, *,
+                       depth: CheckDepth = CheckDepth.STRUCTURE) -> list[Problem]:
+    """:func:`check_chunk` for a chunk on an object store: its objects are downloaded into
+    a temporary directory (deleted on return) and problems name them by URL."""
+    stem = expected.entry.stem
+    with tempfile.TemporaryDirectory(prefix="shardwise-check-") as tmp:
+        local = Path(tmp)
+        for suffix in (META_SUFFIX, *DATA_SUFFIXES[expected.kind or ChunkKind.TOKENS]):
+            _download(store, stem + suffix, local)
+        found = check_chunk(replace(expected, base=local / stem), depth=depth)
+    head = str(local)
+    return [Problem(store.url + p.path[len(head):] if p.path.startswith(head) else p.path,
+                    p.what) for p in found]
+
+
+def _check_chunk(exp: ExpectedChunk, report: VerifyReport,
+                 depth: CheckDepth = CheckDepth.STRUCTURE) -> None:
     """Metadata first; data files against it only if its checksum matched the ledger
     (a damaged ``.json`` must not get intact data files blamed)."""
     meta, trusted = _check_meta(exp, report)
@@ -290,15 +336,18 @@ def _check_chunk(exp: _Expect, report: VerifyReport) -> None:
     if kind is None:
         return
     files = meta.files if meta is not None and trusted else {}
+    hashed = depth >= CheckDepth.CHECKSUMS
     intact = {suffix for suffix in DATA_SUFFIXES[kind]
-              if _check_file(_with(exp.base, suffix), files.get(suffix), report)}
+              if _check_file(_with(exp.base, suffix), files.get(suffix), report, hashed)}
+    if depth < CheckDepth.STRUCTURE:
+        return
     if kind is ChunkKind.TOKENS:
         _check_token_chunk(exp, intact, report)
     else:
         _check_record_chunk(exp, report)
 
 
-def _check_meta(exp: _Expect, report: VerifyReport) -> tuple[ChunkMeta | None, bool]:
+def _check_meta(exp: ExpectedChunk, report: VerifyReport) -> tuple[ChunkMeta | None, bool]:
     """The ``.json``: present, the checksum the ledger recorded, parses, agrees.
 
     Returns the metadata (if it parses) and whether its checksum matched."""
@@ -326,7 +375,7 @@ def _check_meta(exp: _Expect, report: VerifyReport) -> tuple[ChunkMeta | None, b
     return meta, trusted
 
 
-def _meta_disagreements(meta: ChunkMeta, exp: _Expect) -> list[str]:
+def _meta_disagreements(meta: ChunkMeta, exp: ExpectedChunk) -> list[str]:
     got = (meta.stem, meta.source, meta.segment, meta.index, meta.documents, meta.tokens)
     want = (exp.entry.stem, exp.source, exp.segment, exp.index, exp.entry.documents,
             exp.entry.tokens)
@@ -344,9 +393,10 @@ def _meta_disagreements(meta: ChunkMeta, exp: _Expect) -> list[str]:
     return out
 
 
-def _check_file(path: Path, info: dict[str, Any] | None, report: VerifyReport) -> bool:
-    """Exists; size and xxh3_64 equal what the metadata recorded. True if proven intact
-    (``info`` None: only existence can be checked, nothing is proven)."""
+def _check_file(path: Path, info: dict[str, Any] | None, report: VerifyReport,
+                hashed: bool = True) -> bool:
+    """Exists; size and xxh3_64 (if ``hashed``) equal what the metadata recorded. True if
+    proven intact (``info`` None: only existence can be checked, nothing is proven)."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -357,6 +407,8 @@ def _check_file(path: Path, info: dict[str, Any] | None, report: VerifyReport) -
     if size != info.get("bytes"):
         report.bad(path, f"size {size} bytes, the metadata says {info.get('bytes')}")
         return False
+    if not hashed:
+        return False
     digest = file_checksum(path)  # 8 MiB blocks: constant memory
     report.bytes_checked += size
     if digest != info.get("xxh3_64"):
@@ -365,7 +417,7 @@ def _check_file(path: Path, info: dict[str, Any] | None, report: VerifyReport) -
     return True
 
 
-def _check_token_chunk(exp: _Expect, intact: set[str], report: VerifyReport) -> None:
+def _check_token_chunk(exp: ExpectedChunk, intact: set[str], report: VerifyReport) -> None:
     idx_path, bin_path = _with(exp.base, ".idx"), _with(exp.base, ".bin")
     if not (idx_path.is_file() and bin_path.is_file()):
         return
@@ -404,7 +456,7 @@ def _check_idx(idx_path: Path, bin_path: Path, report: VerifyReport, *,
     return index
 
 
-def _check_counts(path: Path, documents: int, tokens: int | None, exp: _Expect,
+def _check_counts(path: Path, documents: int, tokens: int | None, exp: ExpectedChunk,
                   report: VerifyReport) -> None:
     """A chunk's own counts must equal the ledger's (``tokens`` None: not countable)."""
     if documents != exp.entry.documents:
@@ -413,7 +465,7 @@ def _check_counts(path: Path, documents: int, tokens: int | None, exp: _Expect,
         report.bad(path, f"holds {tokens} tokens, the ledger says {exp.entry.tokens}")
 
 
-def _check_record_chunk(exp: _Expect, report: VerifyReport) -> None:
+def _check_record_chunk(exp: ExpectedChunk, report: VerifyReport) -> None:
     """Parquet: the footer parses, every row group decodes, rows == documents, and the
     ``input_ids`` lengths (if the column exists) sum to the ledger's tokens."""
     import pyarrow as pa
