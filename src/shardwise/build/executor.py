@@ -142,6 +142,8 @@ class LocalExecutor:
                                         ) from None
                 continue
             if isinstance(msg, _Failure):
+                if hasattr(msg.error, "add_note"):  # Python 3.11+: --debug shows the worker's
+                    msg.error.add_note(f"raised in a build worker:\n{msg.tb}")  # traceback
                 raise msg.error
             on_message(msg)
             if isinstance(msg, TASK_END):

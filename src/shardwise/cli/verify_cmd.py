@@ -31,8 +31,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "verify", help="check every chunk's checksums and structure; exit 1 if damaged",
         description=textwrap.fill(DESCRIPTION, 88),
-        epilog="exit status: 0 the cache is intact, 1 problems were found, 2 usage error.\n"
-               "examples:\n  shardwise verify cache/\n  shardwise verify data/corpus_text_document"
+        epilog="examples:\n  shardwise verify cache/\n  shardwise verify data/corpus_text_document"
                "\n  shardwise verify cache/ --json\n  shardwise verify s3://bucket/cache",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", metavar="DIR", help="cache directory, Megatron prefix, or cache URL "
