@@ -12,7 +12,7 @@ import pytest
 from tests.helpers_cache import assert_same_cache, cache_files
 
 from shardwise.build.api import build
-from shardwise.errors import ManifestError
+from shardwise.errors import CacheError, ManifestError
 from shardwise.format.verify import verify_cache
 
 ARGS: dict[str, Any] = dict(chunk_docs=16, segment_bytes=100_000, workers=2, progress=False)
@@ -150,3 +150,27 @@ def test_a_ledger_naming_other_stems_is_refused_not_repaired(
                                             "a rerun cannot repair it"):
         build([sample_corpus], out, tokenizer=tokenizer_path, **ARGS)
     assert cache_files(out) == files
+
+
+def test_a_source_changed_where_its_fingerprint_does_not_look_is_refused(
+        tmp_path: Path, big_corpus: Path, tokenizer_path: Path) -> None:
+    """The manifest fingerprints a source by three 1 MiB samples; a change between them
+    is caught when the chunk made again does not hash to what the ledger recorded."""
+    source = tmp_path / "corpus.jsonl"
+    data = bytearray(big_corpus.read_bytes())
+    source.write_bytes(data)
+    out = tmp_path / "cache"
+    build([source], out, tokenizer=tokenizer_path, chunk_docs=64, workers=2, progress=False)
+    at = data.index(b" the ", (1 << 20) + (100 << 10)) + 1  # not in any sample
+    assert len(data) // 2 - (1 << 19) > at + 10
+    data[at:at + 3] = b"THE"
+    source.write_bytes(data)
+    chunk = next(p for p in sorted(out.glob("chunks/00000/*.json"))
+                 if orjson.loads(p.read_bytes())["range"]["start"] <= at
+                 < orjson.loads(p.read_bytes())["range"]["stop"])
+    chunk.with_suffix(".bin").unlink()
+    with pytest.raises(CacheError, match=f"{chunk.with_suffix('')}: made again with "
+                                         r"different bytes \(.*meta_xxh3 .*\): the source "
+                                         f"{source} changed since this cache was built"):
+        build([source], out, tokenizer=tokenizer_path, chunk_docs=64, workers=2,
+              progress=False)

@@ -243,12 +243,13 @@ class _Coordinator:
         """A chunk made again must be the one the ledger names: its ``.json`` (which holds
         every data file's size and xxh3) must hash the same."""
         if recorded != msg.entry:
-            path = self.infos[msg.source].path
-            raise CacheError(f"{where(self.root, msg.entry.stem)}: rebuilt with different "
-                             f"bytes than the ledger records ({recorded} vs {msg.entry}): "
-                             f"the source {path} changed since this cache was built; "
-                             "start again with overwrite=True (--overwrite), or build into "
-                             "a new directory")
+            differ = ", ".join(f"{k} {getattr(msg.entry, k)!r}, the ledger says "
+                               f"{getattr(recorded, k)!r}" for k in vars(recorded)
+                               if getattr(recorded, k) != getattr(msg.entry, k))
+            raise CacheError(f"{where(self.root, msg.entry.stem)}: made again with different "
+                             f"bytes ({differ}): the source {self.infos[msg.source].path} "
+                             "changed since this cache was built; start again with "
+                             "overwrite=True (--overwrite), or build into a new directory")
 
     def save(self, force: bool) -> None:
         now = time.monotonic()
