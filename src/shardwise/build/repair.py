@@ -45,7 +45,7 @@ from shardwise.format.paths import safe_join
 from shardwise.format.storage import RemoteStore, Root, read_file, where
 from shardwise.format.verify import (
     CheckDepth,
-    ExpectedChunk,
+    ChunkExpect,
     Problem,
     check_chunk,
     check_remote_chunk,
@@ -79,20 +79,22 @@ def find_damaged(root: Root, ledger: Ledger, manifest: Manifest, depth: CheckDep
     """Check every chunk the ledger names; the damaged ones and how many were checked."""
     expected = list(_expected(root, ledger, manifest))
     if isinstance(root, RemoteStore):
-        def check(e: ExpectedChunk) -> list[Problem]:
-            return check_remote_chunk(root, e, depth=depth)
+        def check(x: tuple[int, int, ChunkExpect]) -> list[Problem]:
+            return check_remote_chunk(root, x[2], depth=depth).problems
     else:
-        def check(e: ExpectedChunk) -> list[Problem]:
-            return check_chunk(e, depth=depth)
-    damaged = [Damage(e.source, e.segment, e.index, e.entry.stem, tuple(found))
-               for e, found in zip(expected, _map_bounded(check, expected, threads),
-                                   strict=True) if found]
+        def check(x: tuple[int, int, ChunkExpect]) -> list[Problem]:
+            return check_chunk(x[2], depth=depth).problems
+    damaged = [Damage(e.source, g, k, e.entry.stem, tuple(found))
+               for (g, k, e), found in zip(expected, _map_bounded(check, expected, threads),
+                                           strict=True) if found]
     return damaged, len(expected)
 
 
-def _expected(root: Root, ledger: Ledger, manifest: Manifest) -> Iterator[ExpectedChunk]:
-    """What each chunk must be; a ledger whose stems are not the canonical ones is refused
-    (a rerun rebuilds chunks by position, so it cannot repair a damaged ledger)."""
+def _expected(root: Root, ledger: Ledger, manifest: Manifest
+              ) -> Iterator[tuple[int, int, ChunkExpect]]:
+    """(segment, index, what the chunk must be) for every chunk; a ledger whose stems are
+    not the canonical ones is refused (a rerun rebuilds chunks by position, so it cannot
+    repair a damaged ledger)."""
     kind, dtype = ChunkKind(manifest.chunk_kind), np.dtype(manifest.dtype)
     ledger_at = where(root, LEDGER_NAME)
     for s, src in enumerate(ledger.sources):
@@ -104,9 +106,10 @@ def _expected(root: Root, ledger: Ledger, manifest: Manifest) -> Iterator[Expect
                         f"{entry.stem!r}, expected {chunk_stem(s, g, k)!r}; the ledger is "
                         "damaged and a rerun cannot repair it: restore it from a copy, or "
                         "start again with --overwrite")
-                base = (Path(entry.stem) if isinstance(root, RemoteStore)
-                        else safe_join(root, entry.stem, where=ledger_at))
-                yield ExpectedChunk(s, g, k, entry, base, kind, dtype)
+                if isinstance(root, Path):
+                    safe_join(root, entry.stem, where=ledger_at)
+                local = root if isinstance(root, Path) else Path()  # remote: downloaded
+                yield g, k, ChunkExpect(local, s, entry, kind, dtype, segment=g, index=k)
 
 
 def _map_bounded(fn: Callable[[_T], _R], items: Iterable[_T], threads: int) -> Iterator[_R]:

@@ -97,21 +97,25 @@ class CheckDepth(int, Enum):
 
 
 @dataclass(frozen=True)
-class ExpectedChunk:
-    """What the manifest and the ledger say one chunk must be (``base``: the chunk's
-    path without suffix; ``kind``/``dtype`` None where the manifest is unusable)."""
+class ChunkExpect:
+    """What the manifest and the ledger say one chunk must be (``kind``/``dtype`` None:
+    unknown, a damaged manifest)."""
 
+    root: Path
     source: int
-    segment: int
-    index: int
     entry: ChunkEntry
-    base: Path
     kind: ChunkKind | None
     dtype: np.dtype | None
+    segment: int | None = None
+    index: int | None = None
+
+    @property
+    def base(self) -> Path:
+        return self.root / self.entry.stem
 
 
 def verify_cache(root: str | Path, *, storage_options: dict[str, Any] | None = None,
-                 _fetch: Callable[[ExpectedChunk], AbstractContextManager[None]] | None = None
+                 _fetch: Callable[[ChunkExpect], AbstractContextManager[None]] | None = None
                  ) -> VerifyReport:
     """Check a shardwise cache directory (or URL) exhaustively; never raises on damage."""
     if is_url(root):
@@ -128,7 +132,9 @@ def verify_cache(root: str | Path, *, storage_options: dict[str, Any] | None = N
         expects = list(_check_ledger(root, ledger, kind, dtype, report))
         for exp in expects:
             with _fetch(exp) if _fetch is not None else nullcontext():
-                _check_chunk(exp, report)
+                chunk = check_chunk(exp)
+            report.problems += chunk.problems
+            report.bytes_checked += chunk.bytes_checked
             report.chunks_checked += 1
         _note_strays(root, {e.entry.stem for e in expects}, report)
     report.problems.sort()
@@ -146,7 +152,7 @@ def verify_remote(url: str, *, storage_options: dict[str, Any] | None = None
             _download(store, name, local)
 
         @contextmanager
-        def fetch(exp: ExpectedChunk) -> Iterator[None]:
+        def fetch(exp: ChunkExpect) -> Iterator[None]:
             suffixes = (META_SUFFIX, *DATA_SUFFIXES[exp.kind or ChunkKind.TOKENS])
             for suffix in suffixes:
                 _download(store, exp.entry.stem + suffix, local)
@@ -242,7 +248,7 @@ def _manifest_kind(root: Path, manifest: Manifest | None, report: VerifyReport
 
 
 def _check_ledger(root: Path, ledger: Ledger, kind: ChunkKind | None,
-                  dtype: np.dtype | None, report: VerifyReport) -> Iterator[ExpectedChunk]:
+                  dtype: np.dtype | None, report: VerifyReport) -> Iterator[ChunkExpect]:
     """Ledger-level consistency; yields the chunks whose files can be checked."""
     where = root / LEDGER_NAME
     seen: dict[str, str] = {}
@@ -270,12 +276,12 @@ def _check_ledger(root: Path, ledger: Ledger, kind: ChunkKind | None,
                 if entry.documents < 0 or entry.tokens < 0:
                     report.bad(where, f"{here}: negative documents or tokens")
                 try:
-                    base = safe_join(root, entry.stem, where=str(where))
+                    safe_join(root, entry.stem, where=str(where))
                 except ManifestError:
                     report.bad(where, f"{here} names {entry.stem!r}, not a relative path "
                                "inside the cache")
                     continue
-                yield ExpectedChunk(s, g, k, entry, base, kind, dtype)
+                yield ChunkExpect(root, s, entry, kind, dtype, segment=g, index=k)
 
 
 def _mistyped(obj: object, names: tuple[str, ...], kind: type, report: VerifyReport,
@@ -303,51 +309,48 @@ def _segment_problems(seg: Segment, previous: Segment | None) -> list[str]:
     return out
 
 
-def check_chunk(expected: ExpectedChunk, *, depth: CheckDepth = CheckDepth.STRUCTURE
-                ) -> list[Problem]:
-    """Every problem of one chunk's files, each naming its file (empty: the chunk is
-    intact to ``depth``). Constant memory: data files are hashed in blocks."""
-    report = VerifyReport(str(expected.base))
-    _check_chunk(expected, report, depth)
-    return report.problems
-
-
-def check_remote_chunk(store: RemoteStore, expected: ExpectedChunk, *,
-                       depth: CheckDepth = CheckDepth.STRUCTURE) -> list[Problem]:
-    """:func:`check_chunk` for a chunk on an object store: its objects are downloaded into
-    a temporary directory (deleted on return) and problems name them by URL."""
-    stem = expected.entry.stem
-    with tempfile.TemporaryDirectory(prefix="shardwise-check-") as tmp:
-        local = Path(tmp)
-        for suffix in (META_SUFFIX, *DATA_SUFFIXES[expected.kind or ChunkKind.TOKENS]):
-            _download(store, stem + suffix, local)
-        found = check_chunk(replace(expected, base=local / stem), depth=depth)
-    head = str(local)
-    return [Problem(store.url + p.path[len(head):] if p.path.startswith(head) else p.path,
-                    p.what) for p in found]
-
-
-def _check_chunk(exp: ExpectedChunk, report: VerifyReport,
-                 depth: CheckDepth = CheckDepth.STRUCTURE) -> None:
-    """Metadata first; data files against it only if its checksum matched the ledger
-    (a damaged ``.json`` must not get intact data files blamed)."""
+def check_chunk(exp: ChunkExpect, *, depth: CheckDepth = CheckDepth.STRUCTURE
+                ) -> VerifyReport:
+    """Is one chunk intact, to ``depth``? Metadata first; data files against it only if
+    its checksum matched the ledger (a damaged ``.json`` must not get intact data files
+    blamed). Returns this chunk's findings, each naming its file (``.ok``: intact).
+    Constant memory: data files are hashed in blocks."""
+    report = VerifyReport(str(exp.root))
     meta, trusted = _check_meta(exp, report)
     kind = exp.kind or (meta.kind if meta is not None else None)
     if kind is None:
-        return
+        return report
     files = meta.files if meta is not None and trusted else {}
-    hashed = depth >= CheckDepth.CHECKSUMS
     intact = {suffix for suffix in DATA_SUFFIXES[kind]
-              if _check_file(_with(exp.base, suffix), files.get(suffix), report, hashed)}
+              if _check_file(_with(exp.base, suffix), files.get(suffix), report,
+                             hash_it=depth >= CheckDepth.CHECKSUMS)}
     if depth < CheckDepth.STRUCTURE:
-        return
+        return report
     if kind is ChunkKind.TOKENS:
         _check_token_chunk(exp, intact, report)
     else:
         _check_record_chunk(exp, report)
+    return report
 
 
-def _check_meta(exp: ExpectedChunk, report: VerifyReport) -> tuple[ChunkMeta | None, bool]:
+def check_remote_chunk(store: RemoteStore, exp: ChunkExpect, *,
+                       depth: CheckDepth = CheckDepth.STRUCTURE) -> VerifyReport:
+    """:func:`check_chunk` for a chunk on an object store (``exp.root`` is ignored): its
+    objects are downloaded into a temporary directory, deleted on return; findings name
+    them by URL."""
+    with tempfile.TemporaryDirectory(prefix="shardwise-check-") as tmp:
+        local = Path(tmp)
+        for suffix in (META_SUFFIX, *DATA_SUFFIXES[exp.kind or ChunkKind.TOKENS]):
+            _download(store, exp.entry.stem + suffix, local)
+        found = check_chunk(replace(exp, root=local), depth=depth)
+    head = str(local)
+    found.root = store.url
+    found.problems = [Problem(store.url + p.path[len(head):] if p.path.startswith(head)
+                              else p.path, p.what) for p in found.problems]
+    return found
+
+
+def _check_meta(exp: ChunkExpect, report: VerifyReport) -> tuple[ChunkMeta | None, bool]:
     """The ``.json``: present, the checksum the ledger recorded, parses, agrees.
 
     Returns the metadata (if it parses) and whether its checksum matched."""
@@ -375,7 +378,7 @@ def _check_meta(exp: ExpectedChunk, report: VerifyReport) -> tuple[ChunkMeta | N
     return meta, trusted
 
 
-def _meta_disagreements(meta: ChunkMeta, exp: ExpectedChunk) -> list[str]:
+def _meta_disagreements(meta: ChunkMeta, exp: ChunkExpect) -> list[str]:
     got = (meta.stem, meta.source, meta.segment, meta.index, meta.documents, meta.tokens)
     want = (exp.entry.stem, exp.source, exp.segment, exp.index, exp.entry.documents,
             exp.entry.tokens)
@@ -393,9 +396,9 @@ def _meta_disagreements(meta: ChunkMeta, exp: ExpectedChunk) -> list[str]:
     return out
 
 
-def _check_file(path: Path, info: dict[str, Any] | None, report: VerifyReport,
-                hashed: bool = True) -> bool:
-    """Exists; size and xxh3_64 (if ``hashed``) equal what the metadata recorded. True if
+def _check_file(path: Path, info: dict[str, Any] | None, report: VerifyReport, *,
+                hash_it: bool = True) -> bool:
+    """Exists; size and xxh3_64 (if ``hash_it``) equal what the metadata recorded. True if
     proven intact (``info`` None: only existence can be checked, nothing is proven)."""
     try:
         size = path.stat().st_size
@@ -407,7 +410,7 @@ def _check_file(path: Path, info: dict[str, Any] | None, report: VerifyReport,
     if size != info.get("bytes"):
         report.bad(path, f"size {size} bytes, the metadata says {info.get('bytes')}")
         return False
-    if not hashed:
+    if not hash_it:
         return False
     digest = file_checksum(path)  # 8 MiB blocks: constant memory
     report.bytes_checked += size
@@ -417,7 +420,7 @@ def _check_file(path: Path, info: dict[str, Any] | None, report: VerifyReport,
     return True
 
 
-def _check_token_chunk(exp: ExpectedChunk, intact: set[str], report: VerifyReport) -> None:
+def _check_token_chunk(exp: ChunkExpect, intact: set[str], report: VerifyReport) -> None:
     idx_path, bin_path = _with(exp.base, ".idx"), _with(exp.base, ".bin")
     if not (idx_path.is_file() and bin_path.is_file()):
         return
@@ -456,7 +459,7 @@ def _check_idx(idx_path: Path, bin_path: Path, report: VerifyReport, *,
     return index
 
 
-def _check_counts(path: Path, documents: int, tokens: int | None, exp: ExpectedChunk,
+def _check_counts(path: Path, documents: int, tokens: int | None, exp: ChunkExpect,
                   report: VerifyReport) -> None:
     """A chunk's own counts must equal the ledger's (``tokens`` None: not countable)."""
     if documents != exp.entry.documents:
@@ -465,7 +468,7 @@ def _check_counts(path: Path, documents: int, tokens: int | None, exp: ExpectedC
         report.bad(path, f"holds {tokens} tokens, the ledger says {exp.entry.tokens}")
 
 
-def _check_record_chunk(exp: ExpectedChunk, report: VerifyReport) -> None:
+def _check_record_chunk(exp: ChunkExpect, report: VerifyReport) -> None:
     """Parquet: the footer parses, every row group decodes, rows == documents, and the
     ``input_ids`` lengths (if the column exists) sum to the ledger's tokens."""
     import pyarrow as pa
