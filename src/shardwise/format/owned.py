@@ -4,7 +4,7 @@ A cache directory holds only files shardwise writes (SPEC.md, "A cache is a dire
 
     manifest.json, ledger.json            the build
     chunks/SSSSS/GGGGG-KKKKK.{bin,idx,parquet,json}
-    .shardwise-plans/*.npy, *.json        readers' plan caches (TokenDataset)
+    .shardwise-plans/…                    readers' directory: plan caches, logs (all of it)
     <16 hex>/.lock, <16 hex>/chunks/…     a remote cache's download directory, if put here
     .tmp-*, .claim-*                      interrupted writes and downloads, anywhere above
 
@@ -29,9 +29,9 @@ _TEMP = r"(?:\.tmp-|\.claim-)[^/]*"
 _CHUNK = rf"chunks/\d{{5,}}/(?:\d{{5,}}-\d{{5,}}\.(?:bin|idx|parquet|json)|{_TEMP})"
 _OWNED_FILE = re.compile(
     rf"(?:{re.escape(MANIFEST_NAME)}|{re.escape(LEDGER_NAME)}|{_TEMP}|{_CHUNK}"
-    rf"|{re.escape(PLANS_DIR)}/(?:[^/]+\.(?:npy|json)|{_TEMP})"
+    rf"|{re.escape(PLANS_DIR)}/.+"
     rf"|[0-9a-f]{{16}}/(?:\.lock|{_TEMP}|{_CHUNK}))")
-_OWNED_DIR = re.compile(rf"(?:chunks(?:/\d{{5,}})?|{re.escape(PLANS_DIR)}"
+_OWNED_DIR = re.compile(rf"(?:chunks(?:/\d{{5,}})?|{re.escape(PLANS_DIR)}(?:/.+)?"
                         rf"|[0-9a-f]{{16}}(?:/chunks(?:/\d{{5,}})?)?)")
 
 
