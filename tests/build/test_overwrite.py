@@ -84,3 +84,18 @@ def test_a_directory_holding_only_shardwise_leftovers_needs_overwrite(
     summary = build([sample_corpus], out, tokenizer=tokenizer_path, chunk_docs=100,
                     overwrite=True, **ARGS)
     assert summary.new_chunks == 6 and not (out / ".shardwise-plans").exists()
+
+
+def test_a_download_directory_inside_is_shardwise_s_own(tmp_path: Path, sample_corpus: Path,
+                                                        tokenizer_path: Path) -> None:
+    from shardwise.format.download import DownloadDir
+
+    out = tmp_path / "cache"
+    build([sample_corpus], out, tokenizer=tokenizer_path, chunk_docs=100, **ARGS)
+    downloads = DownloadDir(out / "0123456789abcdef", 1 << 20)
+    downloads.fetch("chunks/00000/00000-00001.bin", 3, lambda tmp: tmp.write_bytes(b"abc"))
+    assert (out / "0123456789abcdef/.lock").exists()
+    assert foreign_names(out) == []
+    build([sample_corpus], out, tokenizer=tokenizer_path, chunk_docs=50, overwrite=True,
+          **ARGS)
+    assert not (out / "0123456789abcdef").exists()
