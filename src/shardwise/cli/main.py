@@ -21,7 +21,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shardwise",
         description="Build tokenized, chunked, checksummed caches and check them.")
-    from shardwise import __version__
+    from shardwise._version import __version__
 
     parser.add_argument("--version", action="version", version=f"shardwise {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

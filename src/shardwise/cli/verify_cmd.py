@@ -1,6 +1,6 @@
 """``shardwise verify``: check every chunk of a cache; exit 1 if anything is damaged.
 
-Thin shell over :func:`shardwise.format.verify.verify_cache` (or ``verify_megatron`` for a
+Thin shell over :func:`shardwise.storage.verify.verify_cache` (or ``verify_megatron`` for a
 Megatron prefix): one ``BAD <path>: <what>`` line per problem, ``NOTE`` lines for files the
 ledger does not name, and a summary line. ``--json`` prints the report as one object.
 """
@@ -16,8 +16,8 @@ import orjson
 
 from shardwise.errors import ManifestError
 from shardwise.format.manifest import MANIFEST_NAME
-from shardwise.format.storage import is_url
-from shardwise.format.verify import VerifyReport, verify_cache, verify_megatron, verify_remote
+from shardwise.storage.remote import is_url
+from shardwise.storage.verify import VerifyReport, verify_cache, verify_megatron, verify_remote
 
 DESCRIPTION = ("Check a shardwise cache exhaustively: the manifest, the ledger's consistency, "
                "and for every chunk the ledger names (visible or not) its metadata checksum, "
