@@ -206,7 +206,7 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
     kind = SamplerKind.parse(sampler)
     if isinstance(look_ahead, bool) or not isinstance(look_ahead, int) or look_ahead < 0:
         raise ConfigError(f"look_ahead must be a non-negative integer, got {look_ahead!r}")
-    world = world or World.detect()
+    world = World.resolve(world, reader="shardwise.torch.loader")
     if epochs is not None and total_samples is not None:
         raise ConfigError("give epochs or total_samples, not both")
     total = total_samples if epochs is None else epochs * len(dataset)

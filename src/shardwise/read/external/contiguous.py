@@ -220,7 +220,7 @@ class ContiguousShards:
         given = list(sources)
         if not given:
             raise ConfigError("ContiguousShards needs at least one source")
-        self.world = world or World()
+        self.world = World.resolve(world, reader="ContiguousShards")
         self.order = Order.parse(order)
         self.seed = seed
         self._make_shard = make_shard
@@ -232,12 +232,8 @@ class ContiguousShards:
         self.lengths = np.asarray([lens[p] for p in positions], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
         self.total = int(self.offsets[-1])
-        per_rank, self.dropped = divmod(self.total, self.world.size)
-        if per_rank == 0:
-            raise ConfigError(f"{self.total} examples cannot give each of {self.world.size} "
-                              "ranks at least one; use fewer ranks or more data")
-        self.start = self.world.rank * per_rank
-        self.stop = self.start + per_rank
+        mine, self.dropped = self.world.contiguous(self.total)
+        self.start, self.stop = mine.start, mine.stop
         self._shards: OneAhead[int, SizedDataset] = OneAhead(self._open)
 
     def __len__(self) -> int:

@@ -248,7 +248,7 @@ class ProducerDirDataset:
             None if records_per_chunk is None else _count(records_per_chunk,
                                                           "records_per_chunk", 1))
         self.directory = Path(directory)
-        self.world = world or World()
+        self.world = World.resolve(world, reader="ProducerDirDataset")
         self.pattern, self.encode_fn = pattern, encode_fn
         self.timeout, self.poll_interval = float(timeout), float(poll_interval)
         self.done_marker, self.max_record_bytes = done_marker, max_record_bytes
@@ -294,7 +294,7 @@ class ProducerDirDataset:
     def my_chunks(self) -> range:
         """The global indices of this rank's chunks (needs ``num_chunks``)."""
         n = self._sized().num_chunks
-        return range(self.world.rank, n or 0, self.world.size)
+        return self.world.round_robin(n or 0)
 
     def _rank_offsets(self) -> np.ndarray:
         if self._offsets is None:
@@ -332,7 +332,7 @@ class ProducerDirDataset:
 
     def _progress(self) -> str:
         published = chunk_indices(self.directory, self.pattern)
-        mine = [c for c in published if c % self.world.size == self.world.rank]
+        mine = [c for c in published if self.world.owns(c)]
         if not published:
             return "no chunk is published"
         return (f"{len(published)} chunks are published now (highest {published[-1]}; "

@@ -39,7 +39,6 @@ import xxhash
 
 from shardwise.checkpoint import LoaderState
 from shardwise.errors import ConfigError, StateError
-from shardwise.plan.stream import streams_of_rank, streams_per_rank
 from shardwise.read.records.pipeline import FINISHED, PAD_KEY, Pipeline, is_pad, make_pad
 from shardwise.read.records.pool import Processor, Reject
 from shardwise.read.records.ranges import RangeKind, plan_ranges, resolve_files
@@ -112,9 +111,9 @@ class RecordStream:
             seed=seed, streams=streams, range_bytes=range_bytes, shuffle_buffer=shuffle_buffer,
             shuffle=shuffle, epochs=epochs, num_workers=num_workers, text_mode=text_mode,
             on_error=on_error)  # type: ignore[arg-type]
-        self.world = world or World()
+        self.world = World.resolve(world, reader="RecordStream")
         self.map_fn = map_fn
-        _check_split(self.world.size, 1, streams)
+        self.world.streams(streams)  # refuses a world that cannot split them
         files = resolve_files(sources)
         if text_mode and any(f.kind not in (RangeKind.LINES, RangeKind.STREAM) for f in files):
             raise ConfigError("text_mode reads lines: every source must be JSONL/text, not "
@@ -266,8 +265,8 @@ class RecordStream:
 
     def _fresh_positions(self, epoch: int) -> dict[int, StreamPosition]:
         stop = None if self.config.epochs is None else epoch + self.config.epochs
-        local = streams_of_rank(self.world.rank, self.world.size, self.config.streams)
-        return {int(s): StreamPosition(epoch=epoch, stop_epoch=stop) for s in local}
+        return {s: StreamPosition(epoch=epoch, stop_epoch=stop)
+                for s in self.world.streams(self.config.streams)}
 
     def _reset(self, positions: dict[int, StreamPosition]) -> None:
         self.close()
@@ -280,13 +279,10 @@ class RecordStream:
             return self._pipe
         if self._pipe_key is not None and self._pipe_key[0] == os.getpid():
             self.close()
-        R, r, n = self.world.size, self.world.rank, self.config.streams
         workers = self.config.num_workers
         positions = self._positions
         if worker is not None:  # a DataLoader worker: its share of this rank's streams
-            w, W = worker
-            _check_split(R, W, n)
-            mine = set(int(s) for s in streams_of_rank(r + w * R, R * W, n))
+            mine = set(self.world.streams(self.config.streams, worker=worker))
             positions = {s: p for s, p in positions.items() if s in mine}
             workers = 0  # a DataLoader worker is daemonic: it cannot have children
         c = self.config
@@ -295,14 +291,6 @@ class RecordStream:
                               raise_errors=c.on_error is OnError.RAISE, task_size=c.task_size)
         self._pipe_key = key
         return self._pipe
-
-
-def _check_split(world: int, workers: int, n_streams: int) -> None:
-    try:
-        streams_per_rank(world * workers, n_streams)
-    except ValueError as e:
-        what = "" if workers == 1 else f"world size × DataLoader workers ({world} × {workers}): "
-        raise ConfigError(f"{what}{e}") from None
 
 
 def _torch_worker() -> tuple[int, int] | None:

@@ -93,7 +93,6 @@ from shardwise.errors import (
     StateError,
 )
 from shardwise.format.chunk import ChunkKind
-from shardwise.plan._checks import divisors
 from shardwise.plan.permutation import PERMUTATION_VERSION
 from shardwise.plan.stream import stream_chunk_tokens, window_order, windows_per_block
 from shardwise.read.stream.chunk_cache import ChunkCache, Tokens, read_chunk
@@ -134,17 +133,6 @@ class StreamConfig(Layout):
         return asdict(self)
 
 
-def rank_streams(world: World, n_streams: int) -> list[int]:
-    """The streams rank ``world.rank`` serves; a ConfigError naming the valid world sizes
-    unless ``world.size`` divides ``n_streams``."""
-    if n_streams % world.size:
-        raise ConfigError(f"the world size must divide the number of streams: {n_streams} "
-                          f"streams cannot be split over {world.size} ranks; world sizes "
-                          f"that work: {divisors(n_streams)} (or choose streams= as a "
-                          f"multiple of {world.size})")
-    return list(range(world.rank, n_streams, world.size))
-
-
 def first_example(consumed: int, s: int, n_streams: int) -> int:
     """Stream ``s``'s first example at or after global position ``consumed``."""
     return max(0, -(-(consumed - s) // n_streams))
@@ -173,8 +161,8 @@ class StreamDataset:
                  timeout: float = 600.0, prefetch_chunks: int = 2,
                  chunk_cache_bytes: int = 256 << 20) -> None:
         self.config = StreamConfig(seq_len, streams, seed, block_chunks, drop_last, epochs)
-        self.world = world or World.detect()
-        self.streams = rank_streams(self.world, streams)
+        self.world = World.resolve(world, reader="StreamDataset")
+        self.streams = self.world.streams(streams)
         for name, v in (("poll_interval", poll_interval), ("timeout", timeout)):
             if not v > 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {v!r}")
