@@ -66,6 +66,17 @@ def _imports(path: Path) -> list[tuple[int, str]]:
     return found
 
 
+def _module_level_imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return names
+
+
 def _modules() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py")
                   if p.relative_to(PACKAGE).parts[0].removesuffix(".py") not in EXEMPT)
@@ -89,3 +100,18 @@ def test_imports_point_down(path: Path) -> None:
             bad.append(f"line {line}: imports {module} ({own} is layer {RANK[own]}, "
                        f"{top} is layer {rank})")
     assert not bad, f"{path.relative_to(PACKAGE)}:\n" + "\n".join(bad)
+
+
+CORE = {"errors", "_version", "format", "world", "checkpoint", "storage", "sources", "plan",
+        "writer", "read"}
+
+
+def test_the_core_imports_no_optional_extra_at_import_time() -> None:
+    """torch, ray, transformers and megatron are extras: the core may import them inside a
+    function (behind MissingExtraError), never when a module loads."""
+    bad = [f"{p.relative_to(PACKAGE)} imports {name}"
+           for p in _modules() if p.relative_to(PACKAGE).parts[0].removesuffix(".py") in CORE
+           for name in _module_level_imports(p)
+           if name.split(".")[0] in ("torch", "ray", "transformers", "accelerate",
+                                     "megatron", "torchdata", "fsspec", "s3fs")]
+    assert not bad, "\n".join(bad)
