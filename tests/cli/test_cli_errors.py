@@ -64,7 +64,7 @@ def test_a_path_under_a_file_names_it_and_exits_3(tmp_path: Path, command: str) 
     if command == "convert":  # a real Megatron prefix to import
         shardwise.build([SAMPLE / "corpus.jsonl"], tmp_path / "c", tokenizer=SAMPLE /
                         "tokenizer.json", workers=1, progress=False)
-        from shardwise.build.convert import to_megatron
+        from shardwise.writer.convert import to_megatron
 
         to_megatron(tmp_path / "c", tmp_path / "none")
     done = _shardwise(*argv)

@@ -10,8 +10,8 @@ import numpy as np
 import orjson
 import pytest
 
-from shardwise.build.convert import to_megatron
 from shardwise.cli import main as cli_main
+from shardwise.writer.convert import to_megatron
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cachefactory import make_cache, sample_docs  # noqa: E402

@@ -15,8 +15,8 @@ from tests.cachefactory import make_cache, sample_docs
 
 import shardwise as sw
 from shardwise.errors import ConfigError, StateError
-from shardwise.read.blend import Blend
-from shardwise.read.sft_pack import PackedSFT
+from shardwise.read.compose.blend import Blend
+from shardwise.read.compose.sft_pack import PackedSFT
 from shardwise.testing import assert_resumes_exactly, assert_same_global_order, take
 from shardwise.torch import loader
 

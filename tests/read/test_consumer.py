@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from shardwise.errors import ConfigError, StateError
-from shardwise.read.consumer import ResumableSource, SequentialConsumer
+from shardwise.read.records.consumer import ResumableSource, SequentialConsumer
 
 N = 50
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from shardwise.errors import ConfigError
-from shardwise.read.contiguous import (
+from shardwise.read.external.contiguous import (
     ContiguousSampler,
     ContiguousShards,
     OneAhead,
     check_sampler,
 )
-from shardwise.read.world import World
+from shardwise.world import World
 
 LENGTHS = [5, 0, 9, 3, 12, 7, 4, 3]  # 43 examples: 4 ranks of 10, tail of 3
 

@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 
 from shardwise.errors import ConfigError, InputError, ProducerTimeoutError, StateError
-from shardwise.read.consumer import SequentialConsumer
-from shardwise.read.contiguous import check_sampler
-from shardwise.read.producer_dir import (
+from shardwise.read.external.contiguous import check_sampler
+from shardwise.read.external.producer_dir import (
     ProducerDirDataset,
     ProducerDirStream,
     chunk_indices,
@@ -25,7 +24,8 @@ from shardwise.read.producer_dir import (
     publish_chunk,
     write_expected,
 )
-from shardwise.read.world import World
+from shardwise.read.records.consumer import SequentialConsumer
+from shardwise.world import World
 
 
 def open_dir(directory: Path, **kw: Any) -> ProducerDirDataset:

@@ -18,11 +18,11 @@ import pytest
 import zstandard
 
 from shardwise.errors import ConfigError, InputError, MissingExtraError, StateError
-from shardwise.read.record_ranges import iter_range, plan_ranges, resolve_files
-from shardwise.read.record_streams import StreamOrder
-from shardwise.read.records import RecordStream, Reject, is_pad, merge_states
-from shardwise.read.world import World
+from shardwise.read.records.ranges import iter_range, plan_ranges, resolve_files
+from shardwise.read.records.stream import RecordStream, Reject, is_pad, merge_states
+from shardwise.read.records.streams import StreamOrder
 from shardwise.testing import assert_resumes_exactly, assert_same_global_order
+from shardwise.world import World
 
 
 def _line(i: int) -> bytes:

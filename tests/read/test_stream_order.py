@@ -13,7 +13,7 @@ from tests.cachefactory import make_cache, sample_docs
 import shardwise as sw
 from shardwise.errors import ConfigError, ProducerTimeoutError
 from shardwise.plan.stream import shuffled_stream_chunks
-from shardwise.read.stream import StreamDataset
+from shardwise.read.stream.dataset import StreamDataset
 
 S = 4  # R*
 

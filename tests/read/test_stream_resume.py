@@ -15,8 +15,8 @@ from tests.cachefactory import make_cache, sample_docs
 
 import shardwise as sw
 from shardwise.errors import StateError
-from shardwise.read.prefetch import StreamLayout
-from shardwise.read.stream import StreamDataset, first_example
+from shardwise.read.stream.dataset import StreamDataset, first_example
+from shardwise.read.stream.schedule import StreamLayout
 from shardwise.testing import assert_resumes_exactly
 
 S = 4

@@ -15,9 +15,9 @@ from tests.remote.conftest import BUCKET
 
 import shardwise as sw
 from shardwise.errors import CorruptChunkError
-from shardwise.format.download import CLAIM_PREFIX, DownloadDir, _start_time
-from shardwise.format.verify import verify_cache
-from shardwise.read.world import World
+from shardwise.storage.download import CLAIM_PREFIX, DownloadDir, _start_time
+from shardwise.storage.verify import verify_cache
+from shardwise.world import World
 
 SEQ_LEN = 32
 

@@ -55,7 +55,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from shardwise.build.api import build
+    from shardwise.writer.api import build
 
     summary = build(args.sources, args.out, tokenizer=args.tokenizer, text_key=args.text_key,
                     workers=args.workers, chunk_docs=args.chunk_docs, chunk_mb=args.chunk_mb,

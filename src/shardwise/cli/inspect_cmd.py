@@ -1,6 +1,6 @@
 """``shardwise inspect``: what a cache (or a Megatron prefix) holds, at a glance.
 
-Thin shell over :func:`shardwise.read.summary.summarize`: prints sources, totals, build
+Thin shell over :func:`shardwise.storage.summary.summarize`: prints sources, totals, build
 status, skipped records and a histogram of document lengths; ``--json`` for machines,
 ``--plot`` for a PNG, ``--examples`` to eyeball the packed windows a model will see.
 """
@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 
 from shardwise.errors import ConfigError, MissingExtraError
-from shardwise.format.cache import Cache, open_cache
-from shardwise.read.summary import CacheSummary, sample_lengths, summarize
+from shardwise.storage.cache import Cache, open_cache
+from shardwise.storage.summary import CacheSummary, sample_lengths, summarize
 
 BAR_WIDTH = 40
 

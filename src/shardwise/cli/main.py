@@ -66,7 +66,7 @@ def make_parser() -> argparse.ArgumentParser:
         prog="shardwise",
         description="Build tokenized, chunked, checksummed caches and check them.",
         epilog=EXIT_STATUS)
-    from shardwise import __version__
+    from shardwise._version import __version__
 
     parser.add_argument("--version", action="version", version=f"shardwise {__version__}")
     parser.add_argument("--debug", action="store_true",
@@ -123,7 +123,7 @@ def _fail(args: argparse.Namespace, e: BaseException, stdout: TextIO) -> int:
 
 def exit_code(e: BaseException) -> int:
     """The documented exit status (EXIT_STATUS) of a command that raised ``e``."""
-    from shardwise.build.executor import WorkerCrashed
+    from shardwise.writer.executor import WorkerCrashed
 
     if isinstance(e, KeyboardInterrupt):
         return EXIT_INTERRUPTED

@@ -1,6 +1,6 @@
 """``shardwise verify``: check every chunk of a cache; exit 1 if anything is damaged.
 
-Thin shell over :func:`shardwise.format.verify.verify_cache` (or ``verify_megatron`` for a
+Thin shell over :func:`shardwise.storage.verify.verify_cache` (or ``verify_megatron`` for a
 Megatron prefix): one ``BAD <path>: <what>`` line per problem, ``NOTE`` lines for files the
 ledger does not name, and a summary line. ``--json`` prints the report as one object.
 """
@@ -14,11 +14,11 @@ from typing import Any
 
 import orjson
 
-from shardwise.build.convert import IMPORT_KIND
 from shardwise.errors import ManifestError
 from shardwise.format.manifest import MANIFEST_NAME, Manifest
-from shardwise.format.storage import is_url, open_root
-from shardwise.format.verify import VerifyReport, verify_cache, verify_megatron, verify_remote
+from shardwise.storage.remote import is_url, open_root
+from shardwise.storage.verify import VerifyReport, verify_cache, verify_megatron, verify_remote
+from shardwise.writer.convert import IMPORT_KIND
 
 DESCRIPTION = ("Check a shardwise cache exhaustively: the manifest, the ledger's consistency, "
                "and for every chunk the ledger names (visible or not) its metadata checksum, "
@@ -91,7 +91,7 @@ def summary_line(r: VerifyReport, *, rebuild: str | None = None) -> str:
 
 def advice(r: VerifyReport, rebuild: str | None) -> str:
     """What will repair it, and only what will: a rerun of the build rebuilds damaged
-    chunks (shardwise.build.repair), never a damaged manifest or ledger."""
+    chunks (shardwise.writer.repair), never a damaged manifest or ledger."""
     head = r.root.rstrip("/") + "/"
     names = {p.path[len(head):] if p.path.startswith(head) else p.path for p in r.problems}
     chunks = {n.rsplit(".", 1)[0] for n in names if n.startswith("chunks/")}

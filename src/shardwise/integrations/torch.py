@@ -18,10 +18,10 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from shardwise.checkpoint import LoaderState
 from shardwise.errors import ConfigError, MissingExtraError, StateError
 from shardwise.read.sampler import BatchSampler, SamplerKind
-from shardwise.read.world import World
-from shardwise.state import LoaderState
+from shardwise.world import World
 
 try:
     import torch
@@ -38,8 +38,8 @@ LOOK_AHEAD = 4  # micro-batches whose chunks a remote cache downloads before the
 def _register_iterables() -> None:
     """Streams are plain iterables (the core never imports torch); make DataLoader accept
     them as IterableDatasets even when torch was imported after they were created."""
-    from shardwise.read.records import RecordStream
-    from shardwise.read.stream import StreamDataset
+    from shardwise.read.records.stream import RecordStream
+    from shardwise.read.stream.dataset import StreamDataset
 
     IterableDataset.register(StreamDataset)
     IterableDataset.register(RecordStream)
@@ -206,7 +206,7 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
     kind = SamplerKind.parse(sampler)
     if isinstance(look_ahead, bool) or not isinstance(look_ahead, int) or look_ahead < 0:
         raise ConfigError(f"look_ahead must be a non-negative integer, got {look_ahead!r}")
-    world = world or World.detect()
+    world = World.resolve(world, reader="shardwise.torch.loader")
     if epochs is not None and total_samples is not None:
         raise ConfigError("give epochs or total_samples, not both")
     total = total_samples if epochs is None else epochs * len(dataset)

@@ -37,31 +37,27 @@ from shardwise.plan._checks import (
     IntArray,
     as_index_array,
     check_int,
-    divisors,
     unwrap,
 )
 from shardwise.plan.permutation import permute_within
+from shardwise.world import World
 
 STREAM_TAG = "stream_chunks"
 WINDOW_TAG = "stream_windows"
 
 
 def streams_per_rank(world: int, n_streams: int) -> int:
-    """``R* / R``; raise, listing the world sizes that work, unless ``R`` divides ``R*``."""
+    """``R* / R``; raise, listing the world sizes that work, unless ``R`` divides ``R*``
+    (the rule is :meth:`shardwise.world.World.streams`)."""
     w = check_int(world, "world size", minimum=1)
-    s = check_int(n_streams, "n_streams", minimum=1)
-    if s % w:
-        raise ValueError(f"the world size must divide the number of streams: {s} streams "
-                         f"cannot be split over {w} ranks; world sizes that work: "
-                         f"{divisors(s)} (or choose n_streams as a multiple of {w})")
-    return s // w
+    return len(World(0, w).streams(check_int(n_streams, "n_streams", minimum=1)))
 
 
 def streams_of_rank(rank: int, world: int, n_streams: int) -> IntArray:
     """The streams rank ``rank`` serves: ``s % world == rank``, ascending."""
-    streams_per_rank(world, n_streams)
-    r = check_int(rank, "rank", minimum=0, maximum=world - 1)
-    return np.arange(r, n_streams, world, dtype=np.int64)
+    w = check_int(world, "world size", minimum=1)
+    r = check_int(rank, "rank", minimum=0, maximum=w - 1)
+    return np.asarray(World(r, w).streams(n_streams), dtype=np.int64)
 
 
 def chunks_of_stream(s: int, n_chunks: int, n_streams: int) -> IntArray:

@@ -12,7 +12,7 @@ A sampler is a pure function of ``(consumed, world, micro_batch_size, seed)``
   sharding (with it, each rank reads only its contiguous bucket, and the order depends on
   the world size).
 * ``eval``: one pass in stored order; the last step is padded with index ``-1``, which
-  :class:`~shardwise.read.token_dataset.TokenDataset` turns into fully masked examples.
+  :class:`~shardwise.read.tokens.dataset.TokenDataset` turns into fully masked examples.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from shardwise.plan.batches import (
     micro_batch_indices,
     num_eval_steps,
 )
-from shardwise.read.world import World
+from shardwise.world import World
 
 
 class SamplerKind(str, Enum):
