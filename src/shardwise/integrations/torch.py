@@ -82,12 +82,20 @@ class _Indices:
         self.start = sampler.consumed
         self.received = 0  # micro-batches handed to the caller since ``start``
         self.prefetch, self.ahead = prefetch, ahead
+        self.stopped = False  # set to end the current index stream early (see _drain)
 
     def __iter__(self) -> Iterator[list[int]]:
+        self.stopped = False
         batches = iter(self.sampler)
-        if self.prefetch is None or self.ahead == 0:
-            return batches
-        return look_ahead(batches, self.prefetch, self.ahead)
+        if self.prefetch is not None and self.ahead > 0:
+            batches = look_ahead(batches, self.prefetch, self.ahead)
+        return self._until_stopped(batches)
+
+    def _until_stopped(self, batches: Iterator[list[int]]) -> Iterator[list[int]]:
+        for batch in batches:
+            if self.stopped:
+                return
+            yield batch
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -117,9 +125,33 @@ class ShardwiseLoader(DataLoader):  # type: ignore[type-arg]
         self._restart(self.consumed)
         pos = self._indices
         batches = self._direct() if self._is_direct() else super().__iter__()
-        for batch in batches:
-            pos.received += 1
-            yield batch
+        try:
+            for batch in batches:
+                pos.received += 1
+                yield batch
+        except GeneratorExit:  # the caller stopped early (break, del, garbage collection)
+            if self.num_workers > 0:
+                self._drain(batches)
+            raise
+
+    def _drain(self, batches: Iterator[Any]) -> None:
+        """End the index stream and receive the batches still in flight (at most
+        ``prefetch_factor × num_workers``; not counted as received) before torch stops
+        the workers.
+
+        Why: a worker sends each batch from a queue feeder thread. Stopped while that
+        thread is still inside torch's C++ (sharing the batch's storage), a *spawned*
+        worker finalises its interpreter and CPython < 3.14 ends the thread with
+        ``pthread_exit``, which aborts the process as it unwinds a ``noexcept`` frame
+        ("terminate called without an active exception"; the main process then reports
+        "DataLoader worker ... killed by signal: Aborted"). A worker with nothing in
+        flight exits cleanly."""
+        self._indices.stopped = True
+        try:
+            for _ in batches:
+                pass
+        except Exception:  # a worker's error on a batch nobody asked for: it was not
+            pass  # received, so a run resumed from here reads it again and raises then
 
     def _is_direct(self) -> bool:
         """No worker processes and a batched dataset: fetch in this thread ourselves.
