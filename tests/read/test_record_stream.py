@@ -268,6 +268,12 @@ def test_state_counts_may_be_numpy_integers(corpus: dict[str, Any]) -> None:
     state["extra"]["streams"]["3"]["epoch"] = True
     with pytest.raises(StateError, match="epoch must be an integer"):
         make(corpus, epochs=2).load_state_dict(state)
+    fresh, same = make(corpus), make(corpus)
+    fresh.shuffle(np.int64(1))
+    same.shuffle(1)
+    assert ids(fresh.get_next_batch(np.int64(5))) == ids(same.get_next_batch(5))
+    with pytest.raises(ConfigError, match="n must be an integer count"):
+        fresh.get_next_batch(2.5)
 
 
 def test_single_pass_pads_so_ranks_take_equal_steps(corpus: dict[str, Any]) -> None:

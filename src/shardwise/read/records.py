@@ -45,7 +45,7 @@ from shardwise.read.record_pool import Processor, Reject
 from shardwise.read.record_ranges import RangeKind, plan_ranges, resolve_files
 from shardwise.read.record_streams import ORDER_VERSION, StreamOrder, StreamPosition
 from shardwise.read.world import World
-from shardwise.state import LoaderState
+from shardwise.state import LoaderState, as_count
 
 STATE_KIND = "record_stream"
 
@@ -146,6 +146,7 @@ class RecordStream:
     def get_next_batch(self, n: int) -> list[Any]:
         """The next ``n`` examples; in finite mode the last batch is padded to ``n`` and
         then the batches are empty."""
+        n = as_count(n, "n", error=ConfigError)
         pipe = self._pipeline()
         out: list[Any] = []
         while len(out) < n:
@@ -169,9 +170,7 @@ class RecordStream:
 
     def shuffle(self, epoch: int) -> None:
         """Restart every stream at the start of ``epoch`` (its own reproducible order)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
-        self._reset(self._fresh_positions(epoch))
+        self._reset(self._fresh_positions(as_count(epoch, "epoch", error=ConfigError)))
 
     @property
     def local_streams(self) -> list[int]:
