@@ -234,7 +234,6 @@ class ShardwiseLoader(DataLoader):  # type: ignore[type-arg]
             self.dataset.restore_loader_state(st.consumed, st.extra)
         self._restart(st.consumed)
 
-
     def describe(self) -> dict[str, Any]:
         """The run at a glance: layout, length, position, and what is left out (``drops``:
         the dataset's and the sampler's) or padded (``padding``: masked eval examples)."""
