@@ -24,6 +24,8 @@ from shardwise.format.checksum import bytes_checksum
 from shardwise.format.files import ObjectStore, Root
 from shardwise.format.megatron import idx_bytes
 
+IGNORE_INDEX = -100  # a label that takes no loss (record chunks' ``labels``; Hugging Face's)
+
 
 class ChunkKind(str, Enum):
     TOKENS = "tokens"

@@ -57,9 +57,8 @@ import numpy as np
 import xxhash
 
 from shardwise.errors import ConfigError, InputError
+from shardwise.format.chunk import IGNORE_INDEX
 from shardwise.writer.processors import Document, find_eod
-
-IGNORE_INDEX = -100
 
 BUILTIN_TEMPLATE = (
     r"{% for message in messages %}"

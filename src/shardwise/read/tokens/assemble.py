@@ -6,7 +6,7 @@ that crosses a chunk edge is stitched), so a rank touches only the bytes of its 
 Example layout for ``seq_len = 4`` and a window ``[7 8 9 | 3 4]`` where a document starts
 at the 4th token::
 
-    input_ids     7 8 9 3        labels        8 9 3 4
+    input_ids     7 8 9 3        labels        8 9 3 4   (next-token: read/examples.py)
     position_ids  0 1 2 0        (reset_position_ids)
     cu_seqlens    [0, 3, 4]      (per row, offset by row * seq_len in a batch)
 """
@@ -24,6 +24,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from shardwise.format.atomic import save_npy
 from shardwise.plan.doc_shuffle import plan_fingerprint
+from shardwise.read.examples import ignore_unmasked
 from shardwise.storage.cache import MAX_OPEN_CHUNKS, Cache
 
 MAX_CACHED_DOC_STARTS = 64
@@ -232,6 +233,8 @@ class WindowReader:
                          < np.asarray(valid, dtype=np.int64)[:, None]).astype(np.float32)
         if self.cfg.eod_mask_loss:
             loss_mask[input_ids == self.cache.eod_id] = 0.0
+        if self.cfg.eod_mask_loss or valid.count(L + 1) != B:
+            ignore_unmasked(labels, loss_mask)  # one label convention: read/examples.py
         position_ids = self._position_rows(B).copy()
         out: dict[str, npt.NDArray[Any]] = {"input_ids": input_ids, "labels": labels,
                                               "loss_mask": loss_mask,
