@@ -16,12 +16,17 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shardwise import __version__
 from shardwise.build.config import ChunkPolicy, OnError
 from shardwise.build.executor import LocalExecutor
-from shardwise.build.processors import FunctionProcessor, Processor, TokenizerProcessor
+from shardwise.build.processors import (
+    FunctionProcessor,
+    Processor,
+    TokenizerProcessor,
+    switched_off_notes,
+)
 from shardwise.build.progress import BuildSummary, ProgressReporter
 from shardwise.build.records import DEFAULT_MAX_RECORD_BYTES
 from shardwise.build.sources import describe, discover, plan_segments
@@ -39,10 +44,13 @@ from shardwise.format.manifest import (
 from shardwise.format.megatron import token_dtype
 from shardwise.format.storage import RemoteStore, Root, open_root
 
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
 LEDGER_SAVE_INTERVAL = 0.25
 
 
-def _make_processor(tokenizer: str | os.PathLike[str] | None,
+def _make_processor(tokenizer: str | os.PathLike[str] | Tokenizer | None,
                     processor: Callable[[dict[str, Any]], Any] | Processor | None, *,
                     text_key: str,
                     append_eod: bool, eod_token: str | None, vocab_size: int | None,
@@ -241,7 +249,7 @@ class _Coordinator:
 
 
 def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLike[str], *,
-          tokenizer: str | os.PathLike[str] | None = None,
+          tokenizer: str | os.PathLike[str] | Tokenizer | None = None,
           processor: Callable[[dict[str, Any]], Any] | Processor | None = None,
           vocab_size: int | None = None, text_key: str = "text", workers: int | None = None,
           chunk_docs: int | None = None, chunk_mb: float | None = None,
@@ -254,6 +262,9 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
           address: str | None = None,
           storage_options: dict[str, Any] | None = None) -> BuildSummary:
     """Tokenize ``sources`` into the cache directory ``out``; resume it if it exists.
+
+    ``tokenizer`` is a tokenizer.json path or a ``tokenizers.Tokenizer``; its truncation
+    and padding are switched off (a build stores every token), which the summary notes.
 
     ``executor`` is ``"local"`` (processes on this machine, the default), ``"ray"``
     (tasks on the Ray cluster at ``address``, or on a local Ray; see
@@ -322,7 +333,9 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
             documents=sum(c.documents for _, c in order),
             tokens=sum(c.tokens for _, c in order), bytes_read=reporter.bytes_read,
             seconds=time.monotonic() - started, errors=ledger.errors(),
-            resumed_chunks=kept, new_chunks=coordinator.new_chunks)
+            resumed_chunks=kept, new_chunks=coordinator.new_chunks,
+            empty_documents=sum(c.empty for _, c in order),
+            notes=switched_off_notes(getattr(proc, "switched_off", {})))
     finally:
         if lock is not None:
             _unlock(lock)
