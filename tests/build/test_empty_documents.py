@@ -182,3 +182,24 @@ def test_an_empty_line_is_still_bad_input_and_lines_count_after_a_bom(
     with pytest.raises(InputError, match=r"bom.jsonl:3: empty line") as info:
         build([src], tmp_path / "c", tokenizer=tokenizer_path, workers=1, progress=False)
     assert info.value.reason == "empty_line"
+
+
+def test_a_version_1_ledger_still_opens(built: tuple[Path, BuildSummary], tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Caches built before the count existed open, inspect, and read as before (their
+    empty documents are not counted: ``empty`` reads as 0)."""
+    import shutil
+
+    root = tmp_path / "v1"
+    shutil.copytree(built[0], root)
+    ledger = orjson.loads((root / "ledger.json").read_bytes())
+    ledger["version"] = 1
+    for seg in ledger["sources"][0]["segments"]:
+        for chunk in seg["chunks"]:
+            del chunk["empty"]
+    (root / "ledger.json").write_bytes(orjson.dumps(ledger, option=orjson.OPT_SORT_KEYS))
+    assert _documents(root) == _documents(built[0])
+    monkeypatch.setattr(cli_main, "SUBCOMMANDS", ("inspect",))
+    assert cli_main.main(["inspect", str(root)]) == 0
+    assert f"{len(TEXTS)} documents, " in capsys.readouterr().out

@@ -72,7 +72,7 @@ def test_a_truncating_tokenizer_stores_every_token(tmp_path: Path, tokenizer_pat
     assert processor["switched_off"]["padding"]["length"] == 256
     assert summary.notes == [
         "the tokenizer had truncation (max_length 128) and padding switched on; a build "
-        "never truncates or pads, so it was switched off (recorded in the manifest)"]
+        "never truncates or pads, so they were switched off (recorded in the manifest)"]
     assert str(summary).count("truncation (max_length 128)") == 1
 
 

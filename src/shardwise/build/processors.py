@@ -132,8 +132,9 @@ def switched_off_notes(switched_off: dict[str, Any]) -> list[str]:
         parts.append(f"truncation (max_length {switched_off['truncation'].get('max_length')})")
     if "padding" in switched_off:
         parts.append("padding")
+    it = "they were" if len(parts) > 1 else "it was"
     return [f"the tokenizer had {' and '.join(parts)} switched on; a build never truncates or "
-            "pads, so it was switched off (recorded in the manifest)"]
+            f"pads, so {it} switched off (recorded in the manifest)"]
 
 
 @dataclass
