@@ -10,10 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
-# eager: the function ``build`` must shadow the subpackage ``shardwise.build`` for good
-from shardwise.build.api import build
+from shardwise._version import __version__
+from shardwise.checkpoint import LoaderState
 from shardwise.errors import (
     CacheError,
     CacheMismatchError,
@@ -24,32 +22,32 @@ from shardwise.errors import (
     ShardwiseError,
     StateError,
 )
-from shardwise.format.cache import Cache, open_cache
-from shardwise.read.token_dataset import PAD, Shuffle, TokenDataset
-from shardwise.read.world import World
-from shardwise.state import LoaderState
+from shardwise.read.tokens.dataset import PAD, Shuffle, TokenDataset
+from shardwise.storage.cache import Cache, open_cache
+from shardwise.world import World
+from shardwise.writer.api import build
 
 # name -> module, imported on first attribute access (keeps `import shardwise` light)
 _LAZY = {
-    "Blend": "shardwise.read.blend",
-    "ChatProcessor": "shardwise.build.chat",
-    "ContiguousShards": "shardwise.read.contiguous",
-    "PackedSFT": "shardwise.read.sft_pack",
-    "ProducerDirDataset": "shardwise.read.producer_dir",
-    "RecordStream": "shardwise.read.records",
-    "SequentialConsumer": "shardwise.read.consumer",
-    "StreamDataset": "shardwise.read.stream",
+    "Blend": "shardwise.read.compose.blend",
+    "ChatProcessor": "shardwise.writer.chat",
+    "ContiguousShards": "shardwise.read.external.contiguous",
+    "PackedSFT": "shardwise.read.compose.sft_pack",
+    "ProducerDirDataset": "shardwise.read.external.producer_dir",
+    "RecordStream": "shardwise.read.records.stream",
+    "SequentialConsumer": "shardwise.read.records.consumer",
+    "StreamDataset": "shardwise.read.stream.dataset",
 }
 
 if TYPE_CHECKING:
-    from shardwise.build.chat import ChatProcessor
-    from shardwise.read.blend import Blend
-    from shardwise.read.consumer import SequentialConsumer
-    from shardwise.read.contiguous import ContiguousShards
-    from shardwise.read.producer_dir import ProducerDirDataset
-    from shardwise.read.records import RecordStream
-    from shardwise.read.sft_pack import PackedSFT
-    from shardwise.read.stream import StreamDataset
+    from shardwise.read.compose.blend import Blend
+    from shardwise.read.compose.sft_pack import PackedSFT
+    from shardwise.read.external.contiguous import ContiguousShards
+    from shardwise.read.external.producer_dir import ProducerDirDataset
+    from shardwise.read.records.consumer import SequentialConsumer
+    from shardwise.read.records.stream import RecordStream
+    from shardwise.read.stream.dataset import StreamDataset
+    from shardwise.writer.chat import ChatProcessor
 
 
 def __getattr__(name: str) -> Any:

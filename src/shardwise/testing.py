@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from shardwise.read.world import World
+from shardwise.world import World
 
 Batch = dict[str, Any]
 

@@ -39,6 +39,7 @@ def test_build_prints_a_json_summary_and_makes_the_cache(cli, tmp_path: Path) ->
     summary = orjson.loads(stdout)
     assert set(summary) == {"root", "sources", "chunks", "documents", "tokens", "bytes_read",
                             "seconds", "errors", "resumed_chunks", "new_chunks",
+                            "checked_chunks", "check_depth", "check_seconds", "rebuilt_chunks",
                             "empty_documents", "notes"}
     assert summary["empty_documents"] == 0 and summary["notes"] == []
     assert summary["root"] == str(out)
@@ -89,3 +90,23 @@ def test_a_rerun_with_other_chunking_exits_2_naming_the_field(cli, tmp_path: Pat
     assert "chunking.max_docs: cache has 100, this build has 50" in stderr
     assert "--overwrite" in stderr
     assert sw.open_cache(out).num_documents == DOCS  # the cache is untouched
+
+
+def test_verify_advises_a_rerun_and_the_rerun_repairs(cli, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli_main, "SUBCOMMANDS", ("build", "verify"))
+    out = tmp_path / "cache"
+    assert cli(*build_args(out, "--chunk-docs", 100))[0] == 0
+    damaged = out / "chunks/00000/00000-00002.bin"
+    data = bytearray(damaged.read_bytes())
+    data[100] ^= 1
+    damaged.write_bytes(bytes(data))
+    code, stdout, _ = cli("verify", out)
+    assert code == 1 and "rerun the same build command: it checks every chunk and rebuilds " \
+        "the 1 damaged chunk, byte-identical (or restore it from a copy)" in stdout
+    code, stdout, _ = cli(*build_args(out, "--chunk-docs", 100))
+    assert code == 0
+    assert "  rebuilt 1 damaged chunk: chunks/00000/00000-00002 (.bin: xxh3_64 " in stdout
+    assert cli("verify", out)[0] == 0
+    code, stdout, _ = cli(*build_args(out, "--chunk-docs", 100, "--no-verify"))
+    assert code == 0 and "(sizes only)" in stdout

@@ -8,8 +8,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from shardwise.build.convert import to_megatron
 from shardwise.cli import main as cli_main
+from shardwise.writer.convert import to_megatron
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cachefactory import make_cache, sample_docs  # noqa: E402
@@ -49,6 +49,18 @@ def test_damaged_files_are_printed_and_exit_1(cli, cache: Path) -> None:
     bad = [line for line in out.splitlines() if line.startswith("BAD ")]
     assert {line.split(": ")[0] for line in bad} == {f"BAD {bin_path}", f"BAD {idx_path}"}
     assert out.splitlines()[-1].startswith(f"FAILED {cache}: ")
+    assert out.splitlines()[-1].endswith(
+        "rerun the same build command: it checks every chunk and rebuilds the 2 damaged "
+        "chunks, byte-identical (or restore them from a copy)")
+
+
+def test_a_damaged_ledger_is_not_advised_to_be_rebuilt(cli, cache: Path) -> None:
+    (cache / "ledger.json").write_bytes(b"{")
+    code, out, _ = cli("verify", cache)
+    assert code == 1
+    assert out.splitlines()[-1].endswith(
+        "ledger.json cannot be repaired by rerunning the build: restore it from a copy, or "
+        "build the cache again with --overwrite")
 
 
 def test_json_report(cli, cache: Path) -> None:
@@ -66,6 +78,7 @@ def test_a_megatron_prefix_is_verified(cli, cache: Path, tmp_path: Path) -> None
     Path(f"{prefix}.bin").write_bytes(b"\0")
     code, out, _ = cli("verify", prefix)
     assert code == 1 and f"BAD {prefix}.bin: " in out
+    assert out.splitlines()[-1].endswith("restore the named files from a copy")
 
 
 def test_a_path_that_is_no_cache_is_a_usage_error(cli, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 PRODUCER = r"""
 import json, os, sys, time
 from pathlib import Path
-from shardwise.read.producer_dir import chunk_indices, delete_finished, write_expected
+from shardwise.read.external.producer_dir import chunk_indices, delete_finished, write_expected
 
 d, counts, stop_after, world = Path(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), 2
 write_expected(d, num_chunks=len(counts), records=counts)
@@ -41,8 +41,8 @@ print(json.dumps({"deleted": sorted(deleted)}))
 READER = r"""
 import json, sys, time
 from shardwise.errors import ProducerTimeoutError
-from shardwise.read.producer_dir import ProducerDirDataset
-from shardwise.read.world import World
+from shardwise.read.external.producer_dir import ProducerDirDataset
+from shardwise.world import World
 
 d, rank, mode, timeout = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 

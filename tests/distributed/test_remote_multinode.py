@@ -21,7 +21,7 @@ import pytest
 from tests.remote.s3server import moto_s3
 
 import shardwise as sw
-from shardwise.read.world import World
+from shardwise.world import World
 
 RANK_SCRIPT = Path(__file__).resolve().parents[1] / "remote" / "_node_rank.py"
 NODES, PER_NODE = 2, 2

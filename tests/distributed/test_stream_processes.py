@@ -21,7 +21,7 @@ import pytest
 from tests.cachefactory import make_cache, sample_docs
 
 import shardwise as sw
-from shardwise.read.stream import StreamDataset
+from shardwise.read.stream.dataset import StreamDataset
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = dict(workers=1, chunk_docs=8, segment_bytes=100_000, progress=False)
@@ -34,7 +34,7 @@ import json, os, sys, time
 import numpy as np
 import shardwise as sw
 from shardwise.errors import ProducerTimeoutError
-from shardwise.read.stream import StreamDataset
+from shardwise.read.stream.dataset import StreamDataset
 
 job = json.loads(sys.argv[1])
 out = job["out"]
@@ -103,7 +103,7 @@ def wait_ready(outs: list[Path], timeout: float = 60) -> None:
 
 
 def start_build(src: Path, out: Path, tok: Path) -> subprocess.Popen[bytes]:
-    code = ("from shardwise.build.api import build; "
+    code = ("from shardwise.writer.api import build; "
             f"build([{str(src)!r}], {str(out)!r}, tokenizer={str(tok)!r}, **{BUILD!r})")
     return subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
 

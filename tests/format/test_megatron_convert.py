@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import shardwise
-from shardwise.build.convert import from_megatron, to_megatron
 from shardwise.errors import CacheError, ConfigError
-from shardwise.format.verify import verify_cache
+from shardwise.storage.verify import verify_cache
+from shardwise.writer.convert import from_megatron, to_megatron
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cachefactory import make_cache, sample_docs  # noqa: E402

@@ -131,7 +131,7 @@ def test_megatron_core_reads_a_converted_prefix(tmp_path: Path) -> None:
     if indexed_dataset is None:
         pytest.skip("megatron-core is not installed: pip install --no-deps "
                     "megatron-core==0.16.1 to run this interoperability test")
-    from shardwise.build.convert import to_megatron
+    from shardwise.writer.convert import to_megatron
 
     docs = sample_docs(30, seed=4)
     root = make_cache(tmp_path / "c", [docs[:10], docs[10:]], chunk_docs=4)

@@ -8,8 +8,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from shardwise.build.convert import to_megatron
-from shardwise.format.verify import verify_cache, verify_megatron
+from shardwise.storage.verify import verify_cache, verify_megatron
+from shardwise.writer.convert import to_megatron
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cachefactory import make_cache, sample_docs  # noqa: E402

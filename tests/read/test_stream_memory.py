@@ -15,7 +15,7 @@ import shardwise as sw
 from shardwise.format.chunk import SourceRange, chunk_stem, publish_token_chunk
 from shardwise.format.ledger import ChunkEntry, Ledger, Segment, SourceProgress
 from shardwise.format.manifest import Manifest, SourceInfo, TokenizerInfo
-from shardwise.read.stream import StreamDataset
+from shardwise.read.stream.dataset import StreamDataset
 
 CHUNKS, TOKENS = 192, 64 * 1024          # 192 chunks of 128 KiB (uint16): 24 MiB
 CACHE_BYTES = 1 << 20                    # 1 MiB of chunk cache
@@ -73,7 +73,7 @@ def test_rss_is_flat_over_ten_times_the_cache(big_cache: Path) -> None:
 
 
 def test_chunk_cache_evicts_unpinned_least_recent_first() -> None:
-    from shardwise.read.chunk_cache import ChunkCache
+    from shardwise.read.stream.chunk_cache import ChunkCache
 
     reads: list[int] = []
 

@@ -142,7 +142,7 @@ def test_bad_options_are_named(cache_dir: Path) -> None:
 
 
 def test_megatron_prefix_reads_the_same_windows(cache_dir: Path, tmp_path: Path) -> None:
-    from shardwise.build.convert import to_megatron
+    from shardwise.writer.convert import to_megatron
 
     to_megatron(cache_dir, tmp_path / "corpus_text_document")
     a = sw.TokenDataset(cache_dir, seq_len=32, seed=4)

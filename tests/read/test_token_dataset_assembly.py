@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardwise as sw
-from shardwise.read.token_dataset import ORDER_BLOCK
+from shardwise.read.tokens.dataset import ORDER_BLOCK
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
 from cachefactory import make_cache, sample_docs  # noqa: E402
@@ -36,7 +36,7 @@ def chunked(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def one_file(chunked: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same stream as one Megatron .bin/.idx (one chunk: the single-gather route)."""
-    from shardwise.build.convert import to_megatron
+    from shardwise.writer.convert import to_megatron
 
     prefix = tmp_path_factory.mktemp("assembly-megatron") / "corpus_text_document"
     to_megatron(chunked, prefix)
@@ -135,7 +135,7 @@ def test_a_used_dataset_pickles_without_its_mapped_data(tmp_path: Path, shuffle:
     and the copy must read the same batches."""
     import pickle
 
-    from shardwise.cli.bench_read_data import make_corpus
+    from shardwise.bench.read_data import make_corpus
 
     prefix = tmp_path / "corpus"
     make_corpus(prefix, 2_000_000, seed=3)  # 4 MB of tokens, ~2,400 documents

@@ -15,9 +15,9 @@ from tests.remote.conftest import BUCKET
 
 import shardwise as sw
 from shardwise.errors import CorruptChunkError
-from shardwise.format.download import CLAIM_PREFIX, DownloadDir, _start_time
-from shardwise.format.verify import verify_cache
-from shardwise.read.world import World
+from shardwise.storage.download import CLAIM_PREFIX, DownloadDir, _start_time
+from shardwise.storage.verify import verify_cache
+from shardwise.world import World
 
 SEQ_LEN = 32
 
@@ -249,6 +249,41 @@ def test_verify_names_every_damaged_object_by_key(damaged: tuple[str, str, str])
     assert out.returncode == 1, out.stderr
     assert f"BAD {bad}/{flipped}: xxh3_64" in out.stdout
     assert f"BAD {bad}/{deleted}: missing" in out.stdout
+
+
+def _objects(url: str) -> dict[str, bytes]:
+    fs = _s3()
+    prefix = url.removeprefix("s3://") + "/"
+    return {k[len(prefix):]: fs.cat_file(k) for k in fs.find(prefix)}
+
+
+def test_a_rerun_of_the_build_repairs_the_damaged_objects(
+        damaged: tuple[str, str, str], built: tuple[str, Path], sample_corpus: Path,
+        tokenizer_path: Path) -> None:
+    bad, flipped, deleted = damaged
+    url, _ = built
+    summary = sw.build([str(sample_corpus)], bad, tokenizer=tokenizer_path, chunk_docs=8,
+                       append_eod=True, progress=False, workers=2)
+    assert set(summary.rebuilt_chunks) == {flipped[:-4], deleted[:-4]}
+    assert summary.rebuilt_chunks[flipped[:-4]].startswith(".bin: xxh3_64 ")
+    assert summary.rebuilt_chunks[deleted[:-4]] == ".idx: missing (named by the ledger)"
+    assert summary.check_depth == "checksums" and summary.new_chunks == 0
+    assert _objects(bad) == _objects(url)
+    assert verify_cache(bad).ok
+
+
+def test_overwrite_of_a_prefix_holding_other_objects_deletes_nothing(
+        built: tuple[str, Path], sample_corpus: Path, tokenizer_path: Path) -> None:
+    url, _ = built
+    other = f"s3://{BUCKET}/foreign-{os.getpid()}-{os.urandom(3).hex()}"
+    _copy_prefix(url, other)
+    _s3().pipe_file(f"{other[5:]}/notes/readme.txt", b"mine")
+    before = _objects(other)
+    with pytest.raises(sw.ConfigError, match=r"holds 1 other entries \(notes/readme.txt\); "
+                                             "nothing was deleted"):
+        sw.build([str(sample_corpus)], other, tokenizer=tokenizer_path, chunk_docs=50,
+                 progress=False, workers=2, overwrite=True)
+    assert _objects(other) == before
 
 
 def test_reader_names_a_damaged_or_missing_object(damaged: tuple[str, str, str],

@@ -29,27 +29,27 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     b.add_argument("--tmp-dir", default=None, metavar="DIR",
                    help="where the corpus and caches go (default: the system temp dir)")
     b.add_argument("--json", action="store_true", help="print the figures as JSON")
-    from shardwise.cli.bench_build import add_executor_argument
+    from shardwise.bench.build import add_executor_argument
 
     add_executor_argument(b)
-    from shardwise.cli.bench_read import add_read_parser
+    from shardwise.bench.read import add_read_parser
 
     add_read_parser(which)
     for name in ("stream", "records"):
-        module = importlib.import_module(f"shardwise.cli.bench_{name}")
+        module = importlib.import_module(f"shardwise.bench.{name}")
         module.add_subparser(which)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     if args.bench == "build":
-        from shardwise.cli.bench_build import run_build_bench
+        from shardwise.bench.build import run_build_bench
 
         return run_build_bench(args)
     if args.bench == "read":
-        from shardwise.cli.bench_read import run_read_bench
+        from shardwise.bench.read import run_read_bench
 
         return run_read_bench(args)
     if args.bench in ("stream", "records"):
-        return int(importlib.import_module(f"shardwise.cli.bench_{args.bench}").run(args))
+        return int(importlib.import_module(f"shardwise.bench.{args.bench}").run(args))
     return 2

@@ -11,8 +11,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "build", help="tokenize JSONL / Parquet sources into a cache",
         description="Tokenize sources into a chunked, checksummed cache. Running the same "
-                    "command again after an interruption continues from the ledger; running "
-                    "it with other arguments against an existing cache is refused.")
+                    "command again continues from the ledger after an interruption, and "
+                    "first checks every chunk an earlier run published (size and xxh3 of "
+                    "every file), rebuilding the damaged, truncated or missing ones "
+                    "byte-identical; running it with other arguments against an existing "
+                    "cache is refused.")
     p.add_argument("sources", nargs="+", metavar="SOURCE",
                    help="files, directories or globs of .jsonl, .jsonl.gz, .jsonl.zst, .parquet")
     p.add_argument("--out", required=True, metavar="DIR", help="cache directory")
@@ -41,20 +44,25 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--on-error", choices=["raise", "skip"], default="raise",
                    help="stop at the first bad record naming it (default), or skip and count")
     p.add_argument("--overwrite", action="store_true",
-                   help="delete an existing cache in DIR and start again")
+                   help="delete what shardwise wrote in DIR (cache, plans, leftovers) and "
+                        "start again; refuses, deleting nothing, if DIR holds other files")
+    p.add_argument("--no-verify", action="store_true",
+                   help="on a rerun, check only the sizes of the chunks an earlier run "
+                        "published, not their checksums (faster on a large cache you trust; "
+                        "finds missing and truncated files, not flipped bits)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or log lines")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    from shardwise.build.api import build
+    from shardwise.writer.api import build
 
     summary = build(args.sources, args.out, tokenizer=args.tokenizer, text_key=args.text_key,
                     workers=args.workers, chunk_docs=args.chunk_docs, chunk_mb=args.chunk_mb,
                     append_eod=args.append_eod, eod_token=args.eod_token,
                     on_error=args.on_error, overwrite=args.overwrite,
                     progress=not args.no_progress, executor=args.executor,
-                    address=args.address)
+                    address=args.address, verify=not args.no_verify)
     print(json.dumps(summary.to_dict(), indent=2) if args.json else summary)
     return 0

@@ -1,6 +1,6 @@
 """``shardwise convert``: a cache to one Megatron ``.bin/.idx`` pair, or back.
 
-Thin shell over :func:`shardwise.build.convert.to_megatron` and ``from_megatron``.
+Thin shell over :func:`shardwise.writer.convert.to_megatron` and ``from_megatron``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from shardwise.build.convert import ConvertSummary, from_megatron, to_megatron
+from shardwise.writer.convert import ConvertSummary, from_megatron, to_megatron
 
 USAGE = ("shardwise convert DIR --to-megatron PREFIX [--allow-partial]\n"
          "       shardwise convert --from-megatron PREFIX --out DIR "

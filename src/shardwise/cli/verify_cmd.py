@@ -1,6 +1,6 @@
 """``shardwise verify``: check every chunk of a cache; exit 1 if anything is damaged.
 
-Thin shell over :func:`shardwise.format.verify.verify_cache` (or ``verify_megatron`` for a
+Thin shell over :func:`shardwise.storage.verify.verify_cache` (or ``verify_megatron`` for a
 Megatron prefix): one ``BAD <path>: <what>`` line per problem, ``NOTE`` lines for files the
 ledger does not name, and a summary line. ``--json`` prints the report as one object.
 """
@@ -15,9 +15,10 @@ from typing import Any
 import orjson
 
 from shardwise.errors import ManifestError
-from shardwise.format.manifest import MANIFEST_NAME
-from shardwise.format.storage import is_url
-from shardwise.format.verify import VerifyReport, verify_cache, verify_megatron, verify_remote
+from shardwise.format.manifest import MANIFEST_NAME, Manifest
+from shardwise.storage.remote import is_url, open_root
+from shardwise.storage.verify import VerifyReport, verify_cache, verify_megatron, verify_remote
+from shardwise.writer.convert import IMPORT_KIND
 
 DESCRIPTION = ("Check a shardwise cache exhaustively: the manifest, the ledger's consistency, "
                "and for every chunk the ledger names (visible or not) its metadata checksum, "
@@ -30,8 +31,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "verify", help="check every chunk's checksums and structure; exit 1 if damaged",
         description=textwrap.fill(DESCRIPTION, 88),
-        epilog="exit status: 0 the cache is intact, 1 problems were found, 2 usage error.\n"
-               "examples:\n  shardwise verify cache/\n  shardwise verify data/corpus_text_document"
+        epilog="examples:\n  shardwise verify cache/\n  shardwise verify data/corpus_text_document"
                "\n  shardwise verify cache/ --json\n  shardwise verify s3://bucket/cache",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", metavar="DIR", help="cache directory, Megatron prefix, or cache URL "
@@ -49,8 +49,21 @@ def run(args: argparse.Namespace) -> int:
             print(f"BAD {p.path}: {p.what}")
         for p in report.notes:
             print(f"NOTE {p.path}: {p.what}")
-        print(summary_line(report))
+        print(summary_line(report, rebuild=_how_to_rebuild(args.path)))
     return 0 if report.ok else 1
+
+
+def _how_to_rebuild(path: str) -> str | None:
+    """What rebuilds damaged chunks in place: a rerun of the build that made the cache;
+    nothing for a Megatron prefix or a cache imported from one (restore those)."""
+    root = open_root(path)
+    if isinstance(root, Path) and not root.is_dir():
+        return None  # a Megatron prefix
+    try:
+        kind = Manifest.load(root).processor.get("kind")
+    except ManifestError:
+        return "rerun the same build command"  # unreadable manifest: advised separately
+    return None if kind == IMPORT_KIND else "rerun the same build command"
 
 
 def check(path: Path) -> VerifyReport:
@@ -65,11 +78,31 @@ def check(path: Path) -> VerifyReport:
                         f"Megatron prefix ({path.name}.bin / {path.name}.idx)")
 
 
-def summary_line(r: VerifyReport) -> str:
+def summary_line(r: VerifyReport, *, rebuild: str | None = None) -> str:
+    """``rebuild``: the command that rebuilds damaged chunks in place, if any."""
     checked = f"{r.chunks_checked:,} chunks, {r.bytes_checked:,} bytes checked"
     extra = f"; {len(r.notes)} notes" if r.notes else ""
     if r.ok:
         return f"OK {r.root}: {checked}{extra}"
     files = len({p.path for p in r.problems})
     return (f"FAILED {r.root}: {len(r.problems)} problems in {files} files; {checked}{extra}; "
-            "rebuild the named chunks (rerun the build) or restore them from a copy")
+            + advice(r, rebuild))
+
+
+def advice(r: VerifyReport, rebuild: str | None) -> str:
+    """What will repair it, and only what will: a rerun of the build rebuilds damaged
+    chunks (shardwise.writer.repair), never a damaged manifest or ledger."""
+    head = r.root.rstrip("/") + "/"
+    names = {p.path[len(head):] if p.path.startswith(head) else p.path for p in r.problems}
+    chunks = {n.rsplit(".", 1)[0] for n in names if n.startswith("chunks/")}
+    others = sorted(n for n in names if not n.startswith("chunks/"))
+    if rebuild is None:
+        return "restore the named files from a copy"
+    if not others:
+        n = len(chunks)
+        return (f"{rebuild}: it checks every chunk and rebuilds the {n} damaged "
+                f"chunk{'s' if n != 1 else ''}, byte-identical (or restore "
+                f"{'them' if n != 1 else 'it'} from a copy)")
+    return (f"{', '.join(others)} cannot be repaired by rerunning the build: restore "
+            f"{'it' if len(others) == 1 else 'them'} from a copy, or build the cache again "
+            "with --overwrite")

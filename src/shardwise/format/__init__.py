@@ -1,5 +1,7 @@
 """Bytes on disk and nothing else: chunk files, manifest, ledger, checksums, publication.
 
 See ``SPEC.md`` beside this file. Imports numpy, xxhash, orjson and (lazily) pyarrow; never
-torch or ray.
+torch, ray or fsspec: an object store is reached through the small
+:class:`~shardwise.format.files.ObjectStore` interface that :mod:`shardwise.storage`
+implements.
 """

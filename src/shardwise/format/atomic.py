@@ -9,7 +9,8 @@ by the next build).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -35,10 +36,24 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+@contextmanager
+def _naming(path: Path, tmp: Path) -> Iterator[None]:
+    """Remove ``tmp`` if writing fails (a full disk gets its space back), and name
+    ``path`` in an OSError that names no file (``write``/``fsync`` errors such as ENOSPC
+    or EFBIG carry none), so the user learns where it happened."""
+    try:
+        yield
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = str(path)
+        raise
+
+
 def write_temp(path: Path, data: bytes | memoryview) -> Path:
     """Write ``data`` to a fresh temporary sibling of ``path``, fsynced; return its path."""
     tmp = temp_path(path)
-    with open(tmp, "wb") as f:
+    with _naming(path, tmp), open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -58,14 +73,12 @@ def atomic_write_with(path: Path, write: Callable[[BinaryIO], Any]) -> None:
     (e.g. ``np.save``) so large data is not copied into one bytes object first."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(path)
-    try:
+    with _naming(path, tmp):
         with open(tmp, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
 
 

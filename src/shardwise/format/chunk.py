@@ -21,8 +21,8 @@ import orjson
 
 from shardwise.format.atomic import fsync_dir, write_temp
 from shardwise.format.checksum import bytes_checksum
+from shardwise.format.files import ObjectStore, Root
 from shardwise.format.megatron import idx_bytes
-from shardwise.format.storage import RemoteStore, Root
 
 
 class ChunkKind(str, Enum):
@@ -88,7 +88,7 @@ def _publish(root: Root, stem: str, payloads: dict[str, bytes | memoryview],
              meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
     """Write every payload to a temp name, fsync, rename; then the metadata, last.
     On an object store: one whole-object PUT each, data objects first, metadata last."""
-    if isinstance(root, RemoteStore):
+    if not isinstance(root, Path):
         return _upload(root, stem, payloads, meta_fields)
     base = root / stem
     base.parent.mkdir(parents=True, exist_ok=True)
@@ -109,7 +109,7 @@ def _publish(root: Root, stem: str, payloads: dict[str, bytes | memoryview],
     return meta, bytes_checksum(meta_bytes)
 
 
-def _upload(store: RemoteStore, stem: str, payloads: dict[str, bytes | memoryview],
+def _upload(store: ObjectStore, stem: str, payloads: dict[str, bytes | memoryview],
             meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
     files = {suffix: {"bytes": len(data), "xxh3_64": bytes_checksum(data)}
              for suffix, data in payloads.items()}

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from shardwise.errors import ManifestError
-from shardwise.format.storage import Root, read_file, where, write_file
+from shardwise.format.files import Root, read_file, where, write_file
 
 LEDGER_NAME = "ledger.json"
 LEDGER_VERSION = 2

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from shardwise.errors import ManifestError
-from shardwise.format.storage import Root, read_file, where, write_file
+from shardwise.format.files import Root, read_file, where, write_file
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"

@@ -37,31 +37,27 @@ from shardwise.plan._checks import (
     IntArray,
     as_index_array,
     check_int,
-    divisors,
     unwrap,
 )
 from shardwise.plan.permutation import permute_within
+from shardwise.world import World
 
 STREAM_TAG = "stream_chunks"
 WINDOW_TAG = "stream_windows"
 
 
 def streams_per_rank(world: int, n_streams: int) -> int:
-    """``R* / R``; raise, listing the world sizes that work, unless ``R`` divides ``R*``."""
+    """``R* / R``; raise, listing the world sizes that work, unless ``R`` divides ``R*``
+    (the rule is :meth:`shardwise.world.World.streams`)."""
     w = check_int(world, "world size", minimum=1)
-    s = check_int(n_streams, "n_streams", minimum=1)
-    if s % w:
-        raise ValueError(f"the world size must divide the number of streams: {s} streams "
-                         f"cannot be split over {w} ranks; world sizes that work: "
-                         f"{divisors(s)} (or choose n_streams as a multiple of {w})")
-    return s // w
+    return len(World(0, w).streams(check_int(n_streams, "n_streams", minimum=1)))
 
 
 def streams_of_rank(rank: int, world: int, n_streams: int) -> IntArray:
     """The streams rank ``rank`` serves: ``s % world == rank``, ascending."""
-    streams_per_rank(world, n_streams)
-    r = check_int(rank, "rank", minimum=0, maximum=world - 1)
-    return np.arange(r, n_streams, world, dtype=np.int64)
+    w = check_int(world, "world size", minimum=1)
+    r = check_int(rank, "rank", minimum=0, maximum=w - 1)
+    return np.asarray(World(r, w).streams(n_streams), dtype=np.int64)
 
 
 def chunks_of_stream(s: int, n_chunks: int, n_streams: int) -> IntArray:
@@ -163,6 +159,38 @@ def windows_per_block(chunk_tokens: npt.ArrayLike, block_chunks: int, seq_len: i
     sums = np.add.reduceat(toks, np.arange(0, toks.size, block_chunks))
     labels = np.maximum(sums - 1, 0)
     return labels // seq_len if drop_last else (labels + seq_len - 1) // seq_len
+
+
+def dropped_block_tokens(chunk_tokens: npt.ArrayLike, block_chunks: int, seq_len: int,
+                         drop_last: bool) -> int:
+    """Tokens of a stream's blocks that no window holds: each block's tail after its last
+    full window (``drop_last``), or a block too short for one window.
+
+    Example (the :func:`windows_per_block` one): blocks of 9 and 9 tokens, ``seq_len=4``
+    → 2 windows each, holding tokens 0‥8: nothing dropped. Blocks of 13 and 11 tokens →
+    3 and 2 windows holding 13 and 9 tokens: 2 dropped (the second block's last two).
+    """
+    toks = np.asarray(chunk_tokens, dtype=np.int64)
+    if toks.size == 0:
+        return 0
+    sums = np.add.reduceat(toks, np.arange(0, toks.size, block_chunks))
+    w = windows_per_block(toks, block_chunks, seq_len, drop_last)
+    held = np.where(w > 0, np.minimum(sums, w * seq_len + 1), 0)
+    return int((sums - held).sum())
+
+
+def dropped_stream_tokens(cum_tokens: IntArray, n_streams: int, block_chunks: int,
+                          seq_len: int, drop_last: bool, *, full_blocks_only: bool) -> int:
+    """:func:`dropped_block_tokens` summed over all ``n_streams`` streams of a cache
+    (``cum_tokens``: its chunks' prefix sums). ``full_blocks_only``: leave out each
+    stream's last, partial block (not final while a build runs)."""
+    lost = 0
+    for s in range(n_streams):
+        toks = stream_chunk_tokens(cum_tokens, s, n_streams)
+        if full_blocks_only:
+            toks = toks[: len(toks) // block_chunks * block_chunks]
+        lost += dropped_block_tokens(toks, block_chunks, seq_len, drop_last)
+    return lost
 
 
 def block_read_order(s: int, b: int, size: int, *, n_streams: int, block_chunks: int,

@@ -1,0 +1,428 @@
+"""``shardwise bench read``: examples/s, time to first example and RSS of the reader, beside
+baselines measured in the same run on the same Megatron ``.bin/.idx`` data.
+
+The bench writes two corpora (:mod:`shardwise.bench.read_data`): ``--tokens`` and
+``--large-factor`` times that (for the size-independence figures), and imports the small
+one again as a shardwise cache of ``--chunks`` chunks. On the small one, an untimed
+warm-up round, then ``--repeat`` rounds, each reading the examples ``[0, n)``
+(``n = --batches × --micro-batch``) through every path in turn, the best (shortest) run of
+each kept: a warm steady state, every page in the page cache and mapped, so no path pays
+another's page faults::
+
+    plain numpy      windows sliced from np.memmap into a preallocated [m, L+1] int64 array
+    ds[i]            TokenDataset.__getitem__, one example per call
+    __getitems__     TokenDataset.__getitems__, one micro-batch per call
+    loader           shardwise.torch.loader(num_workers=0)
+    *_chunked        the same on the chunked cache (a micro-batch's windows in many files)
+    megatron         megatron.core GPTDataset + torch DataLoader(batch_size=m, num_workers=0)
+
+The plain-numpy windows are the dataset's own (``ds.windows``), so its rows must equal the
+shardwise ``input_ids``/``labels`` on every path; that is checked before timing. Start-up
+and RSS are measured in fresh interpreters (:mod:`shardwise.bench.read_fresh`), seek
+in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import functools
+import itertools
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shardwise.bench.read_data import (
+    MEGATRON_INSTALL,
+    VOCAB,
+    chunked_copy,
+    make_corpus,
+    megatron_dataset,
+    quiet,
+)
+from shardwise.bench.read_fresh import CLOCKS, measure_rss, measure_startup
+from shardwise.errors import ConfigError
+
+RSS_NOTE = ("peak RSS counts mapped page-cache pages (the kernel maps up to 64 KB around each "
+            "touched page), for plain numpy too; the reader's own memory is the heap row")
+TARGETS = {"loader_vs_megatron": 5.0, "loader_vs_numpy": 0.5, "first_example_s": 0.050,
+           "import_s": 0.3, "seek_s": 0.010}
+CHUNKED = "_chunked"
+
+
+def add_read_parser(which: Any) -> argparse.ArgumentParser:
+    """The ``read`` subcommand of ``shardwise bench``."""
+    r = which.add_parser("read", help="examples/s, time to first example and RSS of the "
+                                      "reader vs plain numpy and Megatron's GPTDataset")
+    r.add_argument("--tokens", type=int, default=50_000_000,
+                   help="tokens of the main corpus (default 50M)")
+    r.add_argument("--large-factor", type=int, default=4,
+                   help="the second corpus is this many times larger (default 4)")
+    r.add_argument("--chunks", type=int, default=16,
+                   help="the small corpus is also read as a cache of about this many "
+                        "chunks (default 16)")
+    r.add_argument("--seq-len", type=int, default=2048)
+    r.add_argument("--micro-batch", type=int, default=8)
+    r.add_argument("--batches", type=int, default=200,
+                   help="micro-batches per timed run (default 200)")
+    r.add_argument("--rss-batches", type=int, default=500,
+                   help="micro-batches read by the RSS processes (default 500)")
+    r.add_argument("--repeat", type=int, default=5, help="best of N runs (default 5)")
+    r.add_argument("--seed", type=int, default=1234)
+    r.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="wall time, or this process's CPU time (steadier on a loaded "
+                        "machine; I/O waits not counted) (default wall)")
+    r.add_argument("--dir", default=None, metavar="DIR",
+                   help="keep the data here and reuse it (default: a temp dir, removed)")
+    r.add_argument("--no-megatron", action="store_true",
+                   help="skip the Megatron-Core baseline")
+    r.add_argument("--json", action="store_true")
+    return r
+
+
+# -- in-process throughput --------------------------------------------------------------
+def _timed(fn: Callable[[], object], clock: str) -> float:
+    now = getattr(time, CLOCKS[clock])
+    started = now()
+    fn()
+    return float(now() - started)
+
+
+def _numpy_run(mm: npt.NDArray[Any], starts: list[list[int]], L: int) -> Callable[[], None]:
+    out = np.empty((len(starts[0]), L + 1), dtype=np.int64)
+
+    def run() -> None:
+        for batch in starts:
+            for r, s in enumerate(batch):
+                out[r] = mm[s: s + L + 1]
+    return run
+
+
+def _same_rows(batch: dict[str, Any], rows: npt.NDArray[np.int64]) -> bool:
+    """``input_ids`` and ``labels`` of ``batch`` (numpy or torch) are ``rows`` shifted."""
+    L = rows.shape[1] - 1
+    inputs, labels = (np.asarray(batch[k]) for k in ("input_ids", "labels"))
+    return bool(np.array_equal(inputs.reshape(-1, L), rows[:, :L])
+                and np.array_equal(labels.reshape(-1, L), rows[:, 1:]))
+
+
+def check_identical(readers: dict[str, Any], mm: npt.NDArray[Any], args: argparse.Namespace,
+                    loaders: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+    """The first micro-batches through every shardwise path vs plain-numpy slicing."""
+    L, m = args.seq_len, args.micro_batch
+    k = min(args.batches, 8)
+    ok: dict[str, Any] = {"getitem": True, **{f"getitems{s}": True for s in readers},
+                          **{f"loader{s}": True for s in loaders}}
+    batches = {s: iter(make()) for s, make in loaders.items()}
+    ds = readers[""]
+    for b in range(k):
+        idx = list(range(b * m, (b + 1) * m))
+        rows = np.stack([np.asarray(mm[w * L: w * L + L + 1], dtype=np.int64)
+                         for w in ds.windows(idx).tolist()])
+        for suffix, reader in readers.items():
+            ok[f"getitems{suffix}"] &= _same_rows(reader.__getitems__(idx), rows)
+        ok["getitem"] &= all(_same_rows(ds[i], rows[j: j + 1]) for j, i in enumerate(idx))
+        for suffix, it in batches.items():
+            ok[f"loader{suffix}"] &= _same_rows(next(it), rows)
+    ok["all"] = all(ok.values())
+    return {**ok, "batches": k}
+
+
+def _drain(items: Any) -> None:
+    """Consume an iterable, keeping nothing (each batch is freed before the next)."""
+    collections.deque(items, maxlen=0)
+
+
+def one_round(readers: dict[str, Any], mm: npt.NDArray[Any], args: argparse.Namespace,
+              loaders: dict[str, Callable[[], Any]], meg: Any) -> dict[str, float]:
+    """Seconds of each read path over examples ``[0, batches·m)``."""
+    L, m, nb, c = args.seq_len, args.micro_batch, args.batches, args.clock
+    n, ds = nb * m, readers[""]
+    windows = ds.windows(np.arange(n)).reshape(nb, m) * L
+    idx = [list(range(k * m, (k + 1) * m)) for k in range(nb)]
+    out = {"numpy": _timed(_numpy_run(mm, windows.tolist(), L), c),
+           "getitem": _timed(lambda: _drain(ds[i] for i in range(n)), c)}
+    for suffix, reader in readers.items():
+        out[f"getitems{suffix}"] = _timed(functools.partial(_drain, map(reader.__getitems__,
+                                                                         idx)), c)
+    for suffix, make in loaders.items():
+        out[f"loader{suffix}"] = _timed(functools.partial(_drain, itertools.islice(make(), nb)),
+                                        c)
+    if meg is not None:
+        from torch.utils.data import DataLoader
+
+        sampler = [i % len(meg) for i in range(n)]
+        mdl = DataLoader(meg, batch_size=m, sampler=sampler, num_workers=0)
+        with quiet():
+            out["megatron"] = _timed(lambda: _drain(mdl), c)
+    return out
+
+
+def measure_throughput(readers: dict[str, Any], mm: npt.NDArray[Any],
+                       args: argparse.Namespace, loaders: dict[str, Callable[[], Any]],
+                       meg: Any, log: Callable[[str], None]) -> dict[str, Any]:
+    """Interleaved rounds of every read path over the same examples; best run of each."""
+    n = args.batches * args.micro_batch
+    runs: dict[str, list[float]] = {}
+    one_round(readers, mm, args, loaders, meg)  # warm-up: map the pages every path reads
+    for r in range(args.repeat):
+        for k, v in one_round(readers, mm, args, loaders, meg).items():
+            runs.setdefault(k, []).append(v)
+        log(f"  round {r + 1}/{args.repeat}: " + ", ".join(
+            f"{k} {n / v[-1]:,.0f} ex/s" for k, v in runs.items()))
+    out: dict[str, Any] = {}
+    for k, secs in runs.items():
+        best = min(secs)
+        out[k] = {"examples_per_s": n / best, "tokens_per_s": n * args.seq_len / best,
+                  "batches_per_s": args.batches / best, "seconds": best, "runs": secs,
+                  "examples": n}
+    return out
+
+
+def measure_seek(prefix: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Loader construction plus its first batch, deep in the data (epoch 3) vs at 0."""
+    from shardwise import TokenDataset, World, open_cache
+    from shardwise.torch import loader
+
+    m, now = args.micro_batch, getattr(time, CLOCKS[args.clock])
+    probe = TokenDataset(open_cache(prefix), seq_len=args.seq_len, seed=args.seed)
+    deep = (3 * len(probe) + len(probe) // 2) // m * m
+    out: dict[str, Any] = {"consumed": deep}
+    for name, consumed in (("zero", 0), ("deep", deep)):
+        best = float("inf")
+        for _ in range(args.repeat):
+            ds = TokenDataset(open_cache(prefix), seq_len=args.seq_len, seed=args.seed)
+            started = now()
+            next(iter(loader(ds, global_batch_size=m, micro_batch_size=m, world=World(0, 1),
+                             num_workers=0, consumed=consumed)))
+            best = min(best, now() - started)
+        out[name] = best
+    return out
+
+
+# -- report -----------------------------------------------------------------------------
+def _row(what: str, value: float | None, unit: str, base_what: str, base: float | None
+         ) -> dict[str, Any]:
+    ratio = value / base if value is not None and base else None
+    return {"what": what, "value": value, "unit": unit, "baseline_what": base_what,
+            "baseline": base, "ratio": ratio}
+
+
+def _heap_growth(r: dict[str, Any]) -> float:
+    """RssAnon after reading minus RssAnon after the imports (what the reader added)."""
+    return float(r["anon_mb"] - r["after_import"]["anon_mb"])
+
+
+def figure_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each figure beside its baseline (ratio = figure / baseline)."""
+    tp, st, rss, cfg = rep["throughput"], rep["startup"], rep["rss"], rep["config"]
+    eps = {k: v["examples_per_s"] for k, v in tp.items()}
+    meg = eps.get("megatron")
+    np_name = "plain numpy memmap slicing"
+    rows = [_row("ds[i], one example per call", eps["getitem"], "ex/s", np_name, eps["numpy"]),
+            _row("ds.__getitems__, one micro-batch", eps["getitems"], "ex/s", np_name,
+                 eps["numpy"])]
+    if "loader" in eps:
+        rows += [_row("loader, num_workers=0", eps["loader"], "ex/s", np_name, eps["numpy"]),
+                 _row("loader, num_workers=0", eps["loader"], "ex/s",
+                      "Megatron GPTDataset + DataLoader", meg)]
+    chunks = rep["data"].get("chunked", {}).get("chunks")
+    for path in ("getitems", "loader"):
+        if path + CHUNKED in eps:
+            rows.append(_row(f"{path}, cache of {chunks} chunks", eps[path + CHUNKED], "ex/s",
+                             f"{path}, one .bin", eps[path]))
+    if meg is not None:
+        rows.append(_row("Megatron GPTDataset + DataLoader", meg, "ex/s", np_name, eps["numpy"]))
+    small, large = f"{cfg['tokens'] / 1e6:g}M", f"{cfg['large_tokens'] / 1e6:g}M"
+    rows += [_row("import shardwise (fresh process)", st["import"]["seconds"], "s",
+                  "import numpy", st["import_numpy"]["seconds"]),
+             _row(f"first example, {small} tokens", st["first_small"]["seconds"], "s",
+                  "np.memmap + first window", st["first_numpy_small"]["seconds"]),
+             _row(f"first example, {large} tokens", st["first_large"]["seconds"], "s",
+                  f"first example, {small} tokens", st["first_small"]["seconds"])]
+    for size, name in ((small, "small"), (large, "large")):
+        for plan in ("cold", "cached"):
+            meg_first = st.get(f"megatron_{plan}_{name}", {}).get("seconds")
+            rows.append(_row(f"first example, doc shuffle, {plan} plan, {size}",
+                             st[f"doc_{plan}_{name}"]["seconds"], "s",
+                             f"Megatron GPTDataset, {plan} index", meg_first))
+    if "seek" in rep:
+        rows.append(_row(f"loader + first batch at example {rep['seek']['consumed']:,}",
+                         rep["seek"]["deep"], "s", "at example 0", rep["seek"]["zero"]))
+    for kind, key in (("peak RSS", "peak_mb"), ("heap (RssAnon)", "anon_mb")):
+        if key not in rss["small"]:
+            continue
+        rows += [_row(f"{kind}, {small} tokens", rss["small"][key], "MB",
+                      "plain numpy, same windows", rss["numpy_small"][key]),
+                 _row(f"{kind}, {large} tokens", rss["large"][key], "MB",
+                      "plain numpy, same windows", rss["numpy_large"][key]),
+                 _row(f"{kind}, {large} vs {small} tokens", rss["large"][key], "MB",
+                      f"{kind}, {small} tokens", rss["small"][key])]
+    if "anon_mb" in rss.get("megatron_small", {}):
+        rows += [_row(f"heap growth while reading, {size} tokens", _heap_growth(rss[name]),
+                      "MB", "Megatron GPTDataset, as many",
+                      _heap_growth(rss[f"megatron_{name}"]))
+                 for size, name in ((small, "small"), (large, "large"))]
+    return rows
+
+
+def targets(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    """The project's acceptance figures, checked against this run (None: not measured)."""
+    tp, st = rep["throughput"], rep["startup"]
+    loader = tp.get("loader", {}).get("examples_per_s")
+    meg = tp.get("megatron", {}).get("examples_per_s")
+    first = max(st[k]["seconds"] for k in ("first_small", "first_large", "doc_cached_small",
+                                           "doc_cached_large"))
+    t = TARGETS
+    out = [
+        {"what": f"loader >= {t['loader_vs_megatron']:g}x Megatron GPTDataset", "op": ">=",
+         "want": t["loader_vs_megatron"], "got": loader / meg if loader and meg else None},
+        {"what": f"loader >= {t['loader_vs_numpy']:.0%} of plain numpy", "op": ">=",
+         "want": t["loader_vs_numpy"],
+         "got": loader / tp["numpy"]["examples_per_s"] if loader else None},
+        {"what": f"first example < {t['first_example_s'] * 1e3:g} ms, both sizes, window "
+                 "shuffle and cached document plan", "op": "<",
+         "want": t["first_example_s"], "got": first},
+        {"what": f"import shardwise < {t['import_s']:g} s", "op": "<", "want": t["import_s"],
+         "got": st["import"]["seconds"]},
+        {"what": f"seek < {t['seek_s'] * 1e3:g} ms", "op": "<", "want": t["seek_s"],
+         "got": rep["seek"]["deep"] if "seek" in rep else None},
+    ]
+    for x in out:
+        got = x["got"]
+        x["ok"] = None if got is None else (got >= x["want"] if x["op"] == ">=" else
+                                            got < x["want"])
+    return out
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "ex/s":
+        return f"{value:,.0f} ex/s"
+    if unit == "s":
+        return f"{value * 1e3:,.1f} ms"
+    return f"{value:,.1f} {unit}"
+
+
+def format_report(rep: dict[str, Any]) -> str:
+    cfg, data = rep["config"], rep["data"]
+    tp = rep["throughput"]
+    lines = [
+        f"shardwise bench read: Megatron .bin/.idx of {cfg['tokens']:,} tokens "
+        f"({data['small']['documents']:,} documents, mean {data['small']['mean_doc']:.0f}) "
+        f"and {cfg['large_tokens']:,}; uint16, vocab {VOCAB:,}",
+        f"  seq_len {cfg['seq_len']}, micro-batch {cfg['micro_batch']}, window shuffle, one "
+        f"process; {cfg['batches']} micro-batches per run, best of {cfg['repeat']}, "
+        f"{cfg['clock']} clock",
+        "",
+        f"  {'figure':<44}{'value':>16}   {'baseline':<34}{'value':>16}{'ratio':>9}",
+    ]
+    for r in rep["rows"]:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+        lines.append(f"  {r['what']:<44}{_fmt(r['value'], r['unit']):>16}   "
+                     f"{r['baseline_what']:<34}{_fmt(r['baseline'], r['unit']):>16}"
+                     f"{ratio:>9}")
+    if "loader" in tp:
+        lo = tp["loader"]
+        lines.append(f"  loader: {lo['batches_per_s']:,.0f} micro-batches/s, "
+                     f"{lo['tokens_per_s'] / 1e6:,.1f} M tokens/s")
+    lines += [f"  note: {n}" for n in rep["notes"]]
+    ident = rep["identical"]
+    lines += ["", f"  identical to plain numpy ({ident['batches']} micro-batches): "
+                  + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in ident.items()
+                              if k not in ("batches", "all") and v is not None)]
+    for tg in rep["targets"]:
+        got = tg["got"]
+        status = "not measured" if got is None else ("ok" if tg["ok"] else "MISSED")
+        shown = "-" if got is None else (f"{got:.2f}x" if tg["op"] == ">=" else
+                                         f"{got * 1e3:.1f} ms")
+        lines.append(f"  target {tg['what']}: {shown} {status}")
+    return "\n".join(lines)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    for name in ("tokens", "large_factor", "chunks", "seq_len", "micro_batch", "batches",
+                 "rss_batches", "repeat"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, "
+                              f"got {getattr(args, name)}")
+    if args.tokens < 2 * (args.seq_len + 1):
+        raise ConfigError(f"--tokens {args.tokens} holds under two windows of --seq-len "
+                          f"{args.seq_len} + 1; give more tokens")
+
+
+def _torch_loaders(readers: dict[str, Any], m: int
+                   ) -> tuple[dict[str, Callable[[], Any]], str | None]:
+    """A fresh-loader maker per dataset (none, and a note, without torch)."""
+    try:
+        from shardwise import World
+        from shardwise.torch import loader
+    except ImportError as e:  # MissingExtraError is an ImportError too
+        return {}, f"no loader, seek or Megatron figures: {e}"
+
+    def maker(ds: Any) -> Callable[[], Any]:
+        return lambda: loader(ds, global_batch_size=m, micro_batch_size=m, world=World(0, 1),
+                              num_workers=0)
+    return {suffix: maker(ds) for suffix, ds in readers.items()}, None
+
+
+def run_read_bench(args: argparse.Namespace) -> int:
+    """``shardwise bench read``: make the data, measure, print (``--json``: a dict)."""
+    _check_args(args)
+    log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
+    with contextlib.ExitStack() as stack:
+        work = (Path(args.dir) if args.dir else Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="shardwise-bench-read-"))))
+        work.mkdir(parents=True, exist_ok=True)
+        large_tokens = args.tokens * args.large_factor
+        small, large = work / f"tokens-{args.tokens}", work / f"tokens-{large_tokens}"
+        log(f"shardwise bench read: writing data in {work}")
+        data = {"small": make_corpus(small, args.tokens, args.seed),
+                "large": make_corpus(large, large_tokens, args.seed)}
+        chunked, n_chunks = chunked_copy(small, args.chunks)
+        data["chunked"] = {"path": str(chunked), "chunks": n_chunks}
+        rep: dict[str, Any] = {"config": {**{k: v for k, v in vars(args).items()
+                                             if not k.startswith("_")},
+                                          "large_tokens": large_tokens},
+                               "data": data, "notes": [RSS_NOTE]}
+        from shardwise import TokenDataset, open_cache
+
+        readers = {suffix: TokenDataset(open_cache(path), seq_len=args.seq_len, seed=args.seed)
+                   for suffix, path in (("", small), (CHUNKED, chunked))}
+        mm = np.memmap(small.with_name(small.name + ".bin"), dtype=np.uint16, mode="r")
+        loaders, note = _torch_loaders(readers, args.micro_batch)
+        meg = None
+        if note:
+            rep["notes"].append(note)
+        elif args.no_megatron:
+            rep["megatron"] = {"available": False, "note": "skipped (--no-megatron)"}
+        else:
+            meg, rep["megatron"] = megatron_dataset(
+                small, args.seq_len, args.seed,
+                Path(stack.enter_context(tempfile.TemporaryDirectory(dir=work))))
+        if rep.get("megatron", {}).get("note"):
+            rep["notes"].append(f"Megatron: {rep['megatron']['note']}")
+        rep["identical"] = check_identical(readers, mm, args, loaders)
+        log("  measuring throughput")
+        rep["throughput"] = measure_throughput(readers, mm, args, loaders, meg, log)
+        if loaders:
+            rep["seek"] = measure_seek(small, args)
+        log("  measuring start-up and RSS in fresh processes")
+        rep["startup"] = measure_startup(small, large, args, work, meg is not None)
+        rep["rss"] = measure_rss(small, large, args, work, meg is not None)
+    rep["rows"] = figure_rows(rep)
+    rep["targets"] = targets(rep)
+    print(json.dumps(rep, indent=2) if args.json else format_report(rep))
+    return 0 if rep["identical"]["all"] else 1
+
+
+__all__ = ["MEGATRON_INSTALL", "add_read_parser", "make_corpus", "run_read_bench"]

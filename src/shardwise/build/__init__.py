@@ -1,1 +1,0 @@
-"""Sources → processor → chunk writer, run by an executor; resumable from the ledger."""

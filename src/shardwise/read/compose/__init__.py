@@ -1,0 +1,1 @@
+"""Readers built from readers: Blend (weighted mixtures) and PackedSFT (packing records)."""

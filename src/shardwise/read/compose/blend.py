@@ -1,0 +1,328 @@
+"""Blending datasets with fixed weights: a deterministic per-example choice of source.
+
+Example ``i`` of a blend is example ``offset`` of source ``src``, where ``(src, offset)``
+comes from :class:`~shardwise.plan.blend.BlendSchedule` (Tijdeman's greedy: every prefix
+holds each source's share to within one example, and a source of weight ``w`` appears
+within ``ceil(1/w)`` examples, so a small weight never rounds to zero). ``offset`` indexes
+the source's *own* global order, so the blend inherits each source's shuffle and epochs::
+
+    weights [0.5, 0.3, 0.2]
+    blend i     0    1    2    3    4    5    6    7
+    (src, off)  0,0  1,0  0,1  2,0  0,2  1,1  0,3  2,1
+
+``seed`` relabels the sources before scheduling (a keyed permutation), so two seeds give
+different interleavings with the same guarantee.
+
+Two ways to read a blend:
+
+* **map-style** (every source has ``len`` and ``[i]``, e.g.
+  :class:`~shardwise.read.tokens.dataset.TokenDataset`): ``blend[i]``, ``__getitems__``
+  (indices grouped by source, one batched call per source), ``len()`` and
+  ``state_config()`` — use it with ``shardwise.torch.loader``, whose state (examples
+  consumed) is the whole position. A TokenDataset takes any offset (later epochs are
+  reshuffled); other sources wrap around (``offset % len``). ``len()`` is nominal: about
+  as many examples as the sources hold, ``min_j len_j / w_j``; indices go on past it.
+* **iterable** (any source may be a stream with ``state_dict`` / ``load_state_dict``):
+  ``for example in blend``; the blend ends when an iterable source runs out.
+
+State keys (iterating, a :class:`~shardwise.checkpoint.LoaderState` of kind ``blend``):
+``consumed``; ``extra = {"counts": examples taken per source, "sources": each iterable
+source's own state (None for map-style ones, whose position is their count)}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from shardwise.checkpoint import LoaderState, as_count
+from shardwise.errors import ConfigError, StateError
+from shardwise.plan.blend import BLEND_VERSION, BlendSchedule, normalize_weights
+from shardwise.plan.permutation import Permutation, derive_seed
+from shardwise.read.compose.sft_pack import source_identity
+from shardwise.read.drops import Drop, describe_drops
+from shardwise.read.tokens.dataset import PAD, TokenDataset
+
+STATE_KIND = "blend"
+_ROW_FREE = ("cu_seqlens", "max_seqlen")  # batch keys that are not one row per example
+_PLAN_AHEAD = 1024
+Batch = dict[str, npt.NDArray[Any]]
+
+
+def _is_map(ds: Any) -> bool:
+    return hasattr(ds, "__getitem__") and hasattr(ds, "__len__")
+
+
+def _is_stream(ds: Any) -> bool:
+    return all(hasattr(ds, a) for a in ("__iter__", "state_dict", "load_state_dict"))
+
+
+class Blend:
+    """Sources mixed with ``weights``; map-style when every source is, else iterable.
+
+    >>> mix = Blend([web, code], weights=[0.7, 0.3], names=["web", "code"])  # doctest: +SKIP
+    >>> dl = loader(mix, global_batch_size=64, micro_batch_size=8)           # doctest: +SKIP
+    >>> mix.report(dl.consumed)["sources"][1]["count"]                      # doctest: +SKIP
+    """
+
+    def __init__(self, datasets: Sequence[Any], weights: Sequence[float], *, seed: int = 0,
+                 names: Sequence[str] | None = None, length: int | None = None) -> None:
+        self.sources = list(datasets)
+        k = len(self.sources)
+        if k == 0 or len(weights) != k:
+            raise ConfigError(f"give one weight per dataset: {k} datasets, "
+                              f"{len(weights)} weights")
+        try:
+            self.weights = normalize_weights(weights)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.names = [str(n) for n in names] if names is not None else [
+            f"source{j}" for j in range(k)]
+        if len(self.names) != k or len(set(self.names)) != k:
+            raise ConfigError(f"names must be {k} distinct strings, got {self.names}")
+        bad = [n for n, d in zip(self.names, self.sources, strict=True)
+               if not (_is_map(d) or _is_stream(d))]
+        if bad:
+            raise ConfigError(f"sources {bad} are neither map-style (len and [i]) nor "
+                              "streams (iterable with state_dict / load_state_dict)")
+        if not isinstance(seed, int) or seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+        self.seed = seed
+        self.map_style = all(_is_map(d) for d in self.sources)
+        self._relabel = Permutation(k, derive_seed(seed, "blend"), 0)(np.arange(k))
+        self._schedule = BlendSchedule(self.weights[self._relabel])
+        self._length = self._nominal_length(length)
+        self._consumed = 0
+        self._iters: dict[int, Iterator[Any]] = {}
+        self._ahead: tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
+        self.exhausted: str | None = None
+
+    def _nominal_length(self, length: int | None) -> int | None:
+        if length is not None:
+            if not isinstance(length, int) or length < 1:
+                raise ConfigError(f"length must be a positive integer, got {length!r}")
+            return length
+        if not self.map_style:
+            return None
+        return max(1, min(int(len(d) / w) for d, w in zip(self.sources, self.weights,
+                                                          strict=True) if w > 0))
+
+    # -- the schedule -------------------------------------------------------------------
+    def locate(self, indices: npt.ArrayLike) -> tuple[npt.NDArray[np.int64],
+                                                      npt.NDArray[np.int64]]:
+        """``(source, offset)`` of blend examples ``indices`` (any shape)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        lo, hi = (int(idx.min()), int(idx.max()) + 1) if idx.size else (0, 0)
+        if idx.size and lo >= 0 and hi - lo <= 4 * idx.size + _PLAN_AHEAD:
+            s, off = self._schedule.slice(lo, hi)  # a micro-batch is a run: ~20x cheaper
+            s, off = s[idx - lo], off[idx - lo]
+        else:
+            s, off = self._schedule(idx)
+        return self._relabel[s], off
+
+    def counts_at(self, t: int) -> npt.NDArray[np.int64]:
+        """Examples taken from each source among the first ``t`` of the blend."""
+        counts = np.zeros(len(self.sources), dtype=np.int64)
+        counts[self._relabel] = self._schedule.counts_at(t)
+        return counts
+
+    def seed_counts(self, t: int, counts: Sequence[int]) -> None:
+        """Resume the schedule at ``t`` from saved per-source counts (O(one block), not
+        O(t)); refuses counts no blend with these weights could have."""
+        if not isinstance(counts, list | tuple):
+            raise StateError(f"blend counts must be a list of {len(self.sources)} counts, "
+                             f"got {counts!r}")
+        counts = [as_count(c, f"blend counts[{j}]") for j, c in enumerate(counts)]
+        try:
+            self._schedule.seed(t, np.asarray(counts, dtype=np.int64)[self._relabel])
+        except (ValueError, IndexError) as e:
+            raise StateError(f"blend counts {list(counts)} do not fit this blend at {t} "
+                             f"examples: {e}") from None
+
+    def loader_state_extra(self, consumed: int) -> dict[str, Any]:
+        """What a loader checkpoint adds so a restore seeks in O(1): the counts at
+        ``consumed``."""
+        return {"blend_counts": self.counts_at(consumed).tolist()}
+
+    def restore_loader_state(self, consumed: int, extra: dict[str, Any]) -> None:
+        counts = extra.get("blend_counts")
+        if counts is not None:
+            self.seed_counts(consumed, counts)
+
+    def report(self, consumed: int | None = None) -> dict[str, Any]:
+        """Per-source consumption after ``consumed`` examples (default: what this object
+        has yielded): counts, target and realised proportions, deviation in examples."""
+        t = self._consumed if consumed is None else consumed
+        counts = self.counts_at(t)
+        rows = [{"name": n, "weight": float(w), "count": int(c),
+                 "realised": float(c / t) if t else 0.0, "deviation": float(c - w * t)}
+                for n, w, c in zip(self.names, self.weights, counts, strict=True)]
+        return {"consumed": t, "sources": rows,
+                "max_deviation": max(abs(r["deviation"]) for r in rows)}  # type: ignore[arg-type]
+
+    # -- identity -------------------------------------------------------------------------
+    def state_config(self) -> dict[str, Any]:
+        """Weights, names, seed, schedule version and each source's fingerprint."""
+        cfg: dict[str, Any] = {"blend": self.names, "weights": self.weights.tolist(),
+                               "seed": self.seed, "length": self._length,
+                               "blend_version": BLEND_VERSION}
+        for n, d in zip(self.names, self.sources, strict=True):
+            cfg[f"source.{n}"] = source_identity(d)
+        return cfg
+
+    @property
+    def fingerprint(self) -> str:
+        cfg = orjson.dumps(self.state_config(), option=orjson.OPT_SORT_KEYS)
+        return hashlib.sha256(cfg).hexdigest()[:16]
+
+    def __repr__(self) -> str:
+        mix = ", ".join(f"{n}={w:.3g}" for n, w in zip(self.names, self.weights, strict=True))
+        return f"Blend({mix}, seed={self.seed}, {describe_drops(self.drops())})"
+
+    def drops(self) -> list[Drop]:
+        """What the sources leave out, each named."""
+        return [Drop(d.count, d.unit, f"{n}: {d.reason}", d.of)
+                for n, ds in zip(self.names, self.sources, strict=True)
+                for d in (ds.drops() if callable(getattr(ds, "drops", None)) else [])]
+
+    @property
+    def pads(self) -> bool:
+        """Whether index :data:`PAD` gives a masked example (the first source's)."""
+        return bool(getattr(self.sources[0], "pads", False))
+
+    # -- map-style ------------------------------------------------------------------------
+    def __len__(self) -> int:
+        if self._length is None:
+            raise TypeError("a blend of streams has no len(); pass length=... or iterate it")
+        return self._length
+
+    def _offsets(self, j: int, off: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        ds = self.sources[j]
+        return off if isinstance(ds, TokenDataset) else off % len(ds)
+
+    def _fetch(self, j: int, idx: npt.NDArray[np.int64]) -> Batch:
+        ds = self.sources[j]
+        if hasattr(ds, "__getitems__"):
+            got = ds.__getitems__(idx.tolist())
+            if isinstance(got, dict):
+                return got
+        else:
+            got = [ds[int(i)] for i in idx]
+        return {k: np.stack([np.asarray(g[k]) for g in got]) for k in got[0]}
+
+    def __getitems__(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch:
+        """A micro-batch: one batched call per source, rows back in the asked order.
+        Index :data:`PAD` asks the first source for a masked padding row."""
+        if not self.map_style:
+            raise TypeError(f"{self!r} has stream sources: iterate it instead")
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if (idx < PAD).any():
+            raise IndexError(f"blend indices must be >= 0 (or {PAD}), got {int(idx.min())}")
+        rows = np.flatnonzero(idx >= 0)
+        src, off = self.locate(idx[rows])
+        parts: list[tuple[npt.NDArray[np.intp], Batch]] = []
+        if rows.size < idx.size:
+            parts.append((np.flatnonzero(idx < 0), self._fetch(0, idx[idx < 0])))
+        for j in np.unique(src).tolist():
+            sel = src == j
+            parts.append((rows[sel], self._fetch(j, self._offsets(j, off[sel]))))
+        return _assemble(parts, idx.size, self.names)
+
+    def __getitem__(self, index: int) -> dict[str, npt.NDArray[Any]]:
+        batch = self.__getitems__([int(index)])
+        return {k: (v if k in _ROW_FREE else v[0]) for k, v in batch.items()}
+
+    # -- iterable -------------------------------------------------------------------------
+    def _next_source(self) -> tuple[int, int]:
+        t = self._consumed
+        if self._ahead is None or not self._ahead[0] <= t < self._ahead[0] + len(self._ahead[1]):
+            s, off = self._schedule.slice(t, t + _PLAN_AHEAD)
+            self._ahead = (t, self._relabel[s], off)
+        base, s, off = self._ahead
+        return int(s[t - base]), int(off[t - base])
+
+    def __iter__(self) -> Iterator[Any]:
+        """Examples from the current position on (a fresh blend starts at 0)."""
+        while True:
+            j, off = self._next_source()
+            ds = self.sources[j]
+            if _is_map(ds):
+                example = ds[int(self._offsets(j, np.asarray([off]))[0])]
+            else:
+                if j not in self._iters:
+                    self._iters[j] = iter(ds)
+                try:
+                    example = next(self._iters[j])
+                except StopIteration:
+                    self.exhausted = self.names[j]
+                    return
+            self._consumed += 1
+            yield example
+
+    def state_dict(self) -> dict[str, Any]:
+        streams = [None if _is_map(d) else d.state_dict() for d in self.sources]
+        return LoaderState(fingerprint=self.fingerprint, consumed=self._consumed,
+                           config=self.state_config(), kind=STATE_KIND,
+                           extra={"counts": self.counts_at(self._consumed).tolist(),
+                                  "sources": streams}).to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where the state was saved; refuse other data, weights or positions."""
+        st = LoaderState.from_dict(state)
+        st.check_matches(STATE_KIND, self.fingerprint, self.state_config())
+        saved = st.extra.get("counts")
+        if not isinstance(saved, list) or len(saved) != len(self.sources):
+            raise StateError(f"the state has no per-source counts for {self.names}")
+        # O(one block) instead of replaying the schedule from 0; the fingerprint pins the
+        # schedule version and the counts are checked against the weights' quota
+        self.seed_counts(st.consumed, saved)
+        streams = st.extra.get("sources")
+        if not isinstance(streams, list) or len(streams) != len(self.sources):
+            raise StateError(f"the state has no per-source states for {self.names}")
+        for d, s in zip(self.sources, streams, strict=True):
+            if not _is_map(d):
+                d.load_state_dict(s)
+        self._consumed, self._iters, self.exhausted = st.consumed, {}, None
+
+
+def _assemble(parts: list[tuple[npt.NDArray[np.intp], Batch]], n: int,
+              names: list[str]) -> Batch:
+    """Scatter each source's rows to their places; rebuild ``cu_seqlens`` over all rows."""
+    keys = [k for k in parts[0][1] if k not in _ROW_FREE]
+    out: Batch = {}
+    for key in keys:
+        first = np.asarray(parts[0][1][key])
+        out[key] = np.empty((n, *first.shape[1:]), dtype=first.dtype)
+        for where, batch in parts:
+            value = batch.get(key)
+            if value is None or value.shape[1:] != first.shape[1:]:
+                raise ConfigError(f"blend sources {names} return different examples: "
+                                  f"{key!r} is {None if value is None else value.shape[1:]} "
+                                  f"in one and {first.shape[1:]} in another (same seq_len "
+                                  "and options needed)")
+            out[key][where] = value
+    if "cu_seqlens" in parts[0][1]:
+        out["cu_seqlens"], out["max_seqlen"] = _cu_seqlens(parts, n,
+                                                           out["input_ids"].shape[1])
+    return out
+
+
+def _cu_seqlens(parts: list[tuple[npt.NDArray[np.intp], Batch]], n: int, L: int
+                ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """Per-row document boundaries from each source's flat ``cu_seqlens``, re-flattened."""
+    inner: list[npt.NDArray[np.int64]] = [np.zeros(0, np.int64)] * n
+    for where, batch in parts:
+        cu = np.asarray(batch["cu_seqlens"], dtype=np.int64)
+        for k, r in enumerate(where.tolist()):
+            inner[r] = cu[(cu > k * L) & (cu < (k + 1) * L)] - k * L
+    flat = np.concatenate([[0]] + [np.append(r * L + b, (r + 1) * L)
+                                   for r, b in enumerate(inner)]).astype(np.int32)
+    return flat, np.asarray(int(np.diff(flat).max()) if n else 0, np.int32)
+
+
+__all__ = ["Blend"]

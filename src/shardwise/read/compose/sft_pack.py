@@ -1,0 +1,269 @@
+"""Packed SFT examples: records with ``input_ids`` / ``labels`` packed into ``seq_len`` rows.
+
+:class:`PackedSFT` reads a map-style source of processed records (a list of dicts, or any
+dataset with ``len()`` and ``[i]`` — e.g. the output of
+:class:`~shardwise.writer.chat.ChatProcessor`) window by window, packs each window with
+:func:`~shardwise.plan.sft_packing.pack_window` and yields one row per bin::
+
+    input_ids     [seq_len] int64   records back to back, then ``pad_id``
+    labels        [seq_len] int64   the records' labels; -100 on padding and on the first
+                                    token of each record (see below)
+    loss_mask     [seq_len] float32 1.0 where labels != -100
+    position_ids  [seq_len] int64   restart at 0 at each record (and at the padding)
+    cu_seqlens    [k + 1]   int32   record boundaries, then ``seq_len`` (the padding is one
+                                    more segment, so rows stack like TokenDataset's)
+
+Labels are *unshifted* (Hugging Face's convention: the model predicts ``labels[t + 1]``
+from position ``t``). In a packed row the last token of one record would then predict
+the first label of the next, so that label is set to -100 — as
+``DataCollatorWithFlattening`` does. A record without ``labels`` trains on every token
+(or on ``loss_mask`` when it has one).
+
+With ``seed``, records are read in a keyed random order per epoch and each window's bins
+are shuffled; without it, in source order with bins in first-fit-decreasing order.
+
+State keys (a :class:`~shardwise.checkpoint.LoaderState`, kind ``sft_pack``): ``consumed``
+(rows yielded) and ``extra = {"epoch", "window", "bin"}`` — the next row is bin ``bin``
+of window ``window`` of epoch ``epoch``. Resuming re-plans that one window: O(window),
+never a replay of consumed data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from shardwise.checkpoint import LoaderState, as_count
+from shardwise.errors import ConfigError, InputError, StateError
+from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation, derive_seed
+from shardwise.plan.sft_packing import (
+    SFT_PACKING_VERSION,
+    Overlong,
+    PackPlan,
+    num_pack_windows,
+    pack_window,
+    window_range,
+)
+from shardwise.read.drops import Drop, describe_drops
+
+IGNORE_INDEX = -100
+STATE_KIND = "sft_pack"
+Example = dict[str, npt.NDArray[Any]]
+
+
+def source_identity(source: Any) -> str:
+    """What a checkpoint records about a source: its fingerprint when it has one."""
+    fp = getattr(source, "fingerprint", None)
+    if isinstance(fp, str):
+        return fp
+    if hasattr(source, "state_config"):
+        cfg = orjson.dumps(source.state_config(), option=orjson.OPT_SORT_KEYS)
+        return hashlib.sha256(cfg).hexdigest()[:16]
+    state = source.state_dict() if hasattr(source, "state_dict") else None
+    if isinstance(state, dict) and isinstance(state.get("fingerprint"), str):
+        return str(state["fingerprint"])  # a shardwise stream's state names its config
+    size = f"(len={len(source)})" if hasattr(source, "__len__") else ""
+    return f"{type(source).__qualname__}{size}"
+
+
+def _labels(rec: dict[str, Any], ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    if rec.get("labels") is not None:
+        return np.asarray(rec["labels"], dtype=np.int64)
+    if rec.get("loss_mask") is not None:
+        return np.where(np.asarray(rec["loss_mask"]) > 0, ids, IGNORE_INDEX)
+    return ids
+
+
+class PackedSFT:
+    """Rows of packed SFT records; an iterable with exact, O(window) resume.
+
+    >>> rows = PackedSFT(records, seq_len=2048, window=1024, seed=1)  # doctest: +SKIP
+    >>> row = next(iter(rows)); rows.state_dict()["extra"]            # doctest: +SKIP
+    {'epoch': 0, 'window': 0, 'bin': 1}
+    """
+
+    def __init__(self, records: Sequence[dict[str, Any]], *, seq_len: int, window: int = 1024,
+                 seed: int | None = None, epochs: int | None = 1,
+                 overlong: str | Overlong = Overlong.ERROR, pad_id: int = 0) -> None:
+        for name, v in (("seq_len", seq_len), ("window", window)):
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
+            raise ConfigError(f"epochs must be a positive integer or None, got {epochs!r}")
+        if seed is not None and (not isinstance(seed, int) or seed < 0):
+            raise ConfigError(f"seed must be a non-negative integer or None, got {seed!r}")
+        try:
+            self.overlong = Overlong.parse(overlong)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if len(records) == 0:
+            raise ConfigError("PackedSFT needs at least one record")
+        self.records = records
+        self.seq_len, self.window, self.seed, self.epochs = seq_len, window, seed, epochs
+        self.pad_id = pad_id
+        self.num_windows = num_pack_windows(len(records), window)
+        self._epoch = self._win = self._bin = self._consumed = 0
+        self._cached: tuple[tuple[int, int], PackPlan, list[dict[str, Any]]] | None = None
+        self.stats = {"windows": 0, "dropped": 0, "truncated": 0, "truncated_tokens": 0}
+
+    def __repr__(self) -> str:
+        return (f"PackedSFT({len(self.records):,} records, seq_len={self.seq_len}, "
+                f"window={self.window}, seed={self.seed}, epochs={self.epochs}, "
+                f"overlong={self.overlong.value!r}, {describe_drops(self.drops())})")
+
+    def drops(self) -> list[Drop]:
+        """Records left out and tokens cut in the windows packed so far (``stats``):
+        empty records, and records over ``seq_len`` under ``overlong='drop'`` or
+        ``'truncate'``."""
+        st, so_far = self.stats, f"so far ({self.stats['windows']:,} windows packed)"
+        out = []
+        if st["dropped"]:
+            out.append(Drop(st["dropped"], "records", "empty, or longer than seq_len with "
+                            f"overlong='drop', {so_far}"))
+        if st["truncated_tokens"]:
+            out.append(Drop(st["truncated_tokens"], "tokens", f"cut from {st['truncated']:,} "
+                            f"records longer than seq_len (overlong='truncate'), {so_far}"))
+        return out
+
+    # -- identity ---------------------------------------------------------------------------
+    def state_config(self) -> dict[str, Any]:
+        return {"seq_len": self.seq_len, "window": self.window, "seed": self.seed,
+                "epochs": self.epochs, "overlong": self.overlong.value, "pad_id": self.pad_id,
+                "records": len(self.records), "source": source_identity(self.records),
+                "sft_packing_version": SFT_PACKING_VERSION,
+                "permutation_version": PERMUTATION_VERSION}
+
+    @property
+    def fingerprint(self) -> str:
+        cfg = orjson.dumps(self.state_config(), option=orjson.OPT_SORT_KEYS)
+        return hashlib.sha256(cfg).hexdigest()[:16]
+
+    # -- plan -------------------------------------------------------------------------------
+    def _positions(self, epoch: int, w: int) -> npt.NDArray[np.int64]:
+        """Source indices of the records of window ``w`` of ``epoch``."""
+        start, stop = window_range(w, self.window, len(self.records))
+        pos = np.arange(start, stop, dtype=np.int64)
+        if self.seed is None:
+            return pos
+        return Permutation(len(self.records), derive_seed(self.seed, "sft_pack.records"),
+                           epoch)(pos)
+
+    def plan(self, epoch: int, w: int) -> tuple[PackPlan, list[dict[str, Any]]]:
+        """The packing plan of window ``w`` of ``epoch`` and that window's records."""
+        if self._cached is not None and self._cached[0] == (epoch, w):
+            return self._cached[1], self._cached[2]
+        positions = self._positions(epoch, w)
+        recs = [self.records[int(i)] for i in positions]
+        lengths = np.fromiter((self._length(r, int(i)) for r, i in zip(recs, positions,
+                                                                         strict=True)),
+                              dtype=np.int64, count=len(recs))
+        if self.overlong is Overlong.ERROR and (lengths > self.seq_len).any():
+            k = int(np.flatnonzero(lengths > self.seq_len)[0])
+            raise InputError(f"record {int(positions[k])} has {int(lengths[k])} tokens, more "
+                             f"than seq_len={self.seq_len}; cap it when processing "
+                             "(max_length=...) or pass overlong='truncate' or 'drop'",
+                             reason="too_long")
+        seed = None if self.seed is None else derive_seed(self.seed, "sft_pack.bins", epoch)
+        plan = pack_window(lengths, self.seq_len, seed=seed, window_index=w,
+                           overlong=self.overlong)
+        self._cached = ((epoch, w), plan, recs)
+        self.stats["windows"] += 1
+        self.stats["dropped"] += len(plan.dropped)
+        self.stats["truncated"] += len(plan.truncated)
+        self.stats["truncated_tokens"] += int((lengths[plan.truncated] - self.seq_len).sum())
+        return plan, recs
+
+    @staticmethod
+    def _length(rec: Any, index: int) -> int:
+        if not isinstance(rec, dict) or rec.get("input_ids") is None:
+            raise InputError(f"record {index} has no 'input_ids' (a dict with input_ids and "
+                             "optionally labels / loss_mask is expected)",
+                             reason="missing_field")
+        return len(rec["input_ids"])
+
+    # -- rows ---------------------------------------------------------------------------------
+    def row(self, plan: PackPlan, recs: list[dict[str, Any]], b: int) -> Example:
+        """Assemble bin ``b`` of a plan into one padded row."""
+        L = self.seq_len
+        ids = np.full(L, self.pad_id, dtype=np.int64)
+        labels = np.full(L, IGNORE_INDEX, dtype=np.int64)
+        at = 0
+        for r, n in zip(plan.bin(b).tolist(), plan.bin_lengths(b).tolist(), strict=True):
+            rec_ids = np.asarray(recs[r]["input_ids"], dtype=np.int64)[:n]
+            ids[at: at + n] = rec_ids
+            labels[at: at + n] = _labels(recs[r], rec_ids)[:n]
+            labels[at] = IGNORE_INDEX
+            at += n
+        cu = plan.cu_seqlens(b)
+        positions = np.zeros(L, dtype=np.int64)
+        positions[:at] = plan.position_ids(b)
+        if at < L:
+            cu = np.append(cu, np.int32(L))
+            positions[at:] = np.arange(L - at)
+        return {"input_ids": ids, "labels": labels,
+                "loss_mask": (labels != IGNORE_INDEX).astype(np.float32),
+                "position_ids": positions, "cu_seqlens": cu}
+
+    def __iter__(self) -> Iterator[Example]:
+        """Continue from the current position (a fresh object starts at row 0)."""
+        empty_windows = 0
+        while self.epochs is None or self._epoch < self.epochs:
+            plan, recs = self.plan(self._epoch, self._win)
+            if self._bin < plan.num_bins:
+                example = self.row(plan, recs, self._bin)
+                self._bin += 1
+                self._consumed += 1
+                empty_windows = 0
+                yield example
+                continue
+            empty_windows += 1
+            if empty_windows > self.num_windows:
+                raise ConfigError("every record was dropped: there is nothing to pack")
+            self._win, self._bin = self._win + 1, 0
+            if self._win == self.num_windows:
+                self._epoch, self._win = self._epoch + 1, 0
+
+    # -- state --------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return LoaderState(fingerprint=self.fingerprint, consumed=self._consumed,
+                           config=self.state_config(), kind=STATE_KIND,
+                           extra={"epoch": self._epoch, "window": self._win,
+                                  "bin": self._bin}).to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at the saved (epoch, window, bin); refuse a state of other data."""
+        st = LoaderState.from_dict(state)
+        st.check_matches(STATE_KIND, self.fingerprint, self.state_config())
+        missing = [k for k in ("epoch", "window", "bin") if k not in st.extra]
+        if missing:
+            raise StateError(f"a {STATE_KIND} state needs extra epoch/window/bin, missing "
+                             f"{missing} in {st.extra!r}")
+        epoch, w, b = (as_count(st.extra[k], f"extra.{k}") for k in ("epoch", "window", "bin"))
+        if w >= self.num_windows:
+            raise StateError(f"state position epoch={epoch} window={w} bin={b} is outside "
+                             f"this reader's {self.num_windows} windows")
+        self._check_in_run(epoch, w, b)
+        self._epoch, self._win, self._bin, self._consumed = epoch, w, b, st.consumed
+
+    def _check_in_run(self, epoch: int, w: int, b: int) -> None:
+        """StateError for a position past the end of a finite run (the end itself, epoch
+        ``epochs`` window 0 bin 0, is where a finished pass stops) or past a window's
+        bins (which re-plans that one window, as resuming does)."""
+        where = f"state position epoch={epoch} window={w} bin={b}"
+        if self.epochs is not None and (epoch, w, b) > (self.epochs, 0, 0):
+            raise StateError(f"{where} is past the end of this run ({self.epochs} epochs of "
+                             f"{self.num_windows} windows); resume with the epochs= it was "
+                             "saved with")
+        if epoch < (self.epochs or epoch + 1):
+            bins = self.plan(epoch, w)[0].num_bins
+            if b > bins:
+                raise StateError(f"{where} is past the end of that window ({bins} rows); "
+                                 "the state was edited or saved from other records")
+
+
+__all__ = ["IGNORE_INDEX", "PackedSFT", "source_identity"]

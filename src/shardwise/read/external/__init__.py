@@ -1,0 +1,2 @@
+"""Readers over files other programs write: producer directories (chunk_NNNNN.jsonl) and
+contiguous per-rank slices of shard files."""

@@ -1,0 +1,364 @@
+"""Contiguous placement: rank ``r`` reads the ``r``-th contiguous equal slice of a
+collection of map-style shard datasets, one shard in memory at a time.
+
+Why: some corpora are already split into per-file datasets of any kind (an Arrow file, an
+image folder, a pickled list — anything with ``__len__``/``__getitem__``). Giving each rank
+a contiguous run of shards means a rank opens only the shards it reads, one after the
+other, instead of every rank opening every file.
+
+How: the shards are put in a deterministic order (sorted by ``key``, or sorted and then
+permuted by a keyed :class:`~shardwise.plan.permutation.Permutation` of ``seed``), their
+lengths are concatenated into one global index space, and rank ``r`` of ``R`` takes
+``[r·n, (r+1)·n)`` with ``n = total // R``. The ``total % R`` trailing examples are
+dropped (``ds.dropped``, shown in ``repr``) so every rank runs the same number of steps.
+Worked example, shard lengths ``[4, 0, 3, 5]`` and ``R = 3``::
+
+    global   0 1 2 3 | 4 5 6 | 7 8 9 10 11      total 12, n = 4, dropped 0
+    shard    a a a a | c c c | d d d d  d       (b is empty)
+    rank     0 0 0 0 | 1 1 1   1 2 2 2  2       rank 1 opens c then d; rank 0 only a
+
+Only the shard holding the current index is loaded, plus the next one of this rank's
+slice, loaded by a background thread (:class:`OneAhead`). Seeking to any index is a
+binary search over the cumulative lengths: O(log shards), no shard before it is opened.
+
+The dataset is already this rank's share (``is_sharded = True``): a sampler that shards
+again (torch's ``DistributedSampler``, accelerate's ``BatchSamplerShard``) would make each
+rank read ``1/R`` of its own share. :func:`check_sampler` refuses such samplers; use
+:class:`ContiguousSampler` (resumable) or any plain per-rank sampler.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from enum import Enum
+from typing import Any, Generic, Protocol, TypeVar
+
+import numpy as np
+
+from shardwise.checkpoint import as_count, check_not_past_end
+from shardwise.errors import ConfigError
+from shardwise.plan.permutation import Permutation
+from shardwise.read.drops import Drop, describe_drops
+from shardwise.world import World
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+# class names (anywhere in the MRO) of samplers / loaders that split indices across ranks
+SHARDING_SAMPLERS = ("DistributedSampler", "DistributedBatchSampler", "BatchSamplerShard",
+                     "DataLoaderDispatcher")
+
+
+class SizedDataset(Protocol):
+    """What ``make_shard`` returns: any map-style dataset."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int, /) -> Any: ...
+
+
+class _Pending(Generic[K, V]):
+    """One background load of ``key`` on its own daemon thread."""
+
+    def __init__(self, key: K, load: Callable[[K], V]) -> None:
+        self.key = key
+        self._done = threading.Event()
+        self._value: V | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, args=(load,), daemon=True,
+                         name="shardwise-prefetch").start()
+
+    def _run(self, load: Callable[[K], V]) -> None:
+        try:
+            self._value = load(self.key)
+        except BaseException as e:  # re-raised in the consumer by result()
+            self._error = e
+        finally:
+            self._done.set()
+
+    def wait(self) -> None:
+        """Until the load has finished (its error, if any, is dropped with it)."""
+        self._done.wait()
+
+    def result(self) -> V:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+
+class OneAhead(Generic[K, V]):
+    """Holds the item in use and at most one item being prefetched; nothing else.
+
+    ``get(key)`` returns the held item, or takes over the prefetched one, or loads it in the
+    calling thread; the previous item is released *before* the new one is loaded, so at
+    most two items are alive (``peak_held <= 2``). Errors of a background load surface in
+    ``get`` of that key. Meant for one consumer thread; after ``fork`` (DataLoader
+    workers) a child drops the parent's in-flight load and starts its own.
+    """
+
+    def __init__(self, load: Callable[[K], V]) -> None:
+        self._load = load
+        self._pid = os.getpid()
+        self._current: tuple[K, V] | None = None
+        self._pending: _Pending[K, V] | None = None
+        self.loads = 0
+        self.peak_held = 0
+
+    def _check_fork(self) -> None:
+        if self._pid != os.getpid():
+            self._pid, self._pending = os.getpid(), None
+
+    def _counted_load(self, key: K) -> V:
+        self.loads += 1
+        return self._load(key)
+
+    def held(self) -> list[K]:
+        """Keys alive now: the current item and the one being prefetched."""
+        self._check_fork()
+        keys = [] if self._current is None else [self._current[0]]
+        return keys + ([] if self._pending is None else [self._pending.key])
+
+    def _note(self) -> None:
+        self.peak_held = max(self.peak_held, len(self.held()))
+
+    def get(self, key: K) -> V:
+        self._check_fork()
+        if self._current is not None and self._current[0] == key:
+            return self._current[1]
+        self._current = None
+        pending, self._pending = self._pending, None
+        if pending is not None and pending.key != key:
+            pending.wait()  # finish and drop it, so a jump never leaves a third item alive
+            pending = None
+        value = pending.result() if pending is not None else self._counted_load(key)
+        self._current = (key, value)
+        self._note()
+        return value
+
+    def prefetch(self, key: K) -> None:
+        """Start loading ``key`` in the background unless it is held or a load is running."""
+        self._check_fork()
+        if key in self.held() or self._pending is not None:
+            return
+        self._pending = _Pending(key, self._counted_load)
+        self._note()
+
+    def evict(self, key: K) -> None:
+        """Release ``key`` if it is the current item (e.g. a chunk read to its end)."""
+        if self._current is not None and self._current[0] == key:
+            self._current = None
+
+    def close(self) -> None:
+        """Release everything; waits for a running background load to finish."""
+        self._check_fork()
+        pending, self._pending, self._current = self._pending, None, None
+        if pending is not None:
+            pending.wait()
+
+
+class Order(str, Enum):
+    """``sorted``: by ``key``. ``shuffled``: sorted, then permuted by ``seed``."""
+
+    SORTED = "sorted"
+    SHUFFLED = "shuffled"
+
+    @classmethod
+    def parse(cls, value: str | Order) -> Order:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(f"order must be one of {[m.value for m in cls]}, "
+                              f"got {value!r}") from None
+
+
+def shard_order(keys: Sequence[Any], order: Order, seed: int) -> list[int]:
+    """Positions into ``keys`` in reading order; independent of the order of ``keys``."""
+    ranked = sorted(range(len(keys)), key=lambda i: keys[i])
+    for a, b in zip(ranked, ranked[1:], strict=False):
+        if keys[a] == keys[b]:
+            raise ConfigError(f"two shards have the same sort key {keys[a]!r}: their order "
+                              "would depend on the order of the list; pass distinct "
+                              "sources or a key= that tells them apart")
+    if order is Order.SORTED or len(ranked) < 2:
+        return ranked
+    perm = Permutation(len(ranked), seed, 0)(np.arange(len(ranked)))
+    return [ranked[int(p)] for p in perm]
+
+
+def _check_lengths(lengths: Sequence[int], n: int) -> list[int]:
+    out = list(lengths)
+    if len(out) != n:
+        raise ConfigError(f"lengths= has {len(out)} entries for {n} shards; give one length "
+                          "per source, in the order of the sources")
+    bad = [v for v in out if isinstance(v, bool) or not isinstance(v, int | np.integer)
+           or v < 0]
+    if bad:
+        raise ConfigError(f"lengths must be non-negative integers, got {bad[0]!r}")
+    return [int(v) for v in out]
+
+
+class ContiguousShards:
+    """Rank ``r``'s contiguous equal slice of the concatenated shards; map-style.
+
+    ``make_shard(source)`` builds one shard dataset. Lengths come from ``lengths=`` (one
+    per source, in the order given; checked when a shard is opened), else each shard is
+    built once at construction just to read its ``len`` (one at a time, on every rank: the
+    start-up cost is one ``make_shard`` per source — pass ``lengths`` for large
+    collections). ``key`` sorts the sources (default ``str``).
+
+    >>> ds = ContiguousShards(sorted(glob("shards/*.arrow")), load_arrow,      # doctest: +SKIP
+    ...                       world=World(1, 4), order="shuffled", seed=7)
+    >>> len(ds), ds.dropped, ds[0]                                            # doctest: +SKIP
+    """
+
+    is_sharded = True
+
+    def __init__(self, sources: Sequence[Any], make_shard: Callable[[Any], SizedDataset], *,
+                 world: World | None = None, order: str | Order = "sorted", seed: int = 0,
+                 key: Callable[[Any], Any] | None = None,
+                 lengths: Sequence[int] | None = None) -> None:
+        given = list(sources)
+        if not given:
+            raise ConfigError("ContiguousShards needs at least one source")
+        self.world = World.resolve(world, reader="ContiguousShards")
+        self.order = Order.parse(order)
+        self.seed = seed
+        self._make_shard = make_shard
+        self._declared = lengths is not None
+        lens = (_check_lengths(lengths, len(given)) if lengths is not None
+                else [len(make_shard(s)) for s in given])
+        positions = shard_order([(key or str)(s) for s in given], self.order, seed)
+        self.sources = [given[p] for p in positions]
+        self.lengths = np.asarray([lens[p] for p in positions], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
+        self.total = int(self.offsets[-1])
+        mine, self.dropped = self.world.contiguous(self.total)
+        self.start, self.stop = mine.start, mine.stop
+        self._shards: OneAhead[int, SizedDataset] = OneAhead(self._open)
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __repr__(self) -> str:
+        w = self.world
+        return (f"ContiguousShards({len(self.sources)} shards, {self.total} examples, "
+                f"order={self.order.value!r}, rank {w.rank} of {w.size}: "
+                f"[{self.start}, {self.stop}), {describe_drops(self.drops())})")
+
+    def drops(self) -> list[Drop]:
+        """The trailing ``total % world size`` examples no rank reads (every rank gets
+        the same count, so all run the same number of steps)."""
+        return [Drop(self.dropped, "examples", f"the tail of {self.total:,} that does not "
+                     f"split evenly over {self.world.size} ranks", of=self.total)
+                ] if self.dropped else []
+
+    @property
+    def peak_loaded_shards(self) -> int:
+        """The most shards this object has held at once (current + prefetched)."""
+        return self._shards.peak_held
+
+    @property
+    def shards_opened(self) -> int:
+        """How many times ``make_shard`` was called after construction."""
+        return self._shards.loads
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """This rank's ``index`` → ``(shard position, index inside the shard)``; O(log n)."""
+        if isinstance(index, bool) or not isinstance(index, int | np.integer):
+            raise TypeError(f"index must be an integer, got {type(index).__name__}")
+        n = len(self)
+        i = int(index) + n if index < 0 else int(index)
+        if not 0 <= i < n:
+            raise IndexError(f"index {index} out of range for rank {self.world.rank}'s "
+                             f"{n} examples")
+        g = self.start + i
+        s = int(np.searchsorted(self.offsets, g, side="right")) - 1
+        return s, g - int(self.offsets[s])
+
+    def __getitem__(self, index: int) -> Any:
+        s, local = self.locate(index)
+        shard = self._shards.get(s)
+        nxt = s + 1
+        while nxt < len(self.lengths) and self.lengths[nxt] == 0:
+            nxt += 1
+        if nxt < len(self.lengths) and self.offsets[nxt] < self.stop:
+            self._shards.prefetch(nxt)
+        return shard[local]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        return [self[i] for i in indices]
+
+    def _open(self, s: int) -> SizedDataset:
+        shard = self._make_shard(self.sources[s])
+        if len(shard) != self.lengths[s]:
+            where = "lengths=" if self._declared else "its length at construction"
+            raise ConfigError(f"shard {self.sources[s]!r} has {len(shard)} examples but "
+                              f"{where} said {int(self.lengths[s])}; fix the lengths or the "
+                              "shard (the data changed?)")
+        return shard
+
+    def close(self) -> None:
+        self._shards.close()
+
+    def __enter__(self) -> ContiguousShards:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers: no threads, no shards
+        state = self.__dict__.copy()
+        state["_shards"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._shards = OneAhead(self._open)
+
+
+class ContiguousSampler:
+    """This rank's indices ``start, start + 1, …, len(ds) - 1``, in order.
+
+    Stateless, like :class:`~shardwise.read.sampler.BatchSampler`: to resume, build it with
+    the number of examples this rank has *received* (not what a DataLoader prefetched).
+    Seeking costs one binary search in the dataset, never a read of earlier shards.
+    """
+
+    def __init__(self, ds: SizedDataset, start: int = 0) -> None:
+        n = len(ds)
+        start = as_count(start, "start")
+        check_not_past_end(start, n, "examples", "this rank's share")
+        self.n, self.start = n, start
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.n))
+
+    def __len__(self) -> int:
+        return self.n - self.start
+
+
+def _shards_again(obj: Any) -> str | None:
+    names = {c.__name__ for c in type(obj).__mro__}
+    hit = sorted(names.intersection(SHARDING_SAMPLERS))
+    return hit[0] if hit else None
+
+
+def check_sampler(sampler_or_loader: Any) -> None:
+    """Raise :class:`ConfigError` if a sampler (or a DataLoader's sampler / batch sampler)
+    would split indices across ranks again over an already per-rank dataset."""
+    candidates = [sampler_or_loader]
+    for attr in ("sampler", "batch_sampler"):
+        inner = getattr(sampler_or_loader, attr, None)
+        if inner is not None:
+            candidates += [inner, getattr(inner, "sampler", None)]
+    for obj in candidates:
+        name = None if obj is None else _shards_again(obj)
+        if name is not None:
+            raise ConfigError(f"{name} splits the indices across ranks, but this dataset is "
+                              "already this rank's share (is_sharded = True): each rank "
+                              "would read only 1/world_size of its own share. Use a "
+                              "per-rank sampler (ContiguousSampler, SequentialSampler or "
+                              "RandomSampler); with accelerate / HF Trainer, build the "
+                              "DataLoader yourself and do not pass it through prepare()")

@@ -1,0 +1,527 @@
+"""External producer directories: read ``chunk_NNNNN.jsonl`` files while another program
+writes them, each rank reading only its own chunks.
+
+The producer's contract (any language):
+
+1. Chunks are numbered ``0, 1, 2, …`` and named by ``pattern`` (``chunk_00000.jsonl``).
+   Each holds one JSON object per line.
+2. A chunk is written under a temporary name that does not match the pattern (e.g.
+   ``.tmp-chunk_00007.jsonl``), flushed and fsynced, then renamed to its final name. A
+   published chunk is complete and never changes.
+3. Totals are declared in ``_EXPECTED``, written atomically the same way, as early as they
+   are known: ``{"num_chunks": 40, "records_per_chunk": 512}`` or with exact per-chunk
+   counts ``{"num_chunks": 3, "records": [512, 512, 97]}``. ``num_chunks`` alone also
+   marks where the data ends. (Or pass ``num_chunks`` / ``records_per_chunk`` to the
+   reader.)
+4. Optionally, the producer deletes a chunk once :func:`finished_by_all` says its reader
+   wrote its done marker ``chunk_00007.jsonl.done.<rank>``.
+
+A Python producer (ten lines)::
+
+    import time
+    from shardwise.read.external.producer_dir import delete_finished, publish_chunk, write_expected
+
+    write_expected(out, num_chunks=40, records_per_chunk=512)
+    for c in range(40):
+        publish_chunk(out, c, [make_sample(c, j) for j in range(512)])  # temp + rename
+        delete_finished(out, world_size=8)        # free the disk behind the readers
+    while list(out.glob("chunk_*.jsonl")):       # until every reader is done
+        delete_finished(out, world_size=8)
+        time.sleep(5)
+
+Rank ``r`` of ``R`` reads chunks ``c % R == r`` in increasing order. ``len(ds)`` is *this
+rank's* record count: ``sum(declared(c) for c in range(r, num_chunks, R))`` where
+``declared(c)`` is ``records[c]`` or ``records_per_chunk``. It is known before any chunk is
+published (``len`` waits for ``_EXPECTED`` up to ``timeout`` if the totals were not
+passed), and it is exact when each chunk holds what was declared. Index ``i`` is record
+``i mod K`` of this rank's chunk ``i // K`` (``K`` the declared count; cumulative counts
+when they differ per chunk). A chunk holding *more* records than declared is an
+:class:`InputError`; a chunk holding *fewer* leaves its missing indices raising
+``IndexError`` (with the file and counts) — the dataset never repeats, pads or invents a
+sample, so declare exact per-chunk counts when the last chunk is short. Ranks own
+different numbers of chunks when ``R`` does not divide ``num_chunks``.
+
+It is already this rank's share (``is_sharded = True``): give each rank a plain
+DataLoader over it; a ``DistributedSampler`` or accelerate's ``prepare()`` would shard it
+again (:func:`~shardwise.read.external.contiguous.check_sampler` refuses those). With HF Trainer,
+override ``get_train_dataloader`` to return ``DataLoader(ds, batch_size=…)``.
+
+Memory: the chunk in use plus at most the next one (prefetched by a background thread
+when already published); a chunk is released, and its done marker written, once every
+record of it has been returned. A done marker means "this rank will not read the chunk
+again", so a producer that deletes finished chunks gives one pass, and a resume from a
+checkpoint taken before the marker needs the chunk back. Read in order (a sequential
+sampler): random access across chunks reloads a chunk per jump. DataLoader workers each
+hold their own chunks and see only part of each, so done markers need ``num_workers=0``.
+``ds.stream()`` is the sequential, resumable view (state ``{"chunk", "record"}``) that
+plugs into :class:`~shardwise.read.records.consumer.SequentialConsumer`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import string
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from shardwise.checkpoint import LoaderState, as_count
+from shardwise.errors import ConfigError, InputError, ProducerTimeoutError, StateError
+from shardwise.format.atomic import atomic_write_bytes
+from shardwise.read.external.contiguous import OneAhead
+from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES, parse_line
+from shardwise.world import World
+
+EXPECTED = "_EXPECTED"
+DEFAULT_PATTERN = "chunk_{index:05d}.jsonl"
+STATE_KIND = "producer_dir"
+ORDER_VERSION = 1
+
+
+def _path(directory: str | os.PathLike[str], pattern: str, index: int) -> Path:
+    return Path(directory) / pattern.format(index=index)
+
+
+def done_marker(directory: str | os.PathLike[str], index: int, rank: int,
+                pattern: str = DEFAULT_PATTERN) -> Path:
+    """``chunk_NNNNN.jsonl.done.<rank>``: written by ``rank`` when it finished the chunk."""
+    p = _path(directory, pattern, index)
+    return p.with_name(f"{p.name}.done.{rank}")
+
+
+def finished_by_all(directory: str | os.PathLike[str], index: int, world_size: int,
+                    pattern: str = DEFAULT_PATTERN) -> bool:
+    """True once every reader of chunk ``index`` (rank ``index % world_size``) is done."""
+    return done_marker(directory, index, index % world_size, pattern).exists()
+
+
+def chunk_indices(directory: str | os.PathLike[str], pattern: str = DEFAULT_PATTERN
+                  ) -> list[int]:
+    """The indices of the chunks published in ``directory`` now, ascending."""
+    regex = _pattern_regex(pattern)
+    found = []
+    for name in os.listdir(directory):
+        m = regex.fullmatch(name)
+        if m and pattern.format(index=int(m.group(1))) == name:
+            found.append(int(m.group(1)))
+    return sorted(found)
+
+
+def _pattern_regex(pattern: str) -> re.Pattern[str]:
+    parts = []
+    for literal, field, _spec, _conv in string.Formatter().parse(pattern):
+        parts.append(re.escape(literal))
+        if field is not None:
+            parts.append(r"(\d+)")
+    return re.compile("".join(parts))
+
+
+def delete_finished(directory: str | os.PathLike[str], world_size: int,
+                    pattern: str = DEFAULT_PATTERN) -> list[int]:
+    """Delete every published chunk its reader has finished, and its done marker; returns
+    the indices deleted. For the producer side."""
+    deleted = []
+    for index in chunk_indices(directory, pattern):
+        if finished_by_all(directory, index, world_size, pattern):
+            _path(directory, pattern, index).unlink(missing_ok=True)
+            done_marker(directory, index, index % world_size, pattern).unlink(missing_ok=True)
+            deleted.append(index)
+    return deleted
+
+
+def write_expected(directory: str | os.PathLike[str], *, num_chunks: int,
+                   records_per_chunk: int | None = None,
+                   records: Sequence[int] | None = None) -> None:
+    """Declare the totals (atomically); see the module docstring."""
+    body: dict[str, Any] = {"num_chunks": num_chunks}
+    if records_per_chunk is not None:
+        body["records_per_chunk"] = records_per_chunk
+    if records is not None:
+        body["records"] = list(records)
+    Declared.parse(body, Path(directory) / EXPECTED)
+    atomic_write_bytes(Path(directory) / EXPECTED, orjson.dumps(body))
+
+
+def publish_chunk(directory: str | os.PathLike[str], index: int, records: Sequence[Any],
+                  pattern: str = DEFAULT_PATTERN) -> Path:
+    """Write one chunk under a temporary name, fsync, rename (for Python producers)."""
+    path = _path(directory, pattern, index)
+    atomic_write_bytes(path, b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return path
+
+
+def _count(value: Any, name: str, low: int) -> int:
+    return as_count(value, name, minimum=low, error=ConfigError)
+
+
+@dataclass(frozen=True)
+class Declared:
+    """The producer's totals; ``None`` where not (yet) declared."""
+
+    num_chunks: int | None = None
+    records_per_chunk: int | None = None
+    records: tuple[int, ...] | None = None
+
+    @classmethod
+    def parse(cls, body: Any, where: Path | str) -> Declared:
+        if not isinstance(body, dict) or "num_chunks" not in body:
+            raise ConfigError(f"{where}: expected a JSON object with num_chunks and "
+                              f"records_per_chunk or records, got {body!r}")
+        n = _count(body["num_chunks"], f"{where}: num_chunks", 0)
+        k = body.get("records_per_chunk")
+        recs = body.get("records")
+        if recs is not None:
+            if not isinstance(recs, list) or len(recs) != n:
+                raise ConfigError(f"{where}: records must list {n} counts (one per chunk)")
+            recs = tuple(_count(v, f"{where}: records[i]", 0) for v in recs)
+        return cls(n, None if k is None else _count(k, f"{where}: records_per_chunk", 1),
+                   recs)
+
+    def merge(self, other: Declared, where: str) -> Declared:
+        for name in ("num_chunks", "records_per_chunk", "records"):
+            a, b = getattr(self, name), getattr(other, name)
+            if a is not None and b is not None and a != b:
+                raise ConfigError(f"{name}={a!r} was passed to the reader but {where} "
+                                  f"declares {b!r}; remove the argument or fix {where}")
+        return Declared(*(getattr(self, n) if getattr(self, n) is not None
+                          else getattr(other, n)
+                          for n in ("num_chunks", "records_per_chunk", "records")))
+
+    def count(self, index: int) -> int | None:
+        return self.records[index] if self.records is not None else self.records_per_chunk
+
+    @property
+    def sized(self) -> bool:
+        return self.num_chunks is not None and (self.records is not None
+                                                or self.records_per_chunk is not None)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    index: int
+    path: str
+    records: list[Any]
+
+
+class EndOfData(Exception):
+    """Internal: the chunk asked for is past the declared ``num_chunks``."""
+
+
+class ProducerDirDataset:
+    """This rank's records of a directory a producer fills; map-style (see module doc).
+
+    ``encode_fn(record) -> example`` runs once per record when its chunk loads (an error
+    in it is an :class:`InputError` naming file and line). ``timeout`` is how long one
+    wait (for a chunk, or for ``_EXPECTED``) may last; polls start every
+    ``poll_interval`` seconds and back off to four times that.
+
+    >>> ds = ProducerDirDataset("/shared/sft", encode_fn=chat_template,     # doctest: +SKIP
+    ...                         world=World.detect(), timeout=1800)
+    >>> len(ds), ds[0]["input_ids"][:4]                                    # doctest: +SKIP
+    """
+
+    is_sharded = True
+
+    def __init__(self, directory: str | os.PathLike[str], *,
+                 encode_fn: Callable[[dict[str, Any]], Any] | None = None,
+                 world: World | None = None, pattern: str = DEFAULT_PATTERN,
+                 num_chunks: int | None = None, records_per_chunk: int | None = None,
+                 timeout: float = 600.0, poll_interval: float = 0.5, done_marker: bool = True,
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
+        if "{index" not in pattern or pattern.format(index=0) == pattern.format(index=1):
+            raise ConfigError(f"pattern must contain an {{index}} field such as "
+                              f"{DEFAULT_PATTERN!r}, got {pattern!r}")
+        if not timeout > 0 or not poll_interval > 0:
+            raise ConfigError(f"timeout and poll_interval must be positive, got {timeout!r} "
+                              f"and {poll_interval!r}")
+        self._given = Declared(
+            None if num_chunks is None else _count(num_chunks, "num_chunks", 0),
+            None if records_per_chunk is None else _count(records_per_chunk,
+                                                          "records_per_chunk", 1))
+        self.directory = Path(directory)
+        self.world = World.resolve(world, reader="ProducerDirDataset")
+        self.pattern, self.encode_fn = pattern, encode_fn
+        self.timeout, self.poll_interval = float(timeout), float(poll_interval)
+        self.done_marker, self.max_record_bytes = done_marker, max_record_bytes
+        self._declared = self._given
+        self._offsets: np.ndarray | None = None
+        self._served: dict[int, tuple[bytearray, list[int]]] = {}  # seen, [count]
+        self._next_probe = 0.0
+        self._chunks: OneAhead[int, Chunk] = OneAhead(self._load)
+
+    # -- identity and totals ----------------------------------------------------------
+    def state_config(self) -> dict[str, Any]:
+        return {"pattern": self.pattern, "rank": self.world.rank,
+                "world_size": self.world.size, "order_version": ORDER_VERSION}
+
+    @property
+    def fingerprint(self) -> str:
+        text = orjson.dumps(self.state_config(), option=orjson.OPT_SORT_KEYS)
+        return hashlib.sha256(text).hexdigest()[:16]
+
+    def chunk_path(self, index: int) -> Path:
+        return _path(self.directory, self.pattern, index)
+
+    def declared(self) -> Declared:
+        """The totals from the arguments and ``_EXPECTED`` (re-read until complete)."""
+        if not self._declared.sized:
+            p = self.directory / EXPECTED
+            try:
+                body = orjson.loads(p.read_bytes())
+            except FileNotFoundError:
+                return self._declared
+            except orjson.JSONDecodeError as e:
+                raise ConfigError(f"{p}: not valid JSON ({e}); write it atomically (temporary "
+                                  "name, then rename)") from None
+            self._declared = self._given.merge(Declared.parse(body, p), str(p))
+        return self._declared
+
+    def _sized(self) -> Declared:
+        self._wait(lambda: self.declared().sized, self.directory / EXPECTED,
+                   "the producer's totals (num_chunks and records_per_chunk or records: "
+                   "pass them to the reader or write _EXPECTED)")
+        return self._declared
+
+    def my_chunks(self) -> range:
+        """The global indices of this rank's chunks (needs ``num_chunks``)."""
+        n = self._sized().num_chunks
+        return self.world.round_robin(n or 0)
+
+    def _rank_offsets(self) -> np.ndarray:
+        if self._offsets is None:
+            d = self._sized()
+            counts = [d.count(c) or 0 for c in self.my_chunks()]
+            self._offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return self._offsets
+
+    def __len__(self) -> int:
+        return int(self._rank_offsets()[-1])
+
+    def __repr__(self) -> str:
+        w = self.world
+        return (f"ProducerDirDataset({str(self.directory)!r}, pattern={self.pattern!r}, "
+                f"rank {w.rank} of {w.size}, declared={self._declared})")
+
+    # -- waiting and loading ----------------------------------------------------------
+    def _wait(self, ready: Callable[[], Any], path: Path, what: str) -> Any:
+        """Poll ``ready()`` with backoff until truthy; ProducerTimeoutError after timeout."""
+        start = time.monotonic()
+        delay = self.poll_interval
+        while True:
+            value = ready()
+            if value:
+                return value
+            waited = time.monotonic() - start
+            if waited >= self.timeout:
+                raise ProducerTimeoutError(
+                    f"{path}: waited {waited:.1f}s (timeout={self.timeout:g}s) for {what}; "
+                    f"rank {self.world.rank} of {self.world.size} reads chunks "
+                    f"index % {self.world.size} == {self.world.rank}; {self._progress()}. "
+                    "Is the producer still running? Raise timeout= if it is just slow")
+            time.sleep(min(delay, self.timeout - waited))
+            delay = min(delay * 1.5, 4 * self.poll_interval)
+
+    def _progress(self) -> str:
+        published = chunk_indices(self.directory, self.pattern)
+        mine = [c for c in published if self.world.owns(c)]
+        if not published:
+            return "no chunk is published"
+        return (f"{len(published)} chunks are published now (highest {published[-1]}; "
+                f"{len(mine)} of this rank's)")
+
+    def _available(self, index: int) -> bool:
+        """Published now? Raises EndOfData past the declared end."""
+        if self.chunk_path(index).exists():
+            return True
+        n = self.declared().num_chunks
+        if n is not None and index >= n:
+            raise EndOfData(index)
+        return False
+
+    def _load(self, index: int) -> Chunk:
+        path = self.chunk_path(index)
+        self._wait(lambda: self._available(index), path, "this chunk to be published")
+        lines = path.read_bytes().split(b"\n")
+        if lines and not lines[-1]:
+            lines.pop()
+        records = [self._encode(raw, str(path), ln) for ln, raw in enumerate(lines, 1)]
+        expected = self.declared().count(index)
+        if expected is not None and len(records) > expected:
+            raise InputError(f"{path}: holds {len(records)} records but the producer "
+                             f"declared {expected}; the extra records would never be read. "
+                             "Fix _EXPECTED (records per chunk) or the chunk", path=str(path),
+                             reason="count_mismatch")
+        return Chunk(index, str(path), records)
+
+    def _encode(self, raw: bytes, path: str, line: int) -> Any:
+        value = parse_line(raw, path=path, line_for_error=line,
+                           max_record_bytes=self.max_record_bytes)
+        if isinstance(value, InputError):
+            raise value
+        if self.encode_fn is None:
+            return value
+        try:
+            return self.encode_fn(value)
+        except Exception as e:
+            raise InputError(f"{path}:{line}: encode_fn raised {type(e).__name__}: {e}",
+                             path=path, line=line, reason="encode_failed") from e
+
+    def chunk(self, index: int) -> Chunk:
+        """Chunk ``index`` (waiting for it), prefetching this rank's next published one."""
+        n = self.declared().num_chunks
+        if n is not None and index >= n:
+            raise EndOfData(index)
+        got = self._chunks.get(index)
+        nxt = index + self.world.size
+        now = time.monotonic()  # probe for the next chunk at most once per poll interval
+        if (n is None or nxt < n) and now >= self._next_probe and len(self.loaded_chunks()) < 2:
+            self._next_probe = now + self.poll_interval
+            if self.chunk_path(nxt).exists():
+                self._chunks.prefetch(nxt)
+        return got
+
+    def finish(self, index: int) -> None:
+        """This rank is done with chunk ``index``: release it, write its done marker."""
+        self._chunks.evict(index)
+        self._served.pop(index, None)
+        self._next_probe = 0.0
+        if self.done_marker:
+            marker = done_marker(self.directory, index, self.world.rank, self.pattern)
+            atomic_write_bytes(marker, b"")
+
+    @property
+    def peak_loaded_chunks(self) -> int:
+        """The most chunks held at once (current + prefetched); 2 at most."""
+        return self._chunks.peak_held
+
+    @property
+    def chunks_loaded(self) -> int:
+        """How many chunk loads happened (a chunk reloaded after eviction counts again)."""
+        return self._chunks.loads
+
+    def loaded_chunks(self) -> list[int]:
+        return self._chunks.held()
+
+    # -- map-style ----------------------------------------------------------------------
+    def position(self, index: int) -> tuple[int, int]:
+        """This rank's ``index`` → ``(global chunk index, record in the chunk)``."""
+        offsets = self._rank_offsets()
+        n = int(offsets[-1])
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError(f"index {index} out of range: rank {self.world.rank} has {n} "
+                             "records (len() is this rank's declared count)")
+        j = int(np.searchsorted(offsets, i, side="right")) - 1
+        return self.world.rank + j * self.world.size, i - int(offsets[j])
+
+    def __getitem__(self, index: int) -> Any:
+        c, r = self.position(index)
+        try:
+            got = self.chunk(c)
+        except EndOfData:  # unreachable when the declaration is consistent
+            raise IndexError(f"chunk {c} is past the declared end") from None
+        if r >= len(got.records):
+            raise IndexError(f"index {index} is record {r} of {got.path}, which holds only "
+                             f"{len(got.records)} records although {self.declared().count(c)}"
+                             " were declared; the dataset does not invent samples. Declare "
+                             "exact per-chunk counts (records=[...] in _EXPECTED)")
+        record = got.records[r]
+        seen, count = self._served.setdefault(c, (bytearray(len(got.records)), [0]))
+        if not seen[r]:
+            seen[r], count[0] = 1, count[0] + 1
+            if count[0] == len(got.records):
+                self.finish(c)
+        return record
+
+    def stream(self) -> ProducerDirStream:
+        """A sequential, resumable view over this rank's chunks (see ProducerDirStream)."""
+        return ProducerDirStream(self)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def close(self) -> None:
+        self._chunks.close()
+
+    def __enter__(self) -> ProducerDirDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers: no threads, no chunks
+        state = self.__dict__.copy()
+        state["_chunks"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._chunks = OneAhead(self._load)
+
+
+class ProducerDirStream:
+    """This rank's records in order, one pass, from a saved position; iterable.
+
+    It ends after the last declared chunk (``num_chunks`` may be declared late, in
+    ``_EXPECTED``, to mark the end); without a declaration it waits for the next chunk
+    until ``timeout``. The done marker of a chunk is written when its last record is
+    handed out. One reader per rank: under DataLoader workers each worker would read the
+    whole stream — use ``num_workers=0`` or :class:`SequentialConsumer`.
+
+    State keys (``LoaderState``): ``consumed`` (records handed out), ``extra.chunk`` (the
+    global index of the chunk of the next record) and ``extra.record`` (its index in the
+    chunk). Saved by one rank, it resumes that rank of the same world size only.
+    """
+
+    def __init__(self, ds: ProducerDirDataset) -> None:
+        self.ds = ds
+        self.next_chunk = ds.world.rank
+        self.next_record = 0
+        self.consumed = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        ds, step = self.ds, self.ds.world.size
+        while True:
+            c, start = self.next_chunk, self.next_record
+            try:
+                records = ds.chunk(c).records
+            except EndOfData:
+                return
+            for r in range(start, len(records)):
+                last = r + 1 == len(records)
+                self.next_chunk, self.next_record = (c + step, 0) if last else (c, r + 1)
+                self.consumed += 1
+                if last:
+                    ds.finish(c)
+                yield records[r]
+            if start >= len(records):  # an empty chunk, or resumed at a chunk's end
+                ds.finish(c)
+                self.next_chunk, self.next_record = c + step, 0
+            del records  # not alive while the next chunk loads
+
+    def state_dict(self) -> dict[str, Any]:
+        return LoaderState(fingerprint=self.ds.fingerprint, consumed=self.consumed,
+                           config=self.ds.state_config(), kind=STATE_KIND,
+                           extra={"chunk": self.next_chunk, "record": self.next_record}
+                           ).to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        st = LoaderState.from_dict(state)
+        st.check_matches(STATE_KIND, self.ds.fingerprint, self.ds.state_config())
+        chunk, record = (as_count(st.extra.get(k), f"extra.{k}") for k in ("chunk", "record"))
+        w = self.ds.world
+        if chunk % w.size != w.rank:
+            raise StateError(f"state position chunk={chunk!r} record={record!r} is not a "
+                             f"position of rank {w.rank} of {w.size}")
+        n = self.ds.declared().num_chunks
+        end = None if n is None else n + (w.rank - n) % w.size  # after this rank's last
+        if end is not None and (chunk, record) > (end, 0):
+            raise StateError(f"state position chunk={chunk} record={record} is past the end "
+                             f"of this rank's chunks ({n} declared: it ends at chunk {end}); "
+                             "the state belongs to another producer directory or run")
+        self.next_chunk, self.next_record, self.consumed = chunk, record, st.consumed

@@ -1,0 +1,319 @@
+"""A sequential consumer for RL-style loops: ``get_next_batch(n)`` over any resumable
+iterable reader, with a seeded per-epoch shuffle, a background prefetch buffer and a state
+that records what the *caller* received.
+
+The reader needs only :class:`ResumableSource`: ``__iter__``, ``state_dict()`` and
+``load_state_dict()``, where ``state_dict()`` called right after the iterator returned an
+example describes the position just after it (so a fresh ``iter()`` after
+``load_state_dict`` continues from there), and returns a fresh JSON-able dict. An optional
+``set_epoch(epoch)`` lets the reader change its own order per epoch (a stream's block
+shuffle). :class:`~shardwise.read.external.producer_dir.ProducerDirStream` and
+``StreamDataset`` are such readers. Pass the reader, or a factory ``() -> reader`` (called
+for every pass, so an abandoned prefetch thread never shares a reader with a new one).
+
+Shuffle: consecutive windows of ``shuffle_window`` examples are each permuted by a keyed
+:class:`~shardwise.plan.permutation.Permutation` of ``(seed, window number, epoch)``.
+The order depends on the data, ``seed``, ``shuffle_window`` and the epoch only — never on
+``consumers``, ``batch_size`` or ``prefetch``. Example, ``shuffle_window = 4``::
+
+    reader      a b c d | e f g h | i j
+    epoch 0     c a d b | f h e g | j i        (window 0 keyed by (seed, 0, epoch 0), …)
+
+Resume: the state holds the reader's state at the start of the current window and how
+many examples of that window the caller has received; restoring reads that one window
+again (at most ``shuffle_window`` examples, never anything before it) and continues
+exactly. With ``shuffle_window <= 1`` nothing is re-read.
+
+State keys (``LoaderState``): ``consumed`` (examples received, all epochs) and
+``extra``: ``epoch``, ``window`` (number of the current window in the epoch), ``offset``
+(examples of it received), ``source`` (the reader's state at the window's start, or
+``None`` at the start of the epoch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any, Protocol, runtime_checkable
+
+import orjson
+
+from shardwise.checkpoint import LoaderState, as_count
+from shardwise.errors import ConfigError, StateError
+from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation, derive_seed
+
+STATE_KIND = "sequential_consumer"
+ORDER_VERSION = 1
+DEFAULT_BATCH = 32
+
+
+@runtime_checkable
+class ResumableSource(Protocol):
+    """An iterable reader with a JSON-able position (see the module docstring)."""
+
+    def __iter__(self) -> Iterator[Any]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class ConsumerOrder:
+    """What defines the order (fingerprinted): not ``consumers``, ``batch_size``,
+    ``prefetch`` or ``cycle``, so a state restores under any of those."""
+
+    seed: int = 0
+    shuffle_window: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seed", _check(self.seed, "seed", 0))
+        object.__setattr__(self, "shuffle_window", _check(self.shuffle_window,
+                                                          "shuffle_window", 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "shuffle_window": self.shuffle_window,
+                "order_version": ORDER_VERSION, "permutation_version": PERMUTATION_VERSION}
+
+
+@dataclass(frozen=True)
+class Position:
+    """What the caller has received: window ``window`` of ``epoch`` starts at reader state
+    ``source`` (``None``: the epoch's start) and ``offset`` of its examples are taken."""
+
+    epoch: int
+    window: int = 0
+    offset: int = 0
+    source: dict[str, Any] | None = None
+
+
+_END = object()
+
+
+class SequentialConsumer:
+    """Batches of examples in a seeded order, prefetched, exactly resumable.
+
+    ``prefetch`` (examples held ahead) defaults to ``2 × consumers × batch_size``: two
+    steps of ``consumers`` data-parallel workers each taking ``batch_size``. At the end of
+    a pass ``get_next_batch`` returns what is left (then ``[]``), unless ``cycle`` rolls
+    into the next epoch.
+
+    >>> with SequentialConsumer(ds.stream(), batch_size=32, consumers=8,     # doctest: +SKIP
+    ...                         shuffle_window=4096, seed=1) as c:
+    ...     prompts = c.get_next_batch(32); state = c.state_dict()
+    """
+
+    def __init__(self, source: ResumableSource | Callable[[], ResumableSource], *,
+                 batch_size: int | None = None, consumers: int = 1,
+                 prefetch: int | None = None, seed: int = 0, shuffle_window: int = 0,
+                 cycle: bool = False) -> None:
+        self.order = ConsumerOrder(seed, shuffle_window)
+        self.batch_size = None if batch_size is None else _check(batch_size, "batch_size", 1)
+        self.consumers = _check(consumers, "consumers", 1)
+        self.prefetch = (2 * self.consumers * (self.batch_size or DEFAULT_BATCH)
+                         if prefetch is None
+                         else _check(prefetch, "prefetch", 1))
+        self.seed, self.shuffle_window = self.order.seed, self.order.shuffle_window
+        self.cycle = cycle
+        if isinstance(source, ResumableSource) and not isinstance(source, type):
+            self._factory: Callable[[], ResumableSource] | None = None
+            self._source: ResumableSource | None = source
+            self._origin: dict[str, Any] | None = source.state_dict()
+        elif callable(source):
+            self._factory, self._source, self._origin = source, None, None
+        else:
+            raise ConfigError(f"source must have __iter__, state_dict and load_state_dict, "
+                              f"or be a factory returning such a reader; got "
+                              f"{type(source).__name__}")
+        self._pos = Position(epoch=0)
+        self.consumed = 0
+        self._queue: queue.Queue[tuple[Any, Any]] | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._done: BaseException | object | None = None  # _END or the reader's error
+        self._epoch_aware: bool | None = None
+
+    # -- identity -------------------------------------------------------------------------
+    def state_config(self) -> dict[str, Any]:
+        return self.order.to_dict()
+
+    @property
+    def fingerprint(self) -> str:
+        text = orjson.dumps(self.state_config(), option=orjson.OPT_SORT_KEYS)
+        return hashlib.sha256(text).hexdigest()[:16]
+
+    @property
+    def epoch(self) -> int:
+        return self._pos.epoch
+
+    # -- the caller's side ----------------------------------------------------------------
+    def get_next_batch(self, n: int | None = None) -> list[Any]:
+        """The next ``n`` examples (default ``batch_size``); fewer only at the end."""
+        n = _check(n if n is not None else self.batch_size or DEFAULT_BATCH, "n", 1)
+        out: list[Any] = []
+        while len(out) < n and self._done is None:
+            item, pos = self._worker_queue().get()
+            if item is _END or isinstance(item, _Failure):
+                self._done = item.error if isinstance(item, _Failure) else _END
+                self._join()
+                break
+            out.append(item)
+            self._pos = pos
+            self.consumed += 1
+        if isinstance(self._done, BaseException) and not out:
+            raise self._done
+        return out
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        """Batches of ``batch_size`` until the end of the pass (forever with ``cycle``)."""
+        while batch := self.get_next_batch():
+            yield batch
+
+    def shuffle(self, epoch: int) -> None:
+        """Start pass ``epoch`` from its beginning, in that epoch's order (reproducible)."""
+        _check(epoch, "epoch", 0)
+        if self.shuffle_window <= 1 and not self._has_set_epoch():
+            raise ConfigError("shuffle(epoch) would not change the order: pass "
+                              "shuffle_window > 1, or a reader with set_epoch()")
+        self._restart(Position(epoch=epoch))
+
+    def state_dict(self) -> dict[str, Any]:
+        p = self._pos
+        return LoaderState(fingerprint=self.fingerprint, consumed=self.consumed,
+                           config=self.state_config(), kind=STATE_KIND,
+                           extra={"epoch": p.epoch, "window": p.window, "offset": p.offset,
+                                  "source": p.source}).to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly after the last example the saved consumer returned."""
+        st = LoaderState.from_dict(state)
+        st.check_matches(STATE_KIND, self.fingerprint, self.state_config())
+        e = st.extra
+        missing = [k for k in ("epoch", "window", "offset", "source") if k not in e]
+        if missing:
+            raise StateError(f"consumer state has no extra.{missing[0]}")
+        epoch, window, offset = (as_count(e[k], f"extra.{k}")
+                                 for k in ("epoch", "window", "offset"))
+        if offset >= max(1, self.shuffle_window):
+            raise StateError(f"extra.offset={offset} is past the end of a shuffle window of "
+                             f"{self.shuffle_window} examples; the state was edited or saved "
+                             "with another shuffle_window")
+        self._restart(Position(epoch, window, offset, e["source"]))
+        self.consumed = st.consumed
+
+    def close(self) -> None:
+        self._join()
+
+    def __enter__(self) -> SequentialConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the prefetch thread --------------------------------------------------------------
+    def _has_set_epoch(self) -> bool:
+        if self._epoch_aware is None:
+            probe = self._source if self._source is not None else self._new_reader()
+            self._epoch_aware = callable(getattr(probe, "set_epoch", None))
+        return self._epoch_aware
+
+    def _new_reader(self) -> ResumableSource:
+        src = self._factory() if self._factory is not None else self._source
+        if not isinstance(src, ResumableSource):
+            raise ConfigError(f"the factory returned a {type(src).__name__}, which lacks "
+                              "__iter__, state_dict or load_state_dict")
+        return src
+
+    def _restart(self, pos: Position) -> None:
+        self._join()
+        self._pos, self._done = pos, None
+
+    def _join(self) -> None:
+        """Stop the prefetch thread and drop what it read ahead."""
+        if self._thread is None or self._queue is None:
+            return
+        self._stop.set()
+        while self._thread.is_alive():
+            with contextlib.suppress(queue.Empty):  # unblock a put() on a full queue
+                self._queue.get(timeout=0.05)
+        self._thread, self._queue = None, None
+        self._stop = threading.Event()
+
+    def _worker_queue(self) -> queue.Queue[tuple[Any, Any]]:
+        if self._queue is None:
+            self._queue = queue.Queue(maxsize=self.prefetch)
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            args=(self._queue, self._stop, self._pos),
+                                            name="shardwise-consumer")
+            self._thread.start()
+        return self._queue
+
+    def _run(self, q: queue.Queue[tuple[Any, Any]], stop: threading.Event,
+             pos: Position) -> None:
+        def put(item: tuple[Any, Any]) -> bool:
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.05)
+                    return True
+                except queue.Full:
+                    pass
+            return False
+
+        try:
+            for example, after in self._examples(pos):
+                if not put((example, after)):
+                    return
+            put((_END, None))
+        except BaseException as e:  # handed to the caller, raised by get_next_batch
+            put((_Failure(e), None))
+
+    def _reader(self, epoch: int, start: dict[str, Any] | None) -> ResumableSource:
+        src = self._new_reader()
+        if start is None and self._origin is not None:
+            src.load_state_dict(self._origin)
+        set_epoch = getattr(src, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+        if start is not None:
+            src.load_state_dict(start)
+        return src
+
+    def _examples(self, pos: Position) -> Iterator[tuple[Any, Position]]:
+        """``(example, position after it)`` from ``pos`` on, epoch after epoch if cycling."""
+        while True:
+            yield from self._pass(pos)
+            if not self.cycle:
+                return
+            pos = Position(epoch=pos.epoch + 1)
+
+    def _pass(self, pos: Position) -> Iterator[tuple[Any, Position]]:
+        src = self._reader(pos.epoch, pos.source)
+        start = src.state_dict() if pos.source is None else pos.source
+        it = iter(src)
+        size, w, skip = max(1, self.shuffle_window), pos.window, pos.offset
+        while window := list(islice(it, size)):
+            after = src.state_dict()
+            order = self._order(len(window), pos.epoch, w)
+            for j in range(skip, len(window)):
+                nxt = (Position(pos.epoch, w + 1, 0, after) if j + 1 == len(window)
+                       else Position(pos.epoch, w, j + 1, start))
+                yield window[order[j]], nxt
+            start, w, skip = after, w + 1, 0
+
+    def _order(self, n: int, epoch: int, window: int) -> list[int]:
+        if self.shuffle_window <= 1 or n < 2:
+            return list(range(n))
+        key = derive_seed(self.seed, "consumer", window)
+        return [int(i) for i in Permutation(n, key, epoch)(list(range(n)))]
+
+
+@dataclass(frozen=True)
+class _Failure:
+    error: BaseException
+
+
+def _check(value: Any, name: str, low: int) -> int:
+    return as_count(value, name, minimum=low, error=ConfigError)

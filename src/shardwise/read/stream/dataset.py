@@ -1,0 +1,450 @@
+"""Stream placement: ``R*`` streams, each packing its own chunks; rank ``r`` reads only its
+streams' chunks, also while the cache is still being built.
+
+Stream ``s`` owns the global chunks ``c % R* == s`` in ledger order, cut into blocks of
+``block_chunks``. Inside a block the chunks are read in a seeded order (seed, epoch,
+stream), their documents packed into windows of ``seq_len + 1`` tokens (consecutive
+windows share one token) and the windows served in a seeded order: reads stay sequential
+within a block. Example (``R* = 4``, ``block_chunks = 2``, ``seq_len = 4``)::
+
+    stream 1 owns   1 5 9 13 17            (c % 4 == 1, ledger order)
+    blocks          [1 5]  [9 13]  [17]    the last block may be short
+    read order      [5 1]  [9 13]  [17]    seeded shuffle inside each block
+    pack block 0    docs of 5, docs of 1 → 13 tokens t0 … t12
+    windows         w0=[t0‥t4] w1=[t4‥t8] w2=[t8‥t12]
+    served          w2 w0 w1               seeded shuffle inside the block
+
+**Windows never cross a block boundary**: a block is served only once it is final (all its
+chunks published, or the build finished), and a window reaching into block ``b + 1``
+would make block ``b`` wait for it and hold both in memory. A block's tail that does not
+fill a window is dropped (``drop_last=True``: under ``seq_len`` tokens per block) or padded
+and masked (``drop_last=False``)::
+
+    block 0 (13 tokens)  t0 … t12   w0=[t0‥t4] w1=[t4‥t8] w2=[t8‥t12]       exact fit
+    block 1 (11 tokens)  u0 … u10   w0=[u0‥u4] w1=[u4‥u8], tail u8 u9 u10:  dropped, or
+                                    w2=[u8 u9 u10 · ·] with loss_mask 1 1 0 0
+    block 2 starts its own windows at its first token
+
+**Global order.** Example ``i`` is example ``i // R*`` of stream ``i % R*``. Rank ``r`` of
+``R`` (``R`` divides ``R*``) serves the streams ``s % R == r``; its ``j``-th example is
+global ``j·R + r``, so interleaving the ranks' outputs gives the global order::
+
+    R* = 4, R = 2     global i   0 1 2 3 4 5 6 7 …     stream i % 4, example i // 4
+    rank 0 (streams 0 2)   i = 0 2 4 6 …     rank 1 (streams 1 3)   i = 1 3 5 7 …
+
+**Epochs.** ``epochs=None``: every stream cycles on its own, each epoch with a new chunk and
+window shuffle; streams of different lengths simply start their next epoch at different
+times. ``epochs=E``: each stream serves ``E`` epochs, then *padding examples* (all zeros,
+``loss_mask`` 0) up to ``E × (windows of the longest stream)``, so every stream and every
+rank yields the same count; real data is never repeated or dropped for alignment.
+
+**Follow mode** (``follow=True``) reads a cache a build is still writing, in the same order
+as once it has finished: a block is served once final. Until then the prefetch thread polls
+the ledger with backoff (10 ms doubling up to ``poll_interval``) and raises
+:class:`~shardwise.errors.ProducerTimeoutError` after ``timeout`` seconds without a new
+chunk; a finished build ends (``epochs=E``) or cycles the stream. A path that is not a
+cache yet is waited for the same way::
+
+    visible (build running)  0 1 2 3 4 5 6 7 8 9 10 11 12
+    stream 1, block_chunks=2 [1 5] final → served   [9 ·] waits for chunk 13 (or the end)
+
+**State** (``state_dict()``; keys ``kind``, ``version``, ``fingerprint``, ``consumed``,
+``config``, ``extra``): ``consumed`` counts the examples of the global order *received* by
+all ranks together (``start + received × R``: the same on every rank); ``extra`` holds
+``stream_examples``, each stream's position ``k_s = ceil((consumed - s) / R*)``. Epochs are
+not stored: a stream's epoch is ``k_s // N_s`` (its windows per epoch, from the ledger), and
+storing it would make two ranks' states differ while one has seen the build finish and the
+other not. The fingerprint covers the config and the cache's identity, not its chunk count
+(which grows). Resuming under any ``R`` that divides ``R*`` seeks from chunk token counts
+(the block by a search in the blocks' window counts): the block holding the position is
+read, none before it. Rank ``r`` resumes at its first example ``>= consumed``; when
+``consumed`` is not a multiple of ``R`` the ranks' first steps still cover exactly the next
+``R`` examples of the global order.
+
+**PyTorch.** ``DataLoader(ds, batch_size=None)`` (``num_workers=0``; ``pin_memory`` works).
+The dataset registers itself as a virtual ``torch.utils.data.IterableDataset`` when it is
+created after torch was imported (torch itself is never imported here). Use the dataset's
+own ``batch_size=`` for micro-batches: one stacked dict per item, built in one call.
+DataLoader *worker processes* are refused: the prefetch thread already overlaps reading
+with training, and a worker would iterate a copy whose position ``state_dict()`` could not
+see — a checkpoint would silently restart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from shardwise.checkpoint import LoaderState, as_count, check_not_past_end
+from shardwise.errors import (
+    ConfigError,
+    StateError,
+)
+from shardwise.format.chunk import ChunkKind
+from shardwise.plan.permutation import PERMUTATION_VERSION
+from shardwise.plan.stream import (
+    dropped_stream_tokens,
+    stream_chunk_tokens,
+    window_order,
+    windows_per_block,
+)
+from shardwise.read.drops import Drop, describe_drops
+from shardwise.read.stream.chunk_cache import ChunkCache, Tokens, read_chunk
+from shardwise.read.stream.schedule import (
+    Follower,
+    Item,
+    Layout,
+    Prefetcher,
+    RankSchedule,
+    Stopped,
+    longest_stream_windows,
+    open_when_ready,
+)
+from shardwise.storage.cache import Cache, open_cache
+from shardwise.world import World
+
+STATE_KIND = "stream"
+STREAM_ORDER_VERSION = 1
+Example = dict[str, npt.NDArray[Any]]
+
+
+@dataclass(frozen=True)
+class StreamConfig(Layout):
+    """What defines a stream order (all of it is fingerprinted)."""
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "streams", "block_chunks"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        e = self.epochs
+        if e is not None and (isinstance(e, bool) or not isinstance(e, int) or e < 1):
+            raise ConfigError(f"epochs must be None (cycle forever) or a positive integer, "
+                              f"got {e!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def first_example(consumed: int, s: int, n_streams: int) -> int:
+    """Stream ``s``'s first example at or after global position ``consumed``."""
+    return max(0, -(-(consumed - s) // n_streams))
+
+
+class StreamDataset:
+    """This rank's examples under stream placement; iterable (see the module docs).
+
+    >>> ds = StreamDataset("cache/", seq_len=2048, streams=8, seed=1234,  # doctest: +SKIP
+    ...                    world=World(0, 2), follow=True)
+    >>> for example in ds: ...                                           # doctest: +SKIP
+
+    ``world=None`` means ``World.detect()``. Every ``iter()`` continues from the current
+    position (and stops an earlier iterator). ``batch_size``: yield stacked micro-batches
+    of this rank's next examples (the last may be short in a single pass). Memory: the chunk
+    cache holds at most ``chunk_cache_bytes``, or the current block of each served stream
+    plus the next one if that is more; ``prefetch_chunks`` bounds the chunks read ahead
+    (whole blocks; the next block is always read ahead). ``stats()`` reports the seconds
+    waited on the producer and on the prefetch thread, and the chunk cache's figures.
+    """
+
+    def __init__(self, cache: Cache | str | os.PathLike[str], *, seq_len: int, streams: int,
+                 seed: int = 0, world: World | None = None, follow: bool = False,
+                 epochs: int | None = None, block_chunks: int = 4, drop_last: bool = True,
+                 batch_size: int | None = None, poll_interval: float = 0.5,
+                 timeout: float = 600.0, prefetch_chunks: int = 2,
+                 chunk_cache_bytes: int = 256 << 20) -> None:
+        self.config = StreamConfig(seq_len, streams, seed, block_chunks, drop_last, epochs)
+        self.world = World.resolve(world, reader="StreamDataset")
+        self.streams = self.world.streams(streams)
+        for name, v in (("poll_interval", poll_interval), ("timeout", timeout)):
+            if not v > 0:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {v!r}")
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise ConfigError(f"batch_size must be None or a positive integer, got "
+                              f"{batch_size!r}")
+        if not isinstance(prefetch_chunks, int) or prefetch_chunks < 0:
+            raise ConfigError(f"prefetch_chunks must be >= 0, got {prefetch_chunks!r}")
+        self.follow, self.poll_interval, self.timeout = follow, poll_interval, timeout
+        self.batch_size, self.prefetch_chunks = batch_size, prefetch_chunks
+        if isinstance(cache, Cache):  # a growing cache is refreshed on the prefetch
+            # thread, so it gets a private view rather than sharing the caller's object
+            self.cache = open_cache(cache.root) if follow and not cache.finished else cache
+        else:
+            self.cache = (open_when_ready(Path(cache), poll_interval, timeout) if follow
+                          else open_cache(cache))
+        self._check_cache()
+        self.chunk_cache = ChunkCache(chunk_cache_bytes)
+        self.opened: Counter[int] = Counter()
+        self._start, self._received = 0, 0
+        self._run: _Run | None = None
+        self._waited = {"producer_wait_s": 0.0, "consumer_wait_s": 0.0}
+        _register_with_torch()
+
+    def _check_cache(self) -> None:
+        c = self.cache
+        if c.manifest is not None and c.manifest.chunk_kind != ChunkKind.TOKENS.value:
+            raise ConfigError(f"{c.root}: a {c.manifest.chunk_kind} cache has no token "
+                              "stream; stream placement packs token chunks")
+        if not c.finished and not self.follow:
+            raise ConfigError(f"{c.root}: the cache is still being built ({len(c.chunks)} "
+                              "chunks visible); pass follow=True to read it as it grows in "
+                              "its final order, or wait for the build to finish")
+        cfg = self.config
+        if c.finished and cfg.epochs is None:
+            empty = [s for s in range(cfg.streams) if not windows_per_block(
+                stream_chunk_tokens(c.cum_tokens, s, cfg.streams), cfg.block_chunks,
+                cfg.seq_len, cfg.drop_last).any()]
+            if empty:
+                raise ConfigError(f"{c.root}: streams {empty[:8]} hold no window of seq_len "
+                                  f"+ 1 = {cfg.seq_len + 1} tokens ({len(c.chunks)} chunks "
+                                  f"over {cfg.streams} streams), so they cannot cycle; use "
+                                  "fewer streams, a smaller seq_len, or epochs=1 (a single "
+                                  "pass, padded)")
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"StreamDataset({self.cache!r}, seq_len={c.seq_len}, streams={c.streams}, "
+                f"seed={c.seed}, rank={self.world.rank}/{self.world.size}, "
+                f"epochs={c.epochs}, follow={self.follow}, {describe_drops(self.drops())})")
+
+    def drops(self) -> list[Drop]:
+        """Tokens of every stream's blocks that no window holds (windows never cross a
+        block), per epoch — the same count each epoch. While a build runs, of the final
+        blocks so far."""
+        c, cum, done = self.config, self.cache.cum_tokens, self.cache.finished
+        lost = dropped_stream_tokens(cum, c.streams, c.block_chunks, c.seq_len, c.drop_last,
+                                     full_blocks_only=not done)
+        return [Drop(lost, "tokens per epoch", f"the tails of stream blocks of {c.block_chunks}"
+                     f" chunks (windows never cross a block; drop_last=True)"
+                     f"{'' if done else ', so far'}", of=int(cum[-1]))] if lost else []
+
+    # -- identity and state ------------------------------------------------------------------
+    def state_config(self) -> dict[str, Any]:
+        """The plain fields a checkpoint must match (not the chunk count: it grows)."""
+        return {**self.config.to_dict(), "cache": self.cache.fingerprint,
+                "order_version": STREAM_ORDER_VERSION,
+                "permutation_version": PERMUTATION_VERSION}
+
+    @property
+    def fingerprint(self) -> str:
+        blob = orjson.dumps(self.state_config(), option=orjson.OPT_SORT_KEYS)
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    @property
+    def consumed(self) -> int:
+        """Examples of the global order received by all ranks together."""
+        return self._start + self._received * self.world.size
+
+    def state_dict(self) -> dict[str, Any]:
+        c = self.consumed
+        positions = [first_example(c, s, self.config.streams)
+                     for s in range(self.config.streams)]
+        return LoaderState(fingerprint=self.fingerprint, consumed=c,
+                           config=self.state_config(), kind=STATE_KIND,
+                           extra={"stream_examples": positions}).to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved position (any world size dividing ``streams``); refuse a
+        state of another cache or config, naming the fields that differ."""
+        st = LoaderState.from_dict(state)
+        st.check_matches(STATE_KIND, self.fingerprint, self.state_config())
+        c = self.config
+        if c.epochs is not None and self.cache.finished:  # every stream padded to the longest
+            end = c.streams * c.epochs * longest_stream_windows(self.cache.cum_tokens, c)
+            check_not_past_end(st.consumed, end, "examples", f"{c.epochs} epochs of "
+                               f"{c.streams} streams, each padded to the longest")
+        want = [first_example(st.consumed, s, c.streams) for s in range(c.streams)]
+        got = st.extra.get("stream_examples", want)
+        if not isinstance(got, list):
+            raise StateError(f"stream_examples must be a list of {c.streams} counts, got "
+                             f"{got!r}")
+        got = [as_count(k, f"stream_examples[{s}]") for s, k in enumerate(got)]
+        if got != want:
+            raise StateError(f"stream_examples {got} do not match consumed={st.consumed} "
+                             f"(expected {want}); the state was edited or damaged")
+        self._stop_run()
+        self._start, self._received = st.consumed, 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the prefetch thread and drop every loaded chunk."""
+        self._stop_run()
+        self.chunk_cache.clear()
+
+    def __enter__(self) -> StreamDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["_run"] = None
+        d["chunk_cache"] = ChunkCache(self.chunk_cache.max_bytes)
+        return d
+
+    def _stop_run(self) -> None:
+        if self._run is not None:
+            self._run.close()
+            self._run = None
+
+    def stats(self) -> dict[str, Any]:
+        waited = dict(self._waited)
+        if self._run is not None:
+            for k, v in self._run.waited().items():
+                waited[k] += v
+        return {**waited, "chunk_cache": self.chunk_cache.stats(),
+                "chunks_read": sum(self.opened.values())}
+
+    # -- iteration ------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Example]:
+        _refuse_worker_process()
+        self._stop_run()
+        run = self._run = _Run(self, self._start + self._received * self.world.size)
+        return self._examples(run)
+
+    def _examples(self, run: _Run) -> Iterator[Example]:
+        L, m = self.config.seq_len, len(self.streams)
+        size = self.batch_size or 1
+        current = run.current
+        j = run.j_start
+        try:
+            while True:
+                if run.closed:
+                    raise RuntimeError("this stream iterator was stopped by close() or "
+                                       "load_state_dict(); call iter() again")
+                rows = np.zeros((size, L + 1), dtype=np.int64)
+                valid = np.zeros(size, dtype=np.int64)
+                n = 0
+                while n < size:
+                    k, t = divmod(j, m)
+                    item = current[t]
+                    if item is None or k >= item.stop:
+                        if item is not None:
+                            run.release(item)
+                        item = current[t] = run.next(t, k)
+                        if item is None:
+                            break
+                    valid[n] = item.fill(rows[n], k - item.start, L)
+                    n += 1
+                    j += 1
+                if n == 0:
+                    return
+                batch = _finish(rows[:n], valid[:n], L)
+                self._received += n
+                yield batch if self.batch_size else {key: v[0] for key, v in batch.items()}
+                if n < size:
+                    return
+        finally:
+            if self._run is run:
+                self._run = None
+            run.close()
+
+
+class _Run:
+    """One iteration: the schedule, the prefetch thread, and what the consumer holds."""
+
+    def __init__(self, ds: StreamDataset, consumed: int) -> None:
+        cfg, world = ds.config, ds.world
+        self.ds = ds
+        self.current: list[Item | None] = [None] * len(ds.streams)
+        self.j_start = first_example(consumed, world.rank, world.size)
+        starts = [first_example(consumed, s, cfg.streams) for s in ds.streams]
+        self.stop = threading.Event()
+        self.follower = Follower(ds.cache, poll_interval=ds.poll_interval,
+                                 timeout=ds.timeout, stop=self.stop)
+        schedule = RankSchedule(ds.cache, cfg, ds.streams, starts, self.follower)
+        self.prefetcher = Prefetcher(schedule.next, self._load, ds.chunk_cache,
+                                     ahead_chunks=ds.prefetch_chunks, stop=self.stop,
+                                     name=f"shardwise-stream-rank{world.rank}")
+        self.closed = False
+
+    def _load(self, item: Item) -> None:
+        """On the prefetch thread: pin the block's chunks and compute its window order."""
+        if item.block < 0:
+            return
+        ds, cfg = self.ds, self.ds.config
+        try:
+            for c in item.chunks.tolist():
+                if self.stop.is_set():
+                    raise Stopped
+                item.parts.append(ds.chunk_cache.acquire(c, partial(self._read, c)))
+        except BaseException:
+            self.release(item)
+            raise
+        item.bounds = np.concatenate([[0], np.cumsum([len(p) for p in item.parts])]
+                                     ).astype(np.int64)
+        n = item.stop - item.start + item.offset
+        item.order = window_order(item.stream, item.block, n, seed=cfg.seed,
+                                  epoch=item.epoch)
+
+    def _read(self, c: int) -> Tokens:
+        self.ds.opened[c] += 1
+        return read_chunk(self.ds.cache, c)
+
+    def next(self, t: int, k: int) -> Item | None:
+        item = self.prefetcher.get()
+        if item is not None and (item.t != t or item.start != k):
+            raise RuntimeError(f"stream schedule out of order: expected stream index {t} at "
+                               f"{k}, got {item.t} at {item.start}")
+        return item
+
+    def release(self, item: Item) -> None:
+        for c in item.chunks[: len(item.parts)].tolist():
+            self.ds.chunk_cache.release(c)
+        item.parts = []
+
+    def waited(self) -> dict[str, float]:
+        return {"producer_wait_s": self.follower.waited,
+                "consumer_wait_s": self.prefetcher.waited}
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for item in self.prefetcher.close() + [i for i in self.current if i is not None]:
+            self.release(item)
+        for k, v in self.waited().items():
+            self.ds._waited[k] += v
+
+
+def _finish(rows: npt.NDArray[np.int64], valid: npt.NDArray[np.int64], L: int) -> Example:
+    """The example dict (TokenDataset's layout): inputs, labels, loss mask, positions."""
+    n = len(rows)
+    return {"input_ids": np.ascontiguousarray(rows[:, :L]),
+            "labels": np.ascontiguousarray(rows[:, 1:]),
+            "loss_mask": (np.arange(L)[None, :] + 1 < valid[:, None]).astype(np.float32),
+            "position_ids": np.broadcast_to(np.arange(L, dtype=np.int64), (n, L)).copy()}
+
+
+def _refuse_worker_process() -> None:
+    data = sys.modules.get("torch.utils.data")
+    if data is not None and data.get_worker_info() is not None:
+        raise ConfigError("StreamDataset must be iterated in the main process: use "
+                          "DataLoader(ds, batch_size=None, num_workers=0). Its own prefetch "
+                          "thread already reads ahead, and a DataLoader worker would "
+                          "iterate a copy whose position ds.state_dict() cannot see (a "
+                          "checkpoint would silently restart). For micro-batches pass "
+                          "batch_size= to StreamDataset")
+
+
+def _register_with_torch() -> None:
+    """Make ``DataLoader`` treat the dataset as iterable, if torch is already imported
+    (``IterableDataset`` is an ABC; registering imports nothing)."""
+    data = sys.modules.get("torch.utils.data")
+    if data is not None:
+        data.IterableDataset.register(StreamDataset)

@@ -1,0 +1,374 @@
+"""What a stream rank reads next, and the background thread that reads it ahead.
+
+Two pieces, over the pure stream layout of :mod:`shardwise.plan.stream`
+(:func:`~shardwise.plan.stream.windows_per_block`,
+:func:`~shardwise.plan.stream.block_read_order`):
+
+* :class:`StreamLayout` (one stream: where its ``k``-th example is, growing with the
+  cache) and :class:`RankSchedule` (the rank's blocks in the order its consumer will need
+  them, waiting for the producer in follow mode through a :class:`Follower`).
+* :class:`Prefetcher`: a daemon thread that walks the schedule, reads each block's chunks
+  into the :class:`~shardwise.read.stream.chunk_cache.ChunkCache` and queues it, at most
+  ``ahead_chunks`` chunks and ``max_bytes`` ahead of the consumer. No shared memory, no
+  process-wide locks: ``close()`` stops and joins it, and a crash leaves nothing behind.
+
+Need order: the consumer takes rank example ``j`` from stream ``t = j % m`` (``m`` streams
+on this rank) at stream position ``K = j // m``, so the block of stream ``t`` that starts
+at ``K`` is needed at ``j = K·m + t``. The schedule yields blocks sorted by ``(K, t)``::
+
+    m = 2, stream 0 blocks of 3, 2 windows; stream 1 blocks of 2, 4 windows
+    need (K, t):  (0,0) (0,1) (2,1) (3,0) (5,0) (6,1) ...
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from shardwise.errors import ConfigError, ManifestError, ProducerTimeoutError
+from shardwise.format.ledger import LEDGER_NAME
+from shardwise.format.manifest import MANIFEST_NAME
+from shardwise.plan.stream import block_read_order, stream_chunk_tokens, windows_per_block
+from shardwise.read.stream.chunk_cache import ChunkCache, Tokens
+from shardwise.storage.cache import Cache, open_cache
+
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The fields of a stream config that decide the order (see ``StreamConfig``)."""
+
+    seq_len: int
+    streams: int
+    seed: int
+    block_chunks: int
+    drop_last: bool
+    epochs: int | None
+
+
+# -- one stream ---------------------------------------------------------------------------
+@dataclass
+class Item:
+    """A run of stream ``t``'s examples ``[start, stop)``: window ``offset + i`` of a block
+    in its shuffled order, or padding (``block < 0``)."""
+
+    t: int
+    stream: int
+    start: int
+    stop: int
+    epoch: int = 0
+    block: int = -1
+    offset: int = 0
+    chunks: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
+    nbytes: int = 0
+    parts: list[Tokens] = field(default_factory=list)
+    bounds: IntArray = field(default_factory=lambda: np.zeros(1, np.int64))
+    order: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def fill(self, row: npt.NDArray[np.int64], i: int, seq_len: int) -> int:
+        """Copy example ``i`` into ``row``; return its number of real tokens (0: padding)."""
+        if self.block < 0:
+            return 0
+        start = int(self.order[self.offset + i]) * seq_len
+        stop = min(start + seq_len + 1, int(self.bounds[-1]))
+        p = int(np.searchsorted(self.bounds, start, side="right")) - 1
+        at = 0
+        while start < stop:
+            lo = start - int(self.bounds[p])
+            hi = min(stop, int(self.bounds[p + 1])) - int(self.bounds[p])
+            row[at: at + hi - lo] = self.parts[p][lo:hi]
+            at += hi - lo
+            start += hi - lo
+            p += 1
+        return at
+
+
+class StreamLayout:
+    """Where stream ``s``'s examples are, from chunk token counts alone.
+
+    ``cum[b]`` counts the windows of the blocks before ``b`` among the *final* blocks (full,
+    or the partial last one once the build finished); it grows with the cache.
+    """
+
+    def __init__(self, s: int, lay: Layout) -> None:
+        self.s, self.lay = s, lay
+        self.chunks = 0           # stream chunks visible
+        self.final_chunks = 0     # stream chunks in final blocks
+        self.cum = np.zeros(1, dtype=np.int64)
+        self.finished = False
+
+    def update(self, cache: Cache) -> None:
+        lay, total = self.lay, len(cache.chunks)
+        self.chunks = max(0, (total - self.s + lay.streams - 1) // lay.streams)
+        self.finished = cache.finished
+        final = self.chunks if cache.finished else self.chunks // lay.block_chunks * (
+            lay.block_chunks)
+        if final > self.final_chunks:
+            toks = stream_chunk_tokens(cache.cum_tokens, self.s, lay.streams,
+                                       self.final_chunks)[: final - self.final_chunks]
+            w = windows_per_block(toks, lay.block_chunks, lay.seq_len, lay.drop_last)
+            self.cum = np.concatenate([self.cum, self.cum[-1] + np.cumsum(w)])
+            self.final_chunks = final
+
+    @property
+    def per_epoch(self) -> int:
+        """Windows in one epoch of this stream (known once the build finished)."""
+        return int(self.cum[-1])
+
+    def locate(self, k: int, pad_to: int | None) -> tuple[int, int, int] | str | None:
+        """Example ``k`` → ``(epoch, block, offset)``, ``"pad"``, ``"end"``, or ``None``
+        when it lies in a block that is not final yet (wait for the producer)."""
+        n, epochs = self.per_epoch, self.lay.epochs
+        if self.finished:
+            if epochs is not None and k >= epochs * n:
+                return "pad" if pad_to is not None and k < pad_to else "end"
+            if n == 0:
+                raise ConfigError(f"stream {self.s} holds no window of seq_len + 1 = "
+                                  f"{self.lay.seq_len + 1} tokens ({self.chunks} chunks), so "
+                                  "it cannot cycle; use fewer streams, a smaller seq_len, or "
+                                  "epochs=1 (single pass, padded)")
+            epoch, r = divmod(k, n)
+        elif k < n:
+            epoch, r = 0, k
+        else:
+            return None
+        b = int(np.searchsorted(self.cum, r, side="right")) - 1
+        return epoch, b, r - int(self.cum[b])
+
+    def block_size(self, b: int) -> int:
+        return min(self.lay.block_chunks, self.chunks - b * self.lay.block_chunks)
+
+
+# -- waiting for the producer -----------------------------------------------------------
+class Stopped(Exception):
+    """The reader was closed while waiting (internal; never escapes the thread)."""
+
+
+class Follower:
+    """Waits for a growing cache: ``refresh()`` with exponential backoff (10 ms doubling to
+    ``poll_interval``); :class:`ProducerTimeoutError` after ``timeout`` seconds in which
+    the ledger did not change (a rewrite that publishes nothing visible yet, e.g. a chunk
+    of a later segment, still counts as a live producer). ``waited`` sums the seconds
+    spent waiting."""
+
+    def __init__(self, cache: Cache, *, poll_interval: float, timeout: float,
+                 stop: threading.Event) -> None:
+        self.cache, self.poll, self.timeout, self.stop = cache, poll_interval, timeout, stop
+        self.waited = 0.0
+
+    def _ledger_stamp(self) -> tuple[int, int, int]:
+        try:
+            st = (self.cache.root / LEDGER_NAME).stat()
+        except OSError:
+            return (0, 0, 0)
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def wait(self, stream: int, what: str) -> None:
+        """Return once the cache has grown or finished; raise if the producer went quiet."""
+        started = active = time.monotonic()
+        stamp = self._ledger_stamp()
+        delay = min(0.01, self.poll)
+        try:
+            while not self.cache.finished:
+                if self.cache.refresh():
+                    return
+                now, fresh = time.monotonic(), self._ledger_stamp()
+                if fresh != stamp:
+                    stamp, active = fresh, now
+                idle = now - active
+                if idle > self.timeout:
+                    raise ProducerTimeoutError(self._message(stream, what, now - started))
+                if self.stop.wait(min(delay, max(self.timeout - idle, 0.001))):
+                    raise Stopped
+                delay = min(delay * 2, self.poll)
+        finally:
+            self.waited += time.monotonic() - started
+
+    def _message(self, stream: int, what: str, waited: float) -> str:
+        root = self.cache.root
+        try:
+            age = f"{time.time() - (root / LEDGER_NAME).stat().st_mtime:.1f} s ago"
+        except OSError as e:
+            age = f"unknown ({e})"
+        return (f"{root}: stream {stream} waited {waited:.1f} s for {what}, and nothing new "
+                f"was published for timeout={self.timeout:g} s (the cache has "
+                f"{len(self.cache.chunks)} visible chunks and is not finished; {LEDGER_NAME} "
+                f"last changed {age}). Is the build still running? Rerun it (it resumes from "
+                "the ledger), or raise timeout= if chunks take longer to publish")
+
+
+def open_when_ready(path: Path, poll: float, timeout: float) -> Cache:
+    """Open ``path``, waiting (follow mode) for a build to create its manifest and ledger."""
+    started, delay = time.monotonic(), min(0.01, poll)
+    while True:
+        try:
+            return open_cache(path)
+        except ManifestError:
+            if (path / MANIFEST_NAME).exists() and (path / LEDGER_NAME).exists():
+                raise  # a cache is there, and it is damaged
+            if time.monotonic() - started > timeout:
+                raise ProducerTimeoutError(f"{path}: no shardwise cache appeared within "
+                                           f"timeout={timeout:g} s; is the build running "
+                                           "and writing there?") from None
+        time.sleep(delay)
+        delay = min(delay * 2, poll)
+
+
+# -- the rank's schedule ----------------------------------------------------------------
+class RankSchedule:
+    """This rank's blocks (and padding runs) in need order; ``next()`` may wait for the
+    producer. ``starts[t]`` is the first example of the rank's ``t``-th stream to serve."""
+
+    def __init__(self, cache: Cache, lay: Layout, streams: list[int], starts: list[int],
+                 follower: Follower) -> None:
+        self.cache, self.lay, self.streams, self.follower = cache, lay, streams, follower
+        self.layouts = [StreamLayout(s, lay) for s in streams]
+        self.heap = [(k, t) for t, k in enumerate(starts)]
+        heapq.heapify(self.heap)
+        self.pad_to: int | None = None
+
+    def next(self) -> Item | None:
+        """The next item the consumer will need, or ``None`` when every stream ended."""
+        while self.heap:
+            k, t = heapq.heappop(self.heap)
+            item = self._item(t, k)
+            if item is not None:
+                heapq.heappush(self.heap, (item.stop, t))
+                return item
+        return None
+
+    def _item(self, t: int, k: int) -> Item | None:
+        sl, s = self.layouts[t], self.streams[t]
+        while True:
+            sl.update(self.cache)
+            if sl.finished and self.lay.epochs is not None and self.pad_to is None:
+                self.pad_to = self.lay.epochs * self._max_windows()
+            where = sl.locate(k, self.pad_to)
+            if where is not None:
+                break
+            b = sl.final_chunks // self.lay.block_chunks
+            need = s + (sl.final_chunks + self.lay.block_chunks - 1) * self.lay.streams
+            self.follower.wait(s, f"block {b} of its chunks (the last is global chunk "
+                                  f"{need}) to be published")
+        if where == "end":
+            return None
+        if where == "pad":
+            assert self.pad_to is not None  # for mypy: locate returns "pad" only then
+            return Item(t, s, k, self.pad_to)
+        assert not isinstance(where, str)  # for mypy
+        epoch, b, offset = where
+        n = int(sl.cum[b + 1] - sl.cum[b])
+        lay = self.lay
+        chunks = block_read_order(s, b, sl.block_size(b), n_streams=lay.streams,
+                                  block_chunks=lay.block_chunks, seed=lay.seed, epoch=epoch)
+        nbytes = sum(self.cache.chunks[c].tokens for c in chunks.tolist()) * (
+            self.cache.dtype.itemsize)
+        return Item(t, s, k, k + n - offset, epoch, b, offset, chunks, nbytes)
+
+    def _max_windows(self) -> int:
+        return longest_stream_windows(self.cache.cum_tokens, self.lay)
+
+
+def longest_stream_windows(cum_tokens: IntArray, lay: Layout) -> int:
+    """The longest stream's windows per epoch (a finite run pads every stream to it)."""
+    return max((int(windows_per_block(stream_chunk_tokens(cum_tokens, s, lay.streams),
+                                      lay.block_chunks, lay.seq_len, lay.drop_last).sum())
+                for s in range(lay.streams)), default=0)
+
+
+# -- the thread ---------------------------------------------------------------------------
+class Prefetcher:
+    """Runs ``next_item`` + ``load`` on a daemon thread, queueing loaded items in order.
+
+    It reads ahead while fewer than ``ahead_chunks`` chunks are queued and the pinned bytes
+    stay within the cache's ``max_bytes``; the next item is always read once the queue is
+    empty, so the consumer never starves (memory is then the consumer's blocks plus one).
+    Errors on the thread are re-raised by :meth:`get`. ``waited`` is the consumer's time
+    blocked in :meth:`get`.
+    """
+
+    def __init__(self, next_item: Callable[[], Item | None], load: Callable[[Item], None],
+                 chunk_cache: ChunkCache, *, ahead_chunks: int, stop: threading.Event,
+                 name: str) -> None:
+        self._next, self._load, self.cc = next_item, load, chunk_cache
+        self.ahead, self.stop = ahead_chunks, stop
+        self.queue: deque[Item | None] = deque()
+        self.queued_chunks = 0
+        self.error: BaseException | None = None
+        self.waited = 0.0
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def _room(self, item: Item) -> bool:
+        if not self.queue:
+            return True
+        return (self.queued_chunks + len(item.chunks) <= self.ahead
+                and self.cc.pinned_bytes + item.nbytes <= self.cc.max_bytes)
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                item = self._next()
+                if item is not None:
+                    with self.cc.changed:
+                        while not self._room(item) and not self.stop.is_set():
+                            self.cc.changed.wait(0.5)
+                    if self.stop.is_set():
+                        return
+                    self._load(item)
+                with self.cc.changed:
+                    self.queue.append(item)
+                    self.queued_chunks += 0 if item is None else len(item.chunks)
+                    self.cc.changed.notify_all()
+                if item is None:
+                    return
+        except Stopped:
+            return
+        except BaseException as e:  # handed to the consumer, which re-raises it
+            with self.cc.changed:
+                self.error = e
+                self.cc.changed.notify_all()
+
+    def get(self) -> Item | None:
+        """The next loaded item (``None``: the schedule ended); blocks until it is ready."""
+        started = time.monotonic()
+        with self.cc.changed:
+            while True:
+                if self.stop.is_set():
+                    raise RuntimeError("this stream iterator was stopped by close() or "
+                                       "load_state_dict(); call iter() again")
+                if self.queue:
+                    break
+                if self.error is not None:
+                    raise self.error
+                if not self.thread.is_alive():
+                    raise RuntimeError("the stream prefetch thread ended without a result")
+                self.cc.changed.wait(0.5)
+            item = self.queue.popleft()
+            self.queued_chunks -= 0 if item is None else len(item.chunks)
+            self.cc.changed.notify_all()
+        self.waited += time.monotonic() - started
+        return item
+
+    def close(self) -> list[Item]:
+        """Stop and join the thread; return the items still queued (to release them)."""
+        self.stop.set()
+        with self.cc.changed:
+            self.cc.changed.notify_all()
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout=30)
+        with self.cc.changed:
+            left = [i for i in self.queue if i is not None]
+            self.queue.clear()
+            self.queued_chunks = 0
+        return left
+

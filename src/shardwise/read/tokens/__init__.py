@@ -1,0 +1,2 @@
+"""Global placement over token caches: TokenDataset (map-style packed windows) and the
+assembly of examples from chunk memory maps."""

@@ -1,0 +1,327 @@
+"""Global placement: a map-style dataset of packed, shuffled token windows.
+
+Example ``i`` of the global order is window ``π_e(i mod n)`` of epoch ``e = i // n``, where
+``n`` is the number of windows of ``seq_len + 1`` tokens cut from the concatenated
+documents (consecutive windows share one token) and ``π_e`` is a keyed permutation
+evaluated per index (:mod:`shardwise.plan.permutation`). Nothing per epoch is
+materialised: ``len(ds)`` is one epoch, and indices past it continue into later epochs,
+each reshuffled, at no cost up front. ``__getitems__`` assembles a whole micro-batch in
+one call; index :data:`PAD` (-1) yields a fully masked example (evaluation padding).
+
+Only the chunks holding the requested windows are opened (memory-mapped, lazily).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from shardwise.errors import ConfigError
+from shardwise.plan.block_shuffle import BlockShuffle
+from shardwise.plan.doc_shuffle import (
+    DOC_SHUFFLE_VERSION,
+    DocShuffleIndex,
+    build_doc_shuffle_index,
+    load_or_build,
+)
+from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation
+from shardwise.plan.windows import dropped_tokens, num_windows
+from shardwise.read.drops import Drop, describe_drops
+from shardwise.read.tokens.assemble import WindowReader
+from shardwise.storage.cache import Cache, open_cache
+
+PAD = -1
+ORDER_VERSION = 1
+ORDER_BLOCK = 4096
+ORDER_BLOCKS_KEPT = 8
+
+
+class Shuffle(str, Enum):
+    """How the windows of an epoch are ordered.
+
+    ``none``: stored order. ``window``: a keyed permutation of all windows (default).
+    ``block``: blocks of consecutive windows permuted, then windows inside groups of
+    blocks (read locality). ``document``: documents permuted before packing (Megatron
+    style; its per-epoch index is cached as ``.npy`` and memory-mapped).
+    """
+
+    NONE = "none"
+    WINDOW = "window"
+    BLOCK = "block"
+    DOCUMENT = "document"
+
+    @classmethod
+    def parse(cls, value: str | Shuffle) -> Shuffle:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(f"shuffle must be one of {[m.value for m in cls]}, "
+                              f"got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class TokenConfig:
+    """What defines the global order and the example layout (all of it is fingerprinted).
+
+    ``reset_position_ids``, ``cu_seqlens`` and ``eod_mask_loss`` follow Megatron's
+    reset_position_ids / reset_attention_mask / eod_mask_loss: positions restart at each
+    document start, document boundaries are returned for variable-length attention, and
+    positions whose *input* is the end-of-document token get zero loss.
+    """
+
+    seq_len: int
+    seed: int = 0
+    shuffle: Shuffle = Shuffle.WINDOW
+    drop_last: bool = True
+    block_size: int = 64
+    blocks_per_group: int = 8
+    reset_position_ids: bool = False
+    cu_seqlens: bool = False
+    eod_mask_loss: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seq_len, int) or self.seq_len < 1:
+            raise ConfigError(f"seq_len must be a positive integer, got {self.seq_len!r}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.block_size < 1 or self.blocks_per_group < 1:
+            raise ConfigError("block_size and blocks_per_group must be at least 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["shuffle"] = self.shuffle.value
+        return d
+
+
+def _fingerprint(fields: dict[str, Any]) -> str:
+    return hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+class TokenDataset:
+    """Packed windows of a cache in a seeded global order; map-style.
+
+    >>> ds = TokenDataset(open_cache("cache/"), seq_len=2048, seed=1234)  # doctest: +SKIP
+    >>> ds[0]["input_ids"].shape, len(ds)                                # doctest: +SKIP
+    ((2048,), 48828)
+
+    With ``drop_last`` (the default) the tokens after the last full window are left out:
+    ``drops()`` and the ``repr`` say how many. Index :data:`PAD` is a masked example
+    (``pads``), which an eval pass uses to fill its last step.
+    """
+
+    pads = True
+
+    def __init__(self, cache: Cache | str | os.PathLike[str], *, seq_len: int, seed: int = 0,
+                 shuffle: str | Shuffle = Shuffle.WINDOW, drop_last: bool = True,
+                 block_size: int = 64, blocks_per_group: int = 8,
+                 reset_position_ids: bool = False, cu_seqlens: bool = False,
+                 eod_mask_loss: bool = False, plan_dir: str | os.PathLike[str] | None = None
+                 ) -> None:
+        self.cache = cache if isinstance(cache, Cache) else open_cache(cache)
+        self.config = TokenConfig(seq_len, seed, Shuffle.parse(shuffle), drop_last, block_size,
+                                  blocks_per_group, reset_position_ids, cu_seqlens,
+                                  eod_mask_loss)
+        if eod_mask_loss and self.cache.eod_id is None:
+            raise ConfigError("eod_mask_loss needs the cache's end-of-document id, and this "
+                              "cache has none (build with --append-eod, or a tokenizer that "
+                              "has an end-of-text token)")
+        self._plan_dir = Path(plan_dir) if plan_dir is not None else None
+        self._orders: dict[int, Any] = {}
+        self._blocks: OrderedDict[tuple[int, int], npt.NDArray[np.int64]] = OrderedDict()
+        self._last_block: tuple[tuple[int, int], list[int]] = ((0, 0), [])
+        self._reader = WindowReader(self.cache, self.config)
+        self.num_windows = num_windows(self.cache.num_tokens, seq_len, drop_last=drop_last)
+        if self.num_windows == 0:
+            raise ConfigError(f"the cache holds {self.cache.num_tokens} tokens: not one "
+                              f"window of seq_len + 1 = {seq_len + 1} (lower seq_len, or "
+                              "pass drop_last=False)")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled for spawned DataLoader workers: the order caches stay behind (a document
+        shuffle's memory-mapped plan would pickle as a copy); the worker rebuilds or maps
+        them again on use."""
+        d = dict(self.__dict__)
+        d["_orders"], d["_blocks"], d["_last_block"] = {}, OrderedDict(), ((0, 0), [])
+        return d
+
+    # -- identity -------------------------------------------------------------------------
+    def state_config(self) -> dict[str, Any]:
+        """The plain fields a checkpoint must match (shown when a state is refused)."""
+        return {**self.config.to_dict(), "cache": self.cache.fingerprint,
+                "cache_tokens": self.cache.num_tokens, "order_version": ORDER_VERSION,
+                "permutation_version": PERMUTATION_VERSION}
+
+    @property
+    def fingerprint(self) -> str:
+        return _fingerprint(self.state_config())
+
+    def __len__(self) -> int:
+        return self.num_windows
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"TokenDataset({self.cache!r}, seq_len={c.seq_len}, seed={c.seed}, "
+                f"shuffle={c.shuffle.value!r}, windows={self.num_windows}, "
+                f"{describe_drops(self.drops())})")
+
+    def drops(self) -> list[Drop]:
+        """The tokens no window holds (the last partial window, under ``drop_last``)."""
+        c, total = self.config, self.cache.num_tokens
+        n = dropped_tokens(total, c.seq_len, drop_last=c.drop_last)
+        return [Drop(n, "tokens", "after the last full window (drop_last=True)", of=total)
+                ] if n else []
+
+    # -- order ------------------------------------------------------------------------------
+    def _epoch_order(self, epoch: int) -> Any:
+        order = self._orders.get(epoch)
+        if order is None:
+            c, n = self.config, self.num_windows
+            if c.shuffle is Shuffle.WINDOW:
+                order = Permutation(n, c.seed, epoch)
+            elif c.shuffle is Shuffle.BLOCK:
+                order = BlockShuffle(n, c.seed, epoch, c.block_size, c.blocks_per_group)
+            elif c.shuffle is Shuffle.DOCUMENT:
+                order = self._doc_index(epoch)
+            if len(self._orders) >= 4:
+                self._orders.pop(next(iter(self._orders)))
+            self._orders[epoch] = order
+        return order
+
+    def windows(self, indices: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """Global example indices → window indices of their epoch (shuffle none/window/
+        block). A pure function of the indices; evaluated per block of
+        ``ORDER_BLOCK`` consecutive positions and kept in a small LRU (a sampler reads
+        consecutive positions), so the Feistel rounds cost ~0.1 us per example, and memory
+        stays O(block), never O(epoch)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if self.config.shuffle is Shuffle.NONE:
+            return idx % self.num_windows
+        epochs, pos = np.divmod(idx, self.num_windows)
+        blocks = pos // ORDER_BLOCK
+        if idx.size and idx.ndim == 1:  # a micro-batch: one epoch and block, the usual case
+            e0, b0 = int(epochs[0]), int(blocks[0])
+            if (epochs == e0).all() and (blocks == b0).all():
+                return self._order_block(e0, b0)[pos - b0 * ORDER_BLOCK]
+        out = np.empty_like(pos)
+        for e, b in set(zip(epochs.tolist(), blocks.tolist(), strict=True)):
+            sel = (epochs == e) & (blocks == b)
+            out[sel] = self._order_block(e, b)[pos[sel] - b * ORDER_BLOCK]
+        return out
+
+    def _order_block(self, epoch: int, block: int) -> npt.NDArray[np.int64]:
+        key = (epoch, block)
+        hit = self._blocks.get(key)
+        if hit is None:
+            start = block * ORDER_BLOCK
+            stop = min(start + ORDER_BLOCK, self.num_windows)
+            hit = np.asarray(self._epoch_order(epoch)(np.arange(start, stop)), dtype=np.int64)
+            self._blocks[key] = hit
+            if len(self._blocks) > ORDER_BLOCKS_KEPT:
+                self._blocks.popitem(last=False)
+        else:
+            self._blocks.move_to_end(key)
+        return hit
+
+    def _doc_index(self, epoch: int) -> DocShuffleIndex:
+        c = self.config
+        lengths = self._reader.all_doc_lengths(self._plan_root())
+        key = {"cache": self.cache.fingerprint, "tokens": self.cache.num_tokens,
+               "seed": c.seed, "epoch": epoch, "seq_len": c.seq_len, "drop_last": c.drop_last,
+               "doc_shuffle_version": DOC_SHUFFLE_VERSION}
+        return load_or_build(self._plan_root(), key, lambda: build_doc_shuffle_index(
+            lengths, seed=c.seed, epoch=epoch, seq_len=c.seq_len, drop_last=c.drop_last))
+
+    def _plan_root(self) -> Path:
+        if self._plan_dir is not None:
+            return self._plan_dir
+        candidate = self.cache.root / ".shardwise-plans"
+        if os.access(self.cache.root, os.W_OK):
+            return candidate
+        return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shardwise"
+
+    # -- examples -------------------------------------------------------------------------
+    def __getitem__(self, index: int) -> dict[str, npt.NDArray[Any]]:
+        batch = self.__getitems__([int(index)])
+        return {k: (v[0] if k not in ("cu_seqlens", "max_seqlen") else v)
+                for k, v in batch.items()}
+
+    def __getitems__(self, indices: list[int] | npt.NDArray[np.integer]
+                     ) -> dict[str, npt.NDArray[Any]]:
+        """A whole micro-batch as a dict of stacked arrays (one call, one allocation each)."""
+        idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
+        if self.config.shuffle is Shuffle.DOCUMENT:
+            arr = np.asarray(idx, dtype=np.int64).reshape(-1)
+            pad = self._check_pad(arr)
+            real = arr[~pad]
+            epochs, pos = np.divmod(real, self.num_windows)
+            pieces = [self._epoch_order(int(e)).pieces(int(p)) for e, p in zip(epochs, pos,
+                                                                                 strict=True)]
+            return self._reader.from_pieces(pieces, pad, self._doc_starts())
+        return self._reader.from_windows(self._window_list(idx))
+
+    def _window_list(self, indices: list[int]) -> list[int]:
+        """:meth:`windows` in scalar Python for a micro-batch (a handful of indices: numpy's
+        per-call cost would dominate); :data:`PAD` stays ``PAD``."""
+        n, shuffle = self.num_windows, self.config.shuffle
+        (epoch, b), block = self._last_block
+        base = epoch * n + b * ORDER_BLOCK
+        if indices and min(indices) >= base and max(indices) < base + len(block):
+            return [block[i - base] for i in indices]  # a sampler's micro-batch: one block
+        out: list[int] = []
+        key: tuple[int, int] | None = None
+        for i in indices:
+            i = int(i)
+            if i < 0:
+                if i != PAD:
+                    raise IndexError(f"example indices must be >= 0 (or {PAD} for padding), "
+                                     f"got {i}")
+                out.append(PAD)
+                continue
+            epoch, p = divmod(i, n)
+            if shuffle is Shuffle.NONE:
+                out.append(p)
+                continue
+            b, j = divmod(p, ORDER_BLOCK)
+            if key != (epoch, b):
+                key, block = (epoch, b), self._order_block(epoch, b).tolist()
+                self._last_block = key, block
+            out.append(block[j])
+        return out
+
+    def prefetch(self, indices: list[int]) -> None:
+        """Start downloading the chunks examples ``indices`` will read, in the background
+        (a cache on an object store; local chunks are mapped on demand, so a no-op)."""
+        if self.cache.store is None:
+            return
+        idx = list(indices)
+        if self.config.shuffle is Shuffle.DOCUMENT:
+            starts = self._doc_starts()
+            ranges = [(int(starts[doc]) + off, int(starts[doc]) + off + n)
+                      for i in idx if i >= 0
+                      for doc, off, n in self._epoch_order(i // self.num_windows).pieces(
+                          i % self.num_windows)]
+        else:
+            L, total = self.config.seq_len, self.cache.num_tokens
+            ranges = [(w * L, min(w * L + L + 1, total)) for w in self._window_list(idx)
+                      if w >= 0]
+        self.cache.prefetch(self._reader.chunks_of(ranges))
+
+    @staticmethod
+    def _check_pad(idx: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        pad = idx < 0
+        if pad.any() and (idx < PAD).any():
+            raise IndexError(f"example indices must be >= 0 (or {PAD} for padding), "
+                             f"got {int(idx.min())}")
+        return pad
+
+    def _doc_starts(self) -> npt.NDArray[np.int64]:
+        return self._reader.stored_doc_starts(self._plan_root())

@@ -1,0 +1,441 @@
+"""Opening a cache for reading: a shardwise cache directory or a Megatron ``prefix``.
+
+A :class:`Cache` is a view of the ledger's visible chunks in global order, with prefix
+sums of documents and tokens, so that planning needs no chunk file. Chunk files are
+memory-mapped lazily, one chunk at a time, on first use; ``opened`` counts the chunks
+whose token data a process has touched (the locality contract is tested with it), and
+``opened_index`` the chunks whose ``.idx`` (document lengths, metadata only) it has
+read. :meth:`Cache.refresh` re-reads the ledger of a cache that is still being built: the
+visible chunk list only ever grows.
+
+A cache on an object store (``open_cache("s3://bucket/cache", local_dir=…,
+local_bytes=…)``) reads its manifest and ledger from the store; a chunk file is
+downloaded on first use into a node-local :class:`~shardwise.storage.download.DownloadDir`
+(shared by the node's processes, bounded in bytes), checked against the chunk's metadata
+(size, xxh3; the metadata against the ledger) and then memory-mapped like a local file. A
+missing or damaged object is a :class:`CorruptChunkError` naming its URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from shardwise.errors import CacheError, CorruptChunkError, ManifestError
+from shardwise.format.checksum import bytes_checksum
+from shardwise.format.chunk import META_SUFFIX, ChunkKind, ChunkMeta
+from shardwise.format.ledger import Ledger
+from shardwise.format.manifest import MANIFEST_NAME, Manifest
+from shardwise.format.megatron import MegatronIndex, open_bin, read_idx
+from shardwise.format.paths import safe_join
+from shardwise.storage.download import DownloadDir
+from shardwise.storage.remote import RemoteStore, is_url
+
+_T = TypeVar("_T")
+
+MAX_OPEN_CHUNKS = 64
+DEFAULT_LOCAL_BYTES = 8 << 30
+_BLOCK = 8 << 20
+
+
+@dataclass(frozen=True)
+class ChunkInfo:
+    """A visible chunk: where its files are (``base`` + suffix) and what it holds."""
+
+    stem: str
+    base: Path
+    kind: ChunkKind
+    source: int
+    documents: int
+    tokens: int
+    meta_xxh3: str = ""
+
+
+class Cache:
+    """A read-only view of a cache. Create it with :func:`open_cache`."""
+
+    def __init__(self, root: Path, *, manifest: Manifest | None, chunks: list[ChunkInfo],
+                 dtype: np.dtype, eod_id: int | None, vocab_size: int | None,
+                 finished: bool, errors: dict[str, int], fingerprint: str,
+                 store: RemoteStore | None = None, downloads: DownloadDir | None = None
+                 ) -> None:
+        self.root = root
+        self.store, self.downloads = store, downloads
+        self._metas: dict[str, ChunkMeta] = {}
+        self._prefetch: ThreadPoolExecutor | None = None
+        self._pending: dict[str, Future[Path]] = {}
+        self._prefetch_pid = os.getpid()  # the process whose threads run the downloads
+        self.manifest = manifest
+        self.dtype = dtype
+        self.eod_id = eod_id
+        self.vocab_size = vocab_size
+        self.fingerprint = fingerprint
+        self.finished = finished
+        self.errors = errors
+        self.chunks: list[ChunkInfo] = []
+        self.cum_tokens = np.zeros(1, dtype=np.int64)
+        self.cum_docs = np.zeros(1, dtype=np.int64)
+        self.opened: Counter[str] = Counter()
+        self.opened_index: Counter[str] = Counter()
+        self._maps: OrderedDict[int, npt.NDArray[np.generic]] = OrderedDict()
+        self._indexes: OrderedDict[int, MegatronIndex] = OrderedDict()
+        self._extend(chunks)
+
+    def __repr__(self) -> str:
+        state = "finished" if self.finished else "building"
+        return (f"Cache({self.location!r}, chunks={len(self.chunks)}, "
+                f"documents={self.num_documents}, tokens={self.num_tokens}, {state})")
+
+    @property
+    def location(self) -> str:
+        """The cache's URL (on an object store) or directory."""
+        return self.store.url if self.store is not None else str(self.root)
+
+    @property
+    def is_megatron(self) -> bool:
+        return self.manifest is None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.cum_tokens[-1])
+
+    @property
+    def num_documents(self) -> int:
+        return int(self.cum_docs[-1])
+
+    def _extend(self, chunks: list[ChunkInfo]) -> None:
+        if not chunks:
+            return
+        self.chunks.extend(chunks)
+        toks = np.fromiter((c.tokens for c in chunks), dtype=np.int64, count=len(chunks))
+        docs = np.fromiter((c.documents for c in chunks), dtype=np.int64, count=len(chunks))
+        self.cum_tokens = np.concatenate([self.cum_tokens, self.cum_tokens[-1] + np.cumsum(toks)])
+        self.cum_docs = np.concatenate([self.cum_docs, self.cum_docs[-1] + np.cumsum(docs)])
+
+    def refresh(self) -> int:
+        """Re-read the ledger; append newly visible chunks; return how many appeared."""
+        if self.manifest is None or self.finished:
+            return 0
+        ledger = Ledger.load(self.store or self.root)
+        visible = _visible_chunks(self.root, ledger, ChunkKind(self.manifest.chunk_kind))
+        for old, new in zip(self.chunks, visible, strict=False):
+            if old.stem != new.stem:
+                raise CacheError(f"{self.root}: the ledger reordered published chunks "
+                                 f"({old.stem} became {new.stem}); the cache was rebuilt "
+                                 "under a running reader")
+        fresh = visible[len(self.chunks):]
+        self._extend(fresh)
+        self.finished = ledger.finished and len(visible) == len(self.chunks)
+        self.errors = ledger.errors()
+        return len(fresh)
+
+    def _open(self, i: int) -> npt.NDArray[np.generic]:
+        hit = self._maps.get(i)
+        if hit is not None:
+            self._maps.move_to_end(i)
+            return hit
+        info = self.chunks[i]
+        if info.kind is not ChunkKind.TOKENS:
+            raise CacheError(f"{info.base}: a {info.kind.value} chunk has no token array; "
+                             "read it with the records reader")
+        bin_path = info.base.with_name(info.base.name + ".bin")
+        try:
+            # a plain ndarray view of the map: slicing an np.memmap subclass costs ~3 us
+            # of Python per slice on the hot path; the view keeps the map alive
+            tokens = self._local(info, ".bin",
+                                 lambda p: open_bin(p, self.dtype).view(np.ndarray))
+        except FileNotFoundError:
+            raise CorruptChunkError(f"{bin_path}: named by the ledger but missing; run "
+                                    f"'shardwise verify {self.location}'") from None
+        if len(tokens) != info.tokens:
+            raise CorruptChunkError(f"{bin_path}: holds {len(tokens)} tokens, the ledger says "
+                                    f"{info.tokens}; run 'shardwise verify {self.location}'")
+        self.opened[info.stem] += 1
+        self._maps[i] = tokens
+        if len(self._maps) > MAX_OPEN_CHUNKS:
+            self._maps.popitem(last=False)
+        return tokens
+
+    def tokens(self, i: int) -> npt.NDArray[np.generic]:
+        """Chunk ``i``'s token ids (all its documents concatenated), memory-mapped."""
+        return self._open(i)
+
+    def index(self, i: int) -> MegatronIndex:
+        """Chunk ``i``'s parsed ``.idx`` (document lengths), memory-mapped; does not touch
+        the chunk's token data."""
+        idx = self._indexes.get(i)
+        if idx is not None:
+            self._indexes.move_to_end(i)
+            return idx
+        info = self.chunks[i]
+        try:
+            idx = self._local(info, ".idx", read_idx)
+        except FileNotFoundError:
+            raise CorruptChunkError(f"{info.base}.idx: named by the ledger but missing; run "
+                                    f"'shardwise verify {self.location}'") from None
+        if idx.num_sequences != info.documents:
+            raise CorruptChunkError(f"{idx.path}: holds {idx.num_sequences} documents, the "
+                                    f"ledger says {info.documents}; run 'shardwise verify "
+                                    f"{self.location}'")
+        self.opened_index[info.stem] += 1
+        self._indexes[i] = idx
+        if len(self._indexes) > MAX_OPEN_CHUNKS:
+            self._indexes.popitem(last=False)
+        return idx
+
+    # -- files on an object store ----------------------------------------------------------
+    def with_chunk_file(self, i: int, suffix: str, use: Callable[[Path], _T]) -> _T:
+        """``use(local path)`` of chunk ``i``'s file ``suffix`` (``.bin``, ``.idx``, …),
+        downloaded first (checked, bounded) when the cache is on an object store."""
+        return self._local(self.chunks[i], suffix, use)
+
+    def _local(self, info: ChunkInfo, suffix: str, use: Callable[[Path], _T]) -> _T:
+        """``use(path)`` of chunk file ``suffix``: the file itself, or (remote) its local
+        download; retried if another process evicted the download before ``use`` opened
+        it."""
+        if self.store is None:
+            return use(info.base.with_name(info.base.name + suffix))
+        for attempt in range(3):
+            try:
+                return use(self._download(info, suffix))
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _download(self, info: ChunkInfo, suffix: str) -> Path:
+        """The local copy of a chunk file: a prefetched one if its download succeeded."""
+        self._forget_inherited_downloads()
+        pending = self._pending.pop(info.stem + suffix, None)
+        if pending is not None and pending.exception() is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(pending.result())
+                return pending.result()
+        return self._fetch(info, suffix)
+
+    def _fetch(self, info: ChunkInfo, suffix: str) -> Path:
+        """Download (or find on this node) one chunk file. The prefetch threads run this,
+        never :meth:`_download`, which could wait on its own pending future."""
+        assert self.store is not None and self.downloads is not None
+        spec = self._meta(info).files.get(suffix)
+        if spec is None:
+            raise CorruptChunkError(f"{self.store.url_of(info.stem + META_SUFFIX)}: lists no "
+                                    f"{suffix} file; run 'shardwise verify {self.location}'")
+        key = info.stem + suffix
+        return self.downloads.fetch(key, int(spec["bytes"]),
+                                    lambda tmp: _get_checked(self.store, key, spec, tmp))
+
+    def _meta(self, info: ChunkInfo) -> ChunkMeta:
+        """A chunk's metadata, fetched once per process and checked against the ledger."""
+        meta = self._metas.get(info.stem)
+        if meta is None:
+            assert self.store is not None
+            url = self.store.url_of(info.stem + META_SUFFIX)
+            try:
+                data = self.store.get(info.stem + META_SUFFIX)
+            except FileNotFoundError:
+                raise CorruptChunkError(f"{url}: named by the ledger but missing; run "
+                                        f"'shardwise verify {self.location}'") from None
+            if bytes_checksum(data) != info.meta_xxh3:
+                raise CorruptChunkError(f"{url}: xxh3_64 {bytes_checksum(data)}, the ledger "
+                                        f"says {info.meta_xxh3}; run 'shardwise verify "
+                                        f"{self.location}'")
+            meta = self._metas[info.stem] = ChunkMeta.from_dict(orjson.loads(data))
+        return meta
+
+    def prefetch(self, chunks: Iterable[int]) -> None:
+        """Start downloading chunks ``chunks`` (global indices) in the background; no-op
+        for a local cache. Errors surface when the chunk is used."""
+        if self.store is None:
+            return
+        self._forget_inherited_downloads()
+        if self._prefetch is None:
+            self._prefetch = ThreadPoolExecutor(2, thread_name_prefix="shardwise-download")
+        for c in chunks:
+            if c in self._maps:  # already mapped: its file is here
+                continue
+            info = self.chunks[c]
+            key = info.stem + ".bin"
+            if key not in self._pending:
+                self._pending[key] = self._prefetch.submit(self._fetch, info, ".bin")
+
+    def wait_for_prefetch(self) -> None:
+        """Block until every download :meth:`prefetch` started has finished (e.g. to warm a
+        node's local copy before training); their errors surface when a chunk is used."""
+        self._forget_inherited_downloads()
+        futures.wait(list(self._pending.values()))
+
+    def _forget_inherited_downloads(self) -> None:
+        """A forked child (a DataLoader worker) inherits its parent's pending downloads but
+        not the threads that finish them: waiting on one would hang forever. It forgets
+        them and fetches what it reads (the parent's finished files are on disk)."""
+        if self._prefetch_pid != os.getpid():
+            self._prefetch, self._pending = None, {}
+            self._prefetch_pid = os.getpid()
+
+    def close(self) -> None:
+        """Stop background downloads (queued ones are dropped) and drop memory maps."""
+        self._forget_inherited_downloads()
+        if self._prefetch is not None:
+            self._prefetch.shutdown(wait=True, cancel_futures=True)
+            self._prefetch = None
+        self._pending.clear()
+        self._maps.clear()
+        self._indexes.clear()
+
+    def __getstate__(self) -> dict[str, object]:
+        """A copy for another process (a spawned DataLoader worker): no download threads
+        and no memory maps (a map pickles as a copy of its whole chunk); the copy maps
+        what it reads."""
+        d = dict(self.__dict__)
+        d["_prefetch"], d["_pending"] = None, {}
+        d["_maps"], d["_indexes"] = OrderedDict(), OrderedDict()
+        return d
+
+    def doc_lengths(self, i: int) -> npt.NDArray[np.int32]:
+        return self.index(i).sequence_lengths
+
+    def read_tokens(self, start: int, stop: int) -> npt.NDArray[np.generic]:
+        """Tokens ``[start, stop)`` of the concatenated stream (may span chunks)."""
+        first = int(np.searchsorted(self.cum_tokens, start, side="right")) - 1
+        parts = []
+        pos = start
+        c = first
+        while pos < stop:
+            lo = pos - int(self.cum_tokens[c])
+            hi = min(stop, int(self.cum_tokens[c + 1])) - int(self.cum_tokens[c])
+            parts.append(self.tokens(c)[lo:hi])
+            pos += hi - lo
+            c += 1
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)
+
+
+def _visible_chunks(root: Path, ledger: Ledger,
+                    kind: ChunkKind = ChunkKind.TOKENS) -> list[ChunkInfo]:
+    out = []
+    for source, entry in ledger.global_order():
+        base = safe_join(root, entry.stem, where=str(root / "ledger.json"))
+        out.append(ChunkInfo(entry.stem, base, kind, source, entry.documents, entry.tokens,
+                             entry.meta_xxh3))
+    return out
+
+
+def _identity_fingerprint(obj: object) -> str:
+    return hashlib.sha256(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+def _open_shardwise(root: Path) -> Cache:
+    manifest = Manifest.load(root)
+    ledger = Ledger.load(root)
+    kind = ChunkKind(manifest.chunk_kind)
+    chunks = [ChunkInfo(c.stem, c.base, kind, c.source, c.documents, c.tokens, c.meta_xxh3)
+              for c in _visible_chunks(root, ledger)]
+    visible_all = ledger.finished
+    return Cache(root, manifest=manifest, chunks=chunks, dtype=np.dtype(manifest.dtype),
+                 eod_id=manifest.tokenizer.eod_id, vocab_size=manifest.tokenizer.vocab_size,
+                 finished=visible_all, errors=ledger.errors(),
+                 fingerprint=_identity_fingerprint(manifest.identity()))
+
+
+def _open_megatron(prefix: Path) -> Cache:
+    idx = read_idx(prefix.with_name(prefix.name + ".idx"))
+    st = os.stat(prefix.with_name(prefix.name + ".bin"))
+    stem = prefix.name
+    info = ChunkInfo(stem, prefix, ChunkKind.TOKENS, 0, idx.num_sequences, idx.num_tokens)
+    fp = _identity_fingerprint({"megatron": stem, "bin_bytes": st.st_size,
+                                "sequences": idx.num_sequences, "dtype": idx.dtype.name,
+                                "head": idx.sequence_lengths[:4096].tolist(),
+                                "tail": idx.sequence_lengths[-4096:].tolist()})
+    return Cache(prefix.parent, manifest=None, chunks=[info], dtype=idx.dtype, eod_id=None,
+                 vocab_size=None, finished=True, errors={}, fingerprint=fp)
+
+
+def _get_checked(store: RemoteStore | None, key: str, spec: dict[str, object],
+                 tmp: Path) -> None:
+    """Download ``key`` into ``tmp`` in blocks, checking size and xxh3 as it streams."""
+    import xxhash
+
+    assert store is not None
+    url, want = store.url_of(key), int(spec["bytes"])  # type: ignore[call-overload]
+    h, got = xxhash.xxh3_64(), 0
+    try:
+        with store.open(key) as src, open(tmp, "wb") as dst:
+            while got <= want and (block := src.read(_BLOCK)):
+                h.update(block)
+                dst.write(block)
+                got += len(block)
+    except FileNotFoundError:
+        raise CorruptChunkError(f"{url}: named by the ledger but missing; run 'shardwise "
+                                f"verify {store.url}'") from None
+    if got != want or h.hexdigest() != spec["xxh3_64"]:
+        what = (f"{got}{'+' if got > want else ''} bytes, the metadata says {want}"
+                if got != want else
+                f"xxh3_64 {h.hexdigest()}, the metadata says {spec['xxh3_64']}")
+        raise CorruptChunkError(f"{url}: {what}; run 'shardwise verify {store.url}'")
+
+
+def _local_dir_for(store: RemoteStore, manifest: Manifest,
+                   local_dir: str | os.PathLike[str] | None) -> Path:
+    """``local_dir/<key>``: one subdirectory per (URL, cache identity), so a cache rebuilt
+    differently under the same URL never reuses stale downloads."""
+    base = Path(local_dir) if local_dir is not None else (
+        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shardwise" / "remote")
+    key = _identity_fingerprint({"url": store.url, "identity": manifest.identity()})
+    return base / key
+
+
+def _open_remote(store: RemoteStore, local_dir: str | os.PathLike[str] | None,
+                 local_bytes: int) -> Cache:
+    manifest = Manifest.load(store)
+    ledger = Ledger.load(store)
+    kind = ChunkKind(manifest.chunk_kind)
+    downloads = DownloadDir(_local_dir_for(store, manifest, local_dir), local_bytes)
+    chunks = _visible_chunks(downloads.dir, ledger, kind)
+    return Cache(downloads.dir, manifest=manifest, chunks=chunks,
+                 dtype=np.dtype(manifest.dtype), eod_id=manifest.tokenizer.eod_id,
+                 vocab_size=manifest.tokenizer.vocab_size, finished=ledger.finished,
+                 errors=ledger.errors(), fingerprint=_identity_fingerprint(manifest.identity()),
+                 store=store, downloads=downloads)
+
+
+def open_cache(path: str | os.PathLike[str], *, local_dir: str | os.PathLike[str] | None = None,
+               local_bytes: int = DEFAULT_LOCAL_BYTES,
+               storage_options: dict[str, Any] | None = None) -> Cache:
+    """Open a shardwise cache directory, a Megatron dataset by its prefix, or a cache on
+    an object store by its URL.
+
+    For a URL, chunk files are downloaded into ``local_dir`` (default
+    ``~/.cache/shardwise/remote``; give every node its own local disk), at most
+    ``local_bytes`` per cache; the ranks of a node share it. Credentials come from the
+    environment or ``storage_options`` (passed to fsspec), never from the cache.
+
+    >>> cache = open_cache("cache/")                            # doctest: +SKIP
+    >>> cache = open_cache("data/corpus_text_document")         # .bin/.idx beside it
+    >>> cache = open_cache("s3://bucket/cache", local_dir="/nvme/sw", local_bytes=50 << 30)
+    """
+    if is_url(path):
+        return _open_remote(RemoteStore(os.fspath(path), storage_options), local_dir,
+                            local_bytes)
+    p = Path(path)
+    if (p / MANIFEST_NAME).is_file():
+        return _open_shardwise(p)
+    if p.with_name(p.name + ".idx").is_file() and p.with_name(p.name + ".bin").is_file():
+        return _open_megatron(p)
+    if p.suffix in (".bin", ".idx") and p.with_suffix(".idx").is_file():
+        return _open_megatron(p.with_suffix(""))
+    raise ManifestError(f"{p}: neither a shardwise cache (no {MANIFEST_NAME}) nor a Megatron "
+                        f"prefix (no {p.name}.bin / {p.name}.idx)")

@@ -1,0 +1,213 @@
+"""A node-local directory of downloaded cache files, bounded in bytes, shared by processes.
+
+Why: the ranks of one node read chunks of one remote cache; each chunk should cross the
+network once per node, and the local disk must not fill up. Every rank (and DataLoader
+worker) opens the same directory; they coordinate through the file system only:
+
+* a completed download is renamed into place (``chunks/00000/00000-00001.bin``): a file
+  under its final name is always complete and checksummed;
+* a download in progress is announced by a **claim file** created with
+  ``O_CREAT | O_EXCL`` (``chunks/00000/.claim-00000-00001.bin``) holding the owner's pid,
+  its start time and the reserved bytes. Other processes wait for the final name to
+  appear. A claim whose owner is dead (pid gone, or reused by another process) is stale:
+  the next process removes it and its partial ``.tmp-*`` file and downloads itself, so a
+  crashed downloader never blocks anyone and leaves nothing that blocks a later run;
+* the byte budget is accounted under a short ``flock`` on ``.lock`` (released by the
+  kernel when a process dies; never held during a download): complete files plus the
+  bytes reserved by live claims never exceed ``max_bytes``. Room is made by evicting the
+  least recently used complete files (each hit touches the file's mtime)::
+
+      max_bytes = 10, files a(4, used 1s ago) b(4, 5s ago); rank 1 claims c(4)
+      used 8 + 4 > 10  → evict b (oldest)  → a c.claim        = 8 ≤ 10
+
+A process that memory-mapped a file keeps reading it if another evicts it (POSIX unlink
+semantics); its blocks are freed when the mapping is dropped. No named shared memory, no
+barriers: nothing here can deadlock on an uneven or crashed peer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from shardwise.errors import CacheError, ConfigError
+from shardwise.format.atomic import TMP_PREFIX, temp_path
+from shardwise.format.files import check_key
+
+CLAIM_PREFIX = ".claim-"
+LOCK_NAME = ".lock"
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot ('' where /proc is absent), so a
+    reused pid is not mistaken for the claim's owner."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _alive(pid: int, start: str) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return not start or _start_time(pid) in ("", start)
+
+
+class DownloadDir:
+    """Downloaded files under ``directory``, at most ``max_bytes`` in total.
+
+    State (``stats()``): ``downloaded`` (key → downloads by this process), ``hits``,
+    ``waits`` (fetches that waited for another process's download), ``evicted``.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], max_bytes: int, *,
+                 timeout: float = 600.0, poll: float = 0.01) -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ConfigError(f"local_bytes must be a positive integer, got {max_bytes!r}")
+        self.dir = Path(directory)
+        self.max_bytes, self.timeout, self.poll = max_bytes, timeout, poll
+        self.downloaded: Counter[str] = Counter()
+        self.hits = self.waits = self.evicted = 0
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"DownloadDir({str(self.dir)!r}, max_bytes={self.max_bytes})"
+
+    def stats(self) -> dict[str, object]:
+        return {"downloaded": dict(self.downloaded), "hits": self.hits, "waits": self.waits,
+                "evicted": self.evicted, "bytes": self.used_bytes(),
+                "max_bytes": self.max_bytes}
+
+    def fetch(self, key: str, size: int, download: Callable[[Path], None]) -> Path:
+        """The local path of ``key`` (``size`` bytes), downloaded by ``download(tmp)`` if no
+        process of this node has it; waits while another process is downloading it."""
+        if size > self.max_bytes:
+            raise ConfigError(f"{key} is {size} bytes, more than the local cache's "
+                              f"local_bytes={self.max_bytes}; raise local_bytes")
+        final = self.dir / check_key(key, where=str(self.dir), root=str(self.dir))
+        claim = final.with_name(CLAIM_PREFIX + final.name)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        deadline, delay, waited = time.monotonic() + self.timeout, self.poll, False
+        while True:
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(final)
+                self.hits += not waited
+                return final
+            if self._claim(final, claim, size):
+                try:
+                    self._download(final, download)
+                finally:
+                    claim.unlink(missing_ok=True)
+                self.downloaded[key] += 1
+                return final
+            if time.monotonic() > deadline:
+                raise CacheError(f"{final}: waited {self.timeout:.0f}s for another process's "
+                                 f"download or for room within local_bytes={self.max_bytes}")
+            self.waits += not waited
+            waited = True
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+    def _download(self, final: Path, download: Callable[[Path], None]) -> None:
+        tmp = temp_path(final)
+        try:
+            download(tmp)
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        fd = os.open(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _claim(self, final: Path, claim: Path, size: int) -> bool:
+        """Under the lock: reserve ``size`` bytes and create the claim. False if another
+        live process holds the claim, the file appeared, or there is no room yet."""
+        with self._locked():
+            if final.exists():
+                return False
+            if claim.exists() and self._live_claim(claim) is not None:
+                return False
+            if not self._make_room(size):
+                return False
+            try:
+                fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            try:
+                pid = os.getpid()
+                os.write(fd, f"{pid} {_start_time(pid)} {size}".encode())
+            finally:
+                os.close(fd)
+            return True
+
+    def _live_claim(self, claim: Path) -> int | None:
+        """The bytes a claim reserves, or None after removing it (and its owner's partial
+        download) if its owner is dead. Called under the lock."""
+        try:
+            pid_s, start, size_s = claim.read_text().split(" ")
+            pid, size = int(pid_s), int(size_s)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):  # empty: its owner died before writing it
+            pid, start, size = -1, "", 0
+        if pid > 0 and _alive(pid, start):
+            return size
+        target = claim.name[len(CLAIM_PREFIX):]
+        for tmp in claim.parent.glob(f"{TMP_PREFIX}{target}.{pid}.*"):
+            tmp.unlink(missing_ok=True)
+        claim.unlink(missing_ok=True)
+        return None
+
+    def _scan(self) -> tuple[list[tuple[float, int, Path]], int]:
+        """Complete files as (mtime, size, path), and the bytes live claims reserve."""
+        files, reserved = [], 0
+        for dirpath, dirnames, names in os.walk(self.dir):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]  # e.g. plans
+            for name in names:
+                p = Path(dirpath) / name
+                if name.startswith(CLAIM_PREFIX):
+                    reserved += self._live_claim(p) or 0
+                elif not name.startswith("."):
+                    try:
+                        st = p.stat()
+                    except FileNotFoundError:
+                        continue
+                    files.append((st.st_mtime, st.st_size, p))
+        return files, reserved
+
+    def used_bytes(self) -> int:
+        """Bytes of complete files plus bytes reserved by live downloads."""
+        files, reserved = self._scan()
+        return sum(size for _, size, _ in files) + reserved
+
+    def _make_room(self, size: int) -> bool:
+        files, reserved = self._scan()
+        used = sum(s for _, s, _ in files) + reserved
+        for _, s, p in sorted(files, key=lambda f: f[0]):
+            if used + size <= self.max_bytes:
+                break
+            try:
+                p.unlink()
+            except OSError as e:
+                if e.errno != errno.ENOENT:
+                    raise
+            used -= s
+            self.evicted += 1
+        return used + size <= self.max_bytes

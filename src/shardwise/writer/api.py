@@ -1,0 +1,411 @@
+"""``shardwise.build``: sources → a published, checksummed, resumable cache.
+
+The coordinator (this process) owns the manifest and the ledger; workers publish chunk
+files and report them; the coordinator names them in the ledger, which it replaces
+atomically. Running the same build again continues from the ledger; running a different
+one against an existing cache is refused with the fields that differ.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from shardwise._version import __version__
+from shardwise.errors import CacheError, CacheMismatchError, ConfigError
+from shardwise.format.atomic import remove_stale_temps
+from shardwise.format.chunk import ChunkKind
+from shardwise.format.files import Root, where
+from shardwise.format.ledger import LEDGER_NAME, ChunkEntry, Ledger, SourceProgress
+from shardwise.format.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    SourceInfo,
+    TokenizerInfo,
+    describe_differences,
+)
+from shardwise.format.megatron import token_dtype
+from shardwise.sources.discovery import describe, discover, plan_segments
+from shardwise.sources.on_error import OnError
+from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES
+from shardwise.storage.owned import clear_cache, foreign_names
+from shardwise.storage.remote import RemoteStore, open_root
+from shardwise.storage.verify import CheckDepth
+from shardwise.writer.config import ChunkPolicy
+from shardwise.writer.executor import LocalExecutor
+from shardwise.writer.processors import (
+    FunctionProcessor,
+    Processor,
+    TokenizerProcessor,
+    switched_off_notes,
+)
+from shardwise.writer.progress import BuildSummary, ProgressReporter
+from shardwise.writer.repair import Damage, find_damaged, repair_tasks
+from shardwise.writer.worker import ChunkDone, ChunksRebuilt, Job, Progress, SegmentDone, Task
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+LEDGER_SAVE_INTERVAL = 0.25
+
+
+def _make_processor(tokenizer: str | os.PathLike[str] | Tokenizer | None,
+                    processor: Callable[[dict[str, Any]], Any] | Processor | None, *,
+                    text_key: str,
+                    append_eod: bool, eod_token: str | None, vocab_size: int | None,
+                    records: bool, processor_version: str | None) -> Processor:
+    if (tokenizer is None) == (processor is None):
+        raise ConfigError("give exactly one of tokenizer= (a tokenizer.json) or processor= "
+                          "(a function record -> token ids)")
+    if hasattr(processor, "process") and hasattr(processor, "settings"):
+        if getattr(processor, "records", False) and not records:
+            raise ConfigError(f"{type(processor).__name__} makes dicts (input_ids, labels, "
+                              "loss_mask): build with records=True")
+        return processor  # type: ignore[return-value]  # e.g. ChatProcessor
+    if tokenizer is not None:
+        if records:
+            raise ConfigError("records=True needs processor=: a tokenizer makes token chunks")
+        return TokenizerProcessor.from_file(tokenizer, text_key=text_key, append_eod=append_eod,
+                                            eod_token=eod_token)
+    if vocab_size is None:
+        raise ConfigError("processor= needs vocab_size= (it sets the token dtype)")
+    assert processor is not None  # for mypy: checked above
+    return FunctionProcessor(processor, vocab_size, version=processor_version, records=records)
+
+
+_HELD_LOCKS: set[int] = set()
+_FORK_HOOK: list[bool] = []
+LOCK_WAIT_SECONDS = 5.0
+
+
+def _drop_locks_in_child() -> None:
+    """A forked worker must not keep the build's lock alive after the build dies."""
+    for fd in _HELD_LOCKS:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD_LOCKS.clear()
+
+
+def _lock(root: Path) -> int:
+    """An exclusive advisory lock on the cache directory itself: released by the kernel
+    when the process dies, so a crash leaves no lock file behind. Waits a few seconds
+    for a build that is just dying (its lock goes with its last process)."""
+    if not _FORK_HOOK:
+        os.register_at_fork(after_in_child=_drop_locks_in_child)
+        _FORK_HOOK.append(True)
+    fd = os.open(root, os.O_RDONLY)
+    deadline = time.monotonic() + LOCK_WAIT_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise CacheError(f"{root}: another build is writing this cache right now"
+                                 ) from None
+            time.sleep(0.05)
+    _HELD_LOCKS.add(fd)
+    return fd
+
+
+def _unlock(fd: int) -> None:
+    _HELD_LOCKS.discard(fd)
+    os.close(fd)
+
+
+def _prepare_root(root: Path, manifest: Manifest, overwrite: bool) -> Ledger | None:
+    """Check an existing cache against this build; return its ledger to resume, if any."""
+    if overwrite:
+        clear_cache(root)
+    if not (root / MANIFEST_NAME).exists():
+        stray = [p.name for p in root.iterdir() if not p.name.startswith(".tmp-")]
+        if stray:
+            hint = ("; they are shardwise's own files: pass overwrite=True (--overwrite) to "
+                    "remove them, or" if not foreign_names(root) else ";")
+            raise ConfigError(f"{root} exists and is not a shardwise cache (it holds "
+                              f"{sorted(stray)[:5]}){hint} choose an empty or new directory")
+        return None
+    return _resume_ledger(root, manifest)
+
+
+def _prepare_remote(store: RemoteStore, manifest: Manifest, overwrite: bool) -> Ledger | None:
+    """:func:`_prepare_root` for a cache on an object store (no lock: see :func:`build`)."""
+    if overwrite:
+        clear_cache(store)
+    keys = store.list_keys()
+    if MANIFEST_NAME not in keys:
+        if keys:
+            raise ConfigError(f"{store} exists and is not a shardwise cache (it holds "
+                              f"{keys[:5]}); choose an empty or new prefix")
+        return None
+    return _resume_ledger(store, manifest)
+
+
+def _resume_ledger(root: Root, manifest: Manifest) -> Ledger | None:
+    stored = Manifest.load(root)
+    diffs = describe_differences(stored.identity(), manifest.identity())
+    diffs = [d for d in diffs if not d.startswith("on_error")]
+    if diffs:
+        raise CacheMismatchError(
+            f"{root} was built with different arguments; refusing to mix them:\n  "
+            + "\n  ".join(diffs) + "\nbuild into a new directory, or pass overwrite=True "
+            "(--overwrite) to start this cache again")
+    has_ledger = ((root / LEDGER_NAME).exists() if isinstance(root, Path)
+                  else root.exists(LEDGER_NAME))
+    return Ledger.load(root) if has_ledger else None
+
+
+def _ordered_tasks(ledger: Ledger, infos: list[Any]) -> list[Task]:
+    """Unfinished segments, round robin over sources, so early global chunks come first."""
+    tasks: list[tuple[int, int, Task]] = []
+    for s, (src, info) in enumerate(zip(ledger.sources, infos, strict=True)):
+        for g, seg in enumerate(src.segments):
+            if not seg.finished:
+                tasks.append((g, s, Task(s, info, g, seg)))
+    return [t for _, _, t in sorted(tasks, key=lambda x: (x[0], x[1]))]
+
+
+class ExecutorKind(str, Enum):
+    """Where build tasks run: local processes, or a Ray cluster."""
+
+    LOCAL = "local"
+    RAY = "ray"
+
+
+class Executor(Protocol):
+    """Runs tasks, calling ``on_message`` in the caller's thread (see LocalExecutor.run)."""
+
+    def run(self, job: Job, tasks: Iterable[Task], on_message: Callable[[object], None]
+            ) -> None: ...
+
+
+def _make_executor(executor: str | ExecutorKind | Executor | None, workers: int | None,
+                   address: str | None) -> tuple[Executor, Callable[[], None]]:
+    """The executor to run on, and how to release it: build() closes only what it made."""
+    if executor is not None and not isinstance(executor, str):
+        if address is not None:
+            raise ConfigError("address= is for executor='ray'; with an executor object, give "
+                              "the address to it: RayExecutor(address=...)")
+        return executor, lambda: None
+    try:
+        kind = ExecutorKind(executor or ExecutorKind.LOCAL)
+    except ValueError:
+        raise ConfigError(f"executor must be one of {[k.value for k in ExecutorKind]} or an "
+                          f"executor object, got {executor!r}") from None
+    if kind is ExecutorKind.RAY:
+        from shardwise.writer.ray_executor import RayExecutor
+
+        ray_ex = RayExecutor(workers, address=address)
+        return ray_ex, ray_ex.close
+    if address is not None:
+        raise ConfigError(f"address={address!r} needs executor='ray' (--executor ray)")
+    local = LocalExecutor(workers)
+    return local, local.close
+
+
+class _Coordinator:
+    """Applies worker messages to the ledger and saves it (at most every 0.25 s)."""
+
+    def __init__(self, root: Root, ledger: Ledger, reporter: ProgressReporter,
+                 infos: list[SourceInfo]) -> None:
+        self.root, self.ledger, self.reporter, self.infos = root, ledger, reporter, infos
+        self.dirty = False
+        self.saved_at = 0.0
+        self.new_chunks = 0
+        self.rebuilt: set[str] = set()  # stems republished by repair tasks
+
+    def __call__(self, msg: object) -> None:
+        if isinstance(msg, Progress):
+            self.reporter.advance(0.0, msg.documents, msg.tokens, msg.bytes_read)
+            return
+        if isinstance(msg, ChunksRebuilt):
+            self.reporter.advance(1.0)
+            return
+        if isinstance(msg, ChunkDone):
+            seg = self.ledger.sources[msg.source].segments[msg.seg_index]
+            known = {c.stem: c for c in seg.chunks}
+            if msg.entry.stem in known:  # a repair, or a retried task reporting it again
+                self._check_same(known[msg.entry.stem], msg)
+                self.rebuilt.add(msg.entry.stem)
+                return
+            seg.chunks.append(msg.entry)
+            seg.position, seg.line, seg.errors = msg.position, msg.line, msg.errors
+            self.new_chunks += 1
+        elif isinstance(msg, SegmentDone):
+            seg = self.ledger.sources[msg.source].segments[msg.seg_index]
+            if seg.stop < 0:
+                seg.stop = msg.position
+            seg.position, seg.line, seg.errors = msg.position, msg.line, msg.errors
+            seg.finished = True
+            self.reporter.advance(1.0)
+        self.dirty = True
+        self.save(force=False)
+
+    def _check_same(self, recorded: ChunkEntry, msg: ChunkDone) -> None:
+        """A chunk made again must be the one the ledger names: its ``.json`` (which holds
+        every data file's size and xxh3) must hash the same."""
+        if recorded != msg.entry:
+            differ = ", ".join(f"{k} {getattr(msg.entry, k)!r}, the ledger says "
+                               f"{getattr(recorded, k)!r}" for k in vars(recorded)
+                               if getattr(recorded, k) != getattr(msg.entry, k))
+            raise CacheError(f"{where(self.root, msg.entry.stem)}: made again with different "
+                             f"bytes ({differ}): the source {self.infos[msg.source].path} "
+                             "changed since this cache was built; start again with "
+                             "overwrite=True (--overwrite), or build into a new directory")
+
+    def save(self, force: bool) -> None:
+        now = time.monotonic()
+        if self.dirty and (force or now - self.saved_at >= LEDGER_SAVE_INTERVAL):
+            self.ledger.save(self.root)
+            self.saved_at, self.dirty = now, False
+
+
+def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLike[str], *,
+          tokenizer: str | os.PathLike[str] | Tokenizer | None = None,
+          processor: Callable[[dict[str, Any]], Any] | Processor | None = None,
+          vocab_size: int | None = None, text_key: str = "text", workers: int | None = None,
+          chunk_docs: int | None = None, chunk_mb: float | None = None,
+          append_eod: bool = False, eod_token: str | None = None,
+          on_error: str | OnError = OnError.RAISE, records: bool = False,
+          segment_bytes: int | None = None, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+          processor_version: str | None = None, overwrite: bool = False,
+          progress: bool | None = None,
+          executor: str | ExecutorKind | Executor | None = None,
+          address: str | None = None,
+          storage_options: dict[str, Any] | None = None,
+          verify: bool = True) -> BuildSummary:
+    """Tokenize ``sources`` into the cache directory ``out``; resume it if it exists.
+
+    ``tokenizer`` is a tokenizer.json path or a ``tokenizers.Tokenizer``; its truncation
+    and padding are switched off (a build stores every token), which the summary notes.
+
+    ``executor`` is ``"local"`` (processes on this machine, the default), ``"ray"``
+    (tasks on the Ray cluster at ``address``, or on a local Ray; see
+    :mod:`shardwise.writer.ray_executor`), or an executor object, which the caller closes.
+
+    ``out`` may be a URL (``s3://bucket/prefix``, anything fsspec speaks); chunks are then
+    uploaded as whole objects before the ledger names them (see
+    :mod:`shardwise.storage.remote`), with credentials from the environment or
+    ``storage_options`` (never stored). An object store has no lock: run **one build per
+    cache URL at a time** (a local directory is locked against a second build).
+
+    Running it again on an existing cache first checks every chunk an earlier run
+    published (every file's size and xxh3; ``verify=False``: sizes only) and rebuilds the
+    damaged, truncated or missing ones, byte-identical (:mod:`shardwise.writer.repair`);
+    the summary lists them.
+
+    >>> build(["data/*.jsonl.zst"], "cache/", tokenizer="tokenizer.json",  # doctest: +SKIP
+    ...       workers=8)
+    """
+    started = time.monotonic()
+    err_mode = OnError.parse(on_error)
+    policy = ChunkPolicy.from_options(chunk_docs=chunk_docs, chunk_mb=chunk_mb,
+                                      segment_bytes=segment_bytes)
+    proc = _make_processor(tokenizer, processor, text_key=text_key, append_eod=append_eod,
+                           eod_token=eod_token, vocab_size=vocab_size, records=records,
+                           processor_version=processor_version)
+    runner, release = _make_executor(executor, workers, address)
+    infos = describe(discover(sources))
+    vocab = proc.vocab_size()  # type: ignore[attr-defined]
+    dtype = token_dtype(vocab)
+    manifest = Manifest(
+        tokenizer=TokenizerInfo(proc.fingerprint(), vocab,  # type: ignore[attr-defined]
+                                getattr(proc, "eod_id", None)),
+        dtype=dtype.name, chunk_kind=(ChunkKind.RECORDS if records else ChunkKind.TOKENS).value,
+        processor=proc.settings(),
+        chunking={"max_docs": policy.max_docs, "max_bytes": policy.max_bytes,
+                  "segment_bytes": policy.segment_bytes},
+        sources=infos, on_error=err_mode.value, created_by=f"shardwise {__version__}")
+    root = open_root(out, storage_options)
+    if isinstance(root, Path):
+        _make_dir(root)
+    lock = _lock(root) if isinstance(root, Path) else None
+    try:
+        ledger, check = _start(root, manifest, policy, overwrite,
+                               CheckDepth.CHECKSUMS if verify else CheckDepth.SIZES)
+        job = Job(str(root), proc, policy, err_mode, dtype.name, vocab, records,
+                  max_record_bytes, storage_options)
+        tasks = repair_tasks(root, ledger, infos, check.damaged) + _ordered_tasks(ledger, infos)
+        reporter = ProgressReporter(sum(len(s.segments) for s in ledger.sources)
+                                    + sum(t.rebuild > 0 for t in tasks), enabled=progress)
+        reporter.advance(sum(seg.finished for s in ledger.sources for seg in s.segments))
+        coordinator = _Coordinator(root, ledger, reporter, infos)
+        try:
+            runner.run(job, tasks, coordinator)
+        finally:
+            release()
+            coordinator.save(force=True)
+            reporter.close()
+        return _summary(root, ledger, check, coordinator, time.monotonic() - started,
+                        notes=switched_off_notes(getattr(proc, "switched_off", {})))
+    finally:
+        if lock is not None:
+            _unlock(lock)
+
+
+def _make_dir(root: Path) -> None:
+    """The cache directory, made if missing; a file in its place is a usage error."""
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"{root}: exists and is not a directory; a cache is a directory: "
+                          "choose a new or empty directory, or an existing cache")
+    root.mkdir(parents=True, exist_ok=True)
+
+
+@dataclass
+class _Check:
+    """What the check of an earlier run's chunks found (nothing checked for a new cache)."""
+
+    depth: CheckDepth | None = None
+    checked: int = 0
+    seconds: float = 0.0
+    damaged: list[Damage] = field(default_factory=list)
+
+
+def _start(root: Path | RemoteStore, manifest: Manifest, policy: ChunkPolicy, overwrite: bool,
+           depth: CheckDepth) -> tuple[Ledger, _Check]:
+    """The ledger to continue (a new one for a new cache), and the check of the chunks it
+    already names: a rerun rebuilds those that are damaged."""
+    ledger = (_prepare_remote(root, manifest, overwrite) if isinstance(root, RemoteStore)
+              else _prepare_root(root, manifest, overwrite))
+    if ledger is None or Manifest.load(root).on_error != manifest.on_error:
+        manifest.save(root)
+    if isinstance(root, Path):
+        remove_stale_temps(root)
+    if ledger is not None:
+        started = time.monotonic()
+        damaged, checked = find_damaged(root, ledger, manifest, depth)
+        return ledger, _Check(depth, checked, time.monotonic() - started, damaged)
+    ledger = Ledger([SourceProgress(plan_segments(i, policy.segment_bytes))
+                     for i in manifest.sources])
+    ledger.save(root)
+    return ledger, _Check()
+
+
+def _summary(root: Root, ledger: Ledger, check: _Check, coordinator: _Coordinator,
+             seconds: float, notes: list[str]) -> BuildSummary:
+    missing = sorted({d.stem for d in check.damaged} - coordinator.rebuilt)
+    if missing:  # every repair task republishes its chunks or raises: this is a bug
+        raise CacheError(f"{root}: damaged chunks {missing[:5]} were not rebuilt")
+    order = ledger.global_order()
+    return BuildSummary(
+        root=str(root), sources=len(ledger.sources), chunks=len(order),
+        documents=sum(c.documents for _, c in order),
+        tokens=sum(c.tokens for _, c in order),
+        bytes_read=coordinator.reporter.bytes_read, seconds=seconds, errors=ledger.errors(),
+        resumed_chunks=check.checked - len(check.damaged), new_chunks=coordinator.new_chunks,
+        checked_chunks=check.checked,
+        check_depth=check.depth.name.lower() if check.depth is not None else "",
+        check_seconds=check.seconds,
+        rebuilt_chunks={d.stem: d.reason(root) for d in check.damaged},
+        empty_documents=sum(c.empty for _, c in order), notes=notes)
+
+
+__all__ = ["build"]
