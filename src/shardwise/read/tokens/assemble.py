@@ -84,7 +84,10 @@ class WindowReader:
         parts = [self._chunk_doc_starts(c) for c in self.chunks_of([(start, stop)])]
         starts = parts[0] if len(parts) == 1 else np.concatenate(parts)
         lo, hi = np.searchsorted(starts, [start + 1, start + self.cfg.seq_len])
-        return starts[lo:hi] - start
+        inside = starts[lo:hi] - start
+        if len(inside) > 1:  # empty documents start where the next one does: one boundary
+            inside = inside[np.concatenate(([True], inside[1:] != inside[:-1]))]
+        return inside
 
     def all_doc_lengths(self, plan_root: Path) -> npt.NDArray[np.int64]:
         starts = self.stored_doc_starts(plan_root)
