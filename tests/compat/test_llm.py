@@ -72,7 +72,8 @@ def test_the_original_contract() -> None:
 def test_index_maps_and_the_reported_tail_drop() -> None:
     ds = make([4, 3, 5], rank=1, world_size=5)  # 12 samples, 2 per rank, 2 dropped
     assert (len(ds), ds.dropped, ds.total_samples) == (2, 2, 10)
-    assert "dropped tail 2" in repr(ds) and repr(ds).startswith("DistributedShardedDataset(")
+    assert "dropped 2 examples" in repr(ds) and ds.drops()[0].count == 2
+    assert repr(ds).startswith("DistributedShardedDataset(")
     assert [ds.rank_index_to_global_index(i) for i in range(2)] == [2, 3]
     assert [ds.rank_index_to_shard_index(i) for i in range(2)] == [("shard-0", 2),
                                                                    ("shard-0", 3)]

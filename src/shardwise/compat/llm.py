@@ -21,7 +21,8 @@ slice, one shard at a time::
 Kept from the original: ``len(ds) == total // world_size``, ``rank_index_to_global_index``
 (``len(ds) · rank + i``), ``rank_index_to_shard_index`` (→ ``(shard key, index)``),
 ``load_shard(key)``, the last ``total % world_size`` samples dropped so every rank runs
-the same steps — reported here in ``ds.dropped`` and ``repr(ds)``, not only in a note.
+the same steps — reported here in ``ds.drops()`` (``ds.dropped``) and ``repr(ds)``, not
+only in a note.
 
 The doc's TODOs, done: the next shard of this rank's slice is prefetched on a background
 thread (at most two shards alive; ``prefetch=False`` keeps exactly one); ``set_epoch(e)``
