@@ -148,7 +148,8 @@ def dealing_of(sampler: Any, world: World, n: int, local: dict[str, Any]) -> Dea
         raise ConfigError(f"{type(sampler).__name__} draws random indices, but "
                           "LazyShardedDataset serves each rank's chunks in the order the "
                           "producer writes them (a random index waits for a chunk far "
-                          "ahead). Use a SequentialSampler (ms-swift: "
+                          "ahead). Use a SequentialSampler (HF: TrainingArguments("
+                          "train_sampling_strategy='sequential'); ms-swift: "
                           "--train_dataloader_shuffle false)")
     if (dealing.size, dealing.rank) != (world.size, world.rank):
         raise ConfigError(f"{type(sampler).__name__} deals to rank {dealing.rank} of "
