@@ -57,15 +57,18 @@ dist.destroy_process_group()
 """
 
 
-def run_group(tmp_path: Path, shards: Path, mode: str, out: Path, killed: bool = False
-              ) -> None:
+def start(tmp_path: Path, shards: Path, mode: str, out: Path
+          ) -> list[subprocess.Popen[bytes]]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1")
     store = tmp_path / f"store-{mode}"
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(shards), str(store), str(r),
-                               mode, str(out)], stderr=subprocess.PIPE, env=env)
-             for r in range(2)]
+    return [subprocess.Popen([sys.executable, "-c", RANK, str(shards), str(store), str(r),
+                              mode, str(out)], stderr=subprocess.PIPE, env=env)
+            for r in range(2)]
+
+
+def wait(procs: list[subprocess.Popen[bytes]], killed: bool = False) -> None:
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == (-9 if killed else 0), err.decode()[-3000:]
@@ -78,10 +81,11 @@ def test_save_kill_resume_mid_shard_across_processes(tmp_path: Path) -> None:
     for i, n in enumerate([5, 7, 4, 6]):
         (shards / f"shard-{i}.json").write_text(json.dumps([f"s{i}-{j}" for j in range(n)]))
         offset += n
-    run_group(tmp_path, shards, "full", tmp_path / "full")
-    run_group(tmp_path, shards, "head", tmp_path / "run", killed=True)
+    full = start(tmp_path, shards, "full", tmp_path / "full")  # uninterrupted, alongside
+    wait(start(tmp_path, shards, "head", tmp_path / "run"), killed=True)
     heads = [json.loads((tmp_path / f"run.r{r}").read_text()) for r in range(2)]
-    run_group(tmp_path, shards, "tail", tmp_path / "run")
+    wait(start(tmp_path, shards, "tail", tmp_path / "run"))
+    wait(full)
     for r in range(2):
         full = json.loads((tmp_path / f"full.r{r}").read_text())
         tail = json.loads((tmp_path / f"run.r{r}").read_text())
