@@ -3,7 +3,8 @@
 ::
 
     errors  _version
-    format   world   checkpoint                      (bytes and layout; the world; the protocol)
+    format   world   checkpoint   concurrency        (bytes and layout; the world; the protocol;
+                                                      background threads, processes, polling)
     storage  sources  plan                           (where caches live; source files; pure plans)
     writer   read                                    (sources -> cache; cache -> examples)
     integrations  compat  testing                    (frameworks; seed systems' names; contracts)
@@ -29,7 +30,7 @@ import shardwise
 
 LAYERS = [
     {"errors", "_version"},
-    {"format", "world", "checkpoint"},
+    {"format", "world", "checkpoint", "concurrency"},
     {"storage", "sources", "plan"},
     {"writer", "read"},
     {"integrations", "compat", "testing"},

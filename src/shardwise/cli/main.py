@@ -123,7 +123,7 @@ def _fail(args: argparse.Namespace, e: BaseException, stdout: TextIO) -> int:
 
 def exit_code(e: BaseException) -> int:
     """The documented exit status (EXIT_STATUS) of a command that raised ``e``."""
-    from shardwise.writer.executor import WorkerCrashed
+    from shardwise.concurrency.pool import WorkerCrashed
 
     if isinstance(e, KeyboardInterrupt):
         return EXIT_INTERRUPTED

@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shardwise.errors import ConfigError, MissingExtraError
-from shardwise.writer.executor import WorkerCrashed
+from shardwise.concurrency.pool import WorkerCrashed
 from shardwise.writer.worker import Job, Task, run_task
 
 DEFAULT_MAX_RETRIES = 3

@@ -22,7 +22,8 @@ from collections import deque
 from typing import Any
 
 from shardwise.errors import InputError
-from shardwise.read.records.pool import Dropped, Packed, Processor, ProcessPool
+from shardwise.concurrency.pool import ProcessPool
+from shardwise.read.records.pool import Dropped, Keyed, Packed, Processor
 from shardwise.read.records.ranges import RangeKind, RangePlan
 from shardwise.read.records.streams import (
     END,
@@ -83,7 +84,7 @@ class Pipeline:
         self.ended = {s: positions[s].done for s in self.streams}
         self.pool: ProcessPool | None = None
         if workers > 0:
-            self.pool = ProcessPool(processor, workers)
+            self.pool = ProcessPool(Keyed(processor), workers, name="record")
             self._finalizer = weakref.finalize(self, self.pool.close)
         self._max_inflight = 2 * workers
         self._inflight: dict[int, int] = {s: 0 for s in self.streams}  # records
@@ -180,7 +181,7 @@ class Pipeline:
         self._inflight[s] += len(steps)
         if self.pool is not None and steps[0][0] is not END:
             self._tasks += 1
-            self.pool.submit(key, self._packed(steps))
+            self.pool.submit((key, self._packed(steps)))
         else:
             self._accept(key, [], counted=False)
 

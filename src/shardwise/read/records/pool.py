@@ -2,32 +2,22 @@
 
 :class:`Processor` turns a batch of raw records into outcomes: the example, or a
 :class:`Dropped` with a reason (and, for bad input, the :class:`InputError` that names file
-and line). :class:`ProcessPool` runs it in ``workers`` local processes, the pattern of
-:mod:`shardwise.writer.executor`: forked on Linux (spawned elsewhere, then ``map_fn`` must
-be picklable), one task queue, one result queue, results keyed so the caller restores
-its order; a worker dies with its parent (``PR_SET_PDEATHSIG`` on Linux, a parent-pid
-check elsewhere). No shared memory, no lock files.
+and line). :class:`Keyed` is its work in the one process pool
+(:class:`shardwise.concurrency.pool.ProcessPool`: forked on Linux, spawned elsewhere, then
+``map_fn`` must be picklable); results come back keyed so the caller restores its order.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import queue
-import signal
-import sys
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from shardwise.errors import ConfigError, InputError, ShardwiseError
+from shardwise.errors import InputError
 from shardwise.read.records.ranges import Payload
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES, parse_line
-
-_POLL_SECONDS = 0.2
 
 
 @dataclass(frozen=True)
@@ -44,10 +34,6 @@ class Dropped:
 
     reason: str
     error: InputError | None = None
-
-
-class WorkerCrashed(ShardwiseError):
-    """A processing worker died without reporting (killed, out of memory, segfault)."""
 
 
 @dataclass(frozen=True)
@@ -130,83 +116,13 @@ def _decode(raw: bytes, path: str, line: int) -> str | InputError:
                           f"{u.start + 1}", path=path, line=line, reason="undecodable")
 
 
-class _Failure:
-    def __init__(self, error: BaseException, tb: str) -> None:
-        self.error, self.tb = error, tb
+@dataclass(frozen=True)
+class Keyed:
+    """The pool's work for :class:`Processor`: ``(key, items)`` in, ``(key, outcomes)`` out,
+    so the caller restores its order."""
 
+    fn: Callable[[Any], Any]
 
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def _worker_main(fn: Callable[[Any], Any], tasks: Any, results: Any, parent: int) -> None:
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    os.environ["RAYON_NUM_THREADS"] = "1"
-    _die_with_parent()
-    while True:
-        msg = tasks.get()
-        if msg is None or os.getppid() != parent:
-            return
-        key, items = msg
-        try:
-            results.put((key, fn(items)))
-        except BaseException as e:  # reported, then this worker stops
-            results.put((key, _Failure(e, traceback.format_exc())))
-            return
-
-
-class ProcessPool:
-    """``fn`` over task batches in ``workers`` processes; results come back keyed."""
-
-    def __init__(self, fn: Callable[[Any], Any], workers: int,
-                 start_method: str | None = None) -> None:
-        if workers < 1:
-            raise ConfigError(f"workers must be at least 1, got {workers}")
-        self._owner = os.getpid()
-        method = start_method or ("fork" if sys.platform.startswith("linux") else "spawn")
-        ctx: Any = mp.get_context(method)
-        self._tasks, self._results = ctx.Queue(), ctx.Queue()
-        self._procs = [ctx.Process(target=_worker_main, daemon=True,
-                                   args=(fn, self._tasks, self._results, os.getpid()),
-                                   name=f"shardwise-records-{i}") for i in range(workers)]
-        for p in self._procs:
-            p.start()
-
-    def submit(self, key: Any, items: Any) -> None:
-        self._tasks.put((key, items))
-
-    def get(self) -> tuple[Any, Any]:
-        """The next finished task ``(key, outcomes)``; raises a worker's error."""
-        while True:
-            try:
-                key, out = self._results.get(timeout=_POLL_SECONDS)
-            except queue.Empty:
-                dead = [p for p in self._procs if not p.is_alive()]
-                if dead and self._results.empty():
-                    raise WorkerCrashed(f"record worker {dead[0].name} died with exit code "
-                                        f"{dead[0].exitcode} (killed or out of memory)"
-                                        ) from None
-                continue
-            if isinstance(out, _Failure):
-                raise out.error
-            return key, out
-
-    def close(self) -> None:
-        if os.getpid() != self._owner:  # a forked copy (a DataLoader worker): not ours
-            return
-        for p in self._procs:
-            if p.is_alive():
-                p.terminate()
-        for p in self._procs:
-            p.join(timeout=5)
-        self._procs = []
-        self._tasks.close()
-        self._results.close()
-        self._tasks.cancel_join_thread()
-        self._results.cancel_join_thread()
+    def __call__(self, task: tuple[Any, Any], put: Callable[[Any], None]) -> None:
+        key, items = task
+        put((key, self.fn(items)))

@@ -1,0 +1,166 @@
+"""The one read-ahead thread: a bounded queue fed by one daemon thread.
+
+:class:`ReadAhead` runs ``source()`` (an iterator factory) on a daemon thread, keeping up
+to ``depth`` items ready (or, with ``admit``, as many as ``admit`` allows: the stream
+reader's rule is "within its chunk budget"); the next item is always produced once the
+queue is empty, so the consumer never starves. ``prepare`` (e.g. loading an item's
+bytes) runs on the thread after an item is admitted, so a rejected item costs nothing.
+
+* **errors** raised on the thread are re-raised by :meth:`ReadAhead.get` in the consumer,
+  as the same exception object: its traceback still shows where it was raised.
+* :meth:`ReadAhead.close` never leaves the thread blocked: it wakes the thread wherever it
+  waits (for room, or inside ``source`` through :class:`~shardwise.concurrency.poll.Stopped`
+  and the shared ``stop`` event) and joins it.
+* **fork-safe**: in a forked child (a DataLoader worker) the parent's thread does not
+  exist; the child forgets it and starts its own from ``source()`` on its first ``get``.
+* **pickle-safe**: a pickled ReadAhead carries only ``source`` and its settings, and
+  starts afresh where it is unpickled.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Generic, TypeVar
+
+from shardwise.concurrency.poll import Stopped
+from shardwise.errors import ConfigError
+
+T = TypeVar("T")
+_END: Any = object()
+_WAKE_SECONDS = 0.5  # a safety net: every wait is also woken by notify_all
+
+
+class ReadAhead(Generic[T]):
+    """Items of ``source()`` produced ahead on one daemon thread; iterate or ``get()``."""
+
+    def __init__(self, source: Callable[[], Iterator[T]], *, name: str, depth: int = 1,
+                 admit: Callable[[T, Sequence[T]], bool] | None = None,
+                 prepare: Callable[[T], object] | None = None,
+                 lock: threading.Condition | None = None,
+                 stop: threading.Event | None = None) -> None:
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ConfigError(f"read-ahead depth must be a positive integer, got {depth!r}")
+        self.source, self.name, self.depth = source, name, depth
+        self.admit, self.prepare = admit, prepare
+        self._shared = lock, stop
+        self._reset()
+
+    def _reset(self) -> None:
+        lock, stop = self._shared
+        self.cond = lock if lock is not None else threading.Condition()
+        self.stop = stop if stop is not None else threading.Event()
+        self.queue: deque[T] = deque()
+        self.error: BaseException | None = None
+        self.ended = False
+        self.waited = 0.0  # seconds the consumer spent blocked in get()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    # -- pickling and fork ----------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("source", "name", "depth", "admit", "prepare")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._shared = None, None
+        self._reset()
+
+    def _check_fork(self) -> None:
+        if self._pid != os.getpid():  # a forked child: the parent's thread is not here
+            self._reset()
+
+    # -- the thread -----------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the thread now (``get`` starts it otherwise)."""
+        self._check_fork()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
+
+    def _has_room(self, item: T) -> bool:
+        if not self.queue:
+            return True
+        if self.admit is not None:
+            return self.admit(item, tuple(self.queue))
+        return len(self.queue) < self.depth
+
+    def _run(self) -> None:
+        try:
+            for item in self.source():
+                with self.cond:
+                    while not self._has_room(item) and not self.stop.is_set():
+                        self.cond.wait(_WAKE_SECONDS)
+                if self.stop.is_set():
+                    return
+                if self.prepare is not None:
+                    self.prepare(item)
+                self._put(item)
+            self._put(_END)
+        except Stopped:
+            return
+        except BaseException as e:  # handed to the consumer, which re-raises it
+            with self.cond:
+                self.error = e
+                self.cond.notify_all()
+
+    def _put(self, item: T) -> None:
+        with self.cond:
+            self.queue.append(item)
+            self.cond.notify_all()
+
+    # -- the consumer ---------------------------------------------------------------------
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        item = self.get()
+        if item is _END:
+            raise StopIteration
+        return item
+
+    def get(self, default: Any = _END) -> T:
+        """The next item, blocking until it is ready; ``default`` once ``source`` ended
+        (StopIteration from iteration). Re-raises the thread's error."""
+        self.start()
+        started = time.monotonic()
+        try:
+            with self.cond:
+                while not self.queue:
+                    self._check_usable()
+                    self.cond.wait(_WAKE_SECONDS)
+                item = self.queue[0]
+                if item is _END:
+                    self.ended = True
+                    return default
+                self.queue.popleft()
+                self.cond.notify_all()
+                return item
+        finally:
+            self.waited += time.monotonic() - started
+
+    def _check_usable(self) -> None:
+        if self.error is not None:
+            raise self.error
+        if self.stop.is_set():
+            raise RuntimeError(f"{self.name} was closed; start a new iteration")
+        if self._thread is not None and not self._thread.is_alive():
+            raise RuntimeError(f"the {self.name} thread ended without a result")
+
+    def close(self, timeout: float = 30.0) -> list[T]:
+        """Stop and join the thread (it is woken wherever it waits); return the items it
+        had read ahead, for the caller to release."""
+        self._check_fork()
+        self.stop.set()
+        with self.cond:
+            self.cond.notify_all()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=timeout)
+        with self.cond:
+            left = [i for i in self.queue if i is not _END]
+            self.queue.clear()
+        return left
