@@ -41,11 +41,12 @@ class ReadAhead(Generic[T]):
                  admit: Callable[[T, Sequence[T]], bool] | None = None,
                  prepare: Callable[[T], object] | None = None,
                  lock: threading.Condition | None = None,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, closed_message: str = "") -> None:
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ConfigError(f"read-ahead depth must be a positive integer, got {depth!r}")
         self.source, self.name, self.depth = source, name, depth
         self.admit, self.prepare = admit, prepare
+        self.closed_message = closed_message or f"{name} was closed; start a new iteration"
         self._shared = lock, stop
         self._reset()
 
@@ -62,7 +63,8 @@ class ReadAhead(Generic[T]):
 
     # -- pickling and fork ----------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("source", "name", "depth", "admit", "prepare")}
+        return {k: getattr(self, k) for k in ("source", "name", "depth", "admit", "prepare",
+                                             "closed_message")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -146,7 +148,7 @@ class ReadAhead(Generic[T]):
         if self.error is not None:
             raise self.error
         if self.stop.is_set():
-            raise RuntimeError(f"{self.name} was closed; start a new iteration")
+            raise RuntimeError(self.closed_message)
         if self._thread is not None and not self._thread.is_alive():
             raise RuntimeError(f"the {self.name} thread ended without a result")
 

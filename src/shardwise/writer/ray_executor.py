@@ -50,8 +50,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from shardwise.errors import ConfigError, MissingExtraError
 from shardwise.concurrency.pool import WorkerCrashed
+from shardwise.errors import ConfigError, MissingExtraError
 from shardwise.writer.worker import Job, Task, run_task
 
 DEFAULT_MAX_RETRIES = 3

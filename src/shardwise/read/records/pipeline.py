@@ -21,8 +21,8 @@ import weakref
 from collections import deque
 from typing import Any
 
-from shardwise.errors import InputError
 from shardwise.concurrency.pool import ProcessPool
+from shardwise.errors import InputError
 from shardwise.read.records.pool import Dropped, Keyed, Packed, Processor
 from shardwise.read.records.ranges import RangeKind, RangePlan
 from shardwise.read.records.streams import (

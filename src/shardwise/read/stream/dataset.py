@@ -86,6 +86,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.checkpoint import LoaderState, Resumable, as_count, check_not_past_end
+from shardwise.concurrency.poll import Stopped
 from shardwise.errors import (
     ConfigError,
     StateError,
@@ -107,7 +108,6 @@ from shardwise.read.stream.schedule import (
     Layout,
     Prefetcher,
     RankSchedule,
-    Stopped,
     longest_stream_windows,
     open_when_ready,
 )

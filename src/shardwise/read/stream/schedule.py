@@ -7,10 +7,12 @@ Two pieces, over the pure stream layout of :mod:`shardwise.plan.stream`
 * :class:`StreamLayout` (one stream: where its ``k``-th example is, growing with the
   cache) and :class:`RankSchedule` (the rank's blocks in the order its consumer will need
   them, waiting for the producer in follow mode through a :class:`Follower`).
-* :class:`Prefetcher`: a daemon thread that walks the schedule, reads each block's chunks
-  into the :class:`~shardwise.read.stream.chunk_cache.ChunkCache` and queues it, at most
-  ``ahead_chunks`` chunks and ``max_bytes`` ahead of the consumer. No shared memory, no
-  process-wide locks: ``close()`` stops and joins it, and a crash leaves nothing behind.
+* :class:`Prefetcher`: the one read-ahead thread
+  (:class:`~shardwise.concurrency.readahead.ReadAhead`) walking the schedule: it reads
+  each block's chunks into the :class:`~shardwise.read.stream.chunk_cache.ChunkCache`
+  and queues it, at most ``ahead_chunks`` chunks and ``max_bytes`` ahead of the consumer.
+  No shared memory, no process-wide locks: ``close()`` stops and joins it, and a crash
+  leaves nothing behind.
 
 Need order: the consumer takes rank example ``j`` from stream ``t = j % m`` (``m`` streams
 on this rank) at stream position ``K = j // m``, so the block of stream ``t`` that starts
@@ -25,14 +27,15 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.concurrency.poll import wait_until
+from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import ConfigError, ManifestError, ProducerTimeoutError
 from shardwise.format.ledger import LEDGER_NAME
 from shardwise.format.manifest import MANIFEST_NAME
@@ -149,13 +152,10 @@ class StreamLayout:
 
 
 # -- waiting for the producer -----------------------------------------------------------
-class Stopped(Exception):
-    """The reader was closed while waiting (internal; never escapes the thread)."""
-
-
 class Follower:
-    """Waits for a growing cache: ``refresh()`` with exponential backoff (10 ms doubling to
-    ``poll_interval``); :class:`ProducerTimeoutError` after ``timeout`` seconds in which
+    """Waits for a growing cache: ``refresh()`` polled by the one rule of
+    :func:`~shardwise.concurrency.poll.wait_until` (10 ms doubling to ``poll_interval``);
+    :class:`ProducerTimeoutError` after ``timeout`` seconds in which
     the ledger did not change (a rewrite that publishes nothing visible yet, e.g. a chunk
     of a later segment, still counts as a live producer). ``waited`` sums the seconds
     spent waiting."""
@@ -174,22 +174,14 @@ class Follower:
 
     def wait(self, stream: int, what: str) -> None:
         """Return once the cache has grown or finished; raise if the producer went quiet."""
-        started = active = time.monotonic()
-        stamp = self._ledger_stamp()
-        delay = min(0.01, self.poll)
+        started = time.monotonic()
+        cache = self.cache
         try:
-            while not self.cache.finished:
-                if self.cache.refresh():
-                    return
-                now, fresh = time.monotonic(), self._ledger_stamp()
-                if fresh != stamp:
-                    stamp, active = fresh, now
-                idle = now - active
-                if idle > self.timeout:
-                    raise ProducerTimeoutError(self._message(stream, what, now - started))
-                if self.stop.wait(min(delay, max(self.timeout - idle, 0.001))):
-                    raise Stopped
-                delay = min(delay * 2, self.poll)
+            wait_until(lambda: cache.finished or cache.refresh() or cache.finished,
+                       timeout=self.timeout, poll_interval=self.poll, what=what,
+                       progress=self._ledger_stamp, stop=self.stop,
+                       on_timeout=lambda waited: ProducerTimeoutError(
+                           self._message(stream, what, waited)))
         finally:
             self.waited += time.monotonic() - started
 
@@ -208,19 +200,18 @@ class Follower:
 
 def open_when_ready(path: Path, poll: float, timeout: float) -> Cache:
     """Open ``path``, waiting (follow mode) for a build to create its manifest and ledger."""
-    started, delay = time.monotonic(), min(0.01, poll)
-    while True:
+    def opened() -> Cache | None:
         try:
             return open_cache(path)
         except ManifestError:
             if (path / MANIFEST_NAME).exists() and (path / LEDGER_NAME).exists():
                 raise  # a cache is there, and it is damaged
-            if time.monotonic() - started > timeout:
-                raise ProducerTimeoutError(f"{path}: no shardwise cache appeared within "
-                                           f"timeout={timeout:g} s; is the build running "
-                                           "and writing there?") from None
-        time.sleep(delay)
-        delay = min(delay * 2, poll)
+            return None
+
+    return wait_until(opened, timeout=timeout, poll_interval=poll, what="a cache",
+                      on_timeout=lambda waited: ProducerTimeoutError(
+                          f"{path}: no shardwise cache appeared within timeout={timeout:g} "
+                          "s; is the build running and writing there?"))
 
 
 # -- the rank's schedule ----------------------------------------------------------------
@@ -287,7 +278,8 @@ def longest_stream_windows(cum_tokens: IntArray, lay: Layout) -> int:
 
 # -- the thread ---------------------------------------------------------------------------
 class Prefetcher:
-    """Runs ``next_item`` + ``load`` on a daemon thread, queueing loaded items in order.
+    """The stream's read-ahead: ``next_item`` + ``load`` on one
+    :class:`~shardwise.concurrency.readahead.ReadAhead` thread, loaded items queued in order.
 
     It reads ahead while fewer than ``ahead_chunks`` chunks are queued and the pinned bytes
     stay within the cache's ``max_bytes``; the next item is always read once the queue is
@@ -299,76 +291,28 @@ class Prefetcher:
     def __init__(self, next_item: Callable[[], Item | None], load: Callable[[Item], None],
                  chunk_cache: ChunkCache, *, ahead_chunks: int, stop: threading.Event,
                  name: str) -> None:
-        self._next, self._load, self.cc = next_item, load, chunk_cache
-        self.ahead, self.stop = ahead_chunks, stop
-        self.queue: deque[Item | None] = deque()
-        self.queued_chunks = 0
-        self.error: BaseException | None = None
-        self.waited = 0.0
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
+        self.cc, self.ahead = chunk_cache, ahead_chunks
+        self.ra: ReadAhead[Item] = ReadAhead(
+            lambda: iter(next_item, None), name=name, admit=self._room, prepare=load,
+            lock=chunk_cache.changed, stop=stop, closed_message=(
+                "this stream iterator was stopped by close() or load_state_dict(); call "
+                "iter() again"))
+        self.ra.start()
 
-    def _room(self, item: Item) -> bool:
-        if not self.queue:
-            return True
-        return (self.queued_chunks + len(item.chunks) <= self.ahead
+    @property
+    def waited(self) -> float:
+        return self.ra.waited
+
+    def _room(self, item: Item, queued: Sequence[Item]) -> bool:
+        """Under the chunk cache's lock: may ``item`` be loaded now?"""
+        queued_chunks = sum(len(i.chunks) for i in queued)
+        return (queued_chunks + len(item.chunks) <= self.ahead
                 and self.cc.pinned_bytes + item.nbytes <= self.cc.max_bytes)
-
-    def _run(self) -> None:
-        try:
-            while not self.stop.is_set():
-                item = self._next()
-                if item is not None:
-                    with self.cc.changed:
-                        while not self._room(item) and not self.stop.is_set():
-                            self.cc.changed.wait(0.5)
-                    if self.stop.is_set():
-                        return
-                    self._load(item)
-                with self.cc.changed:
-                    self.queue.append(item)
-                    self.queued_chunks += 0 if item is None else len(item.chunks)
-                    self.cc.changed.notify_all()
-                if item is None:
-                    return
-        except Stopped:
-            return
-        except BaseException as e:  # handed to the consumer, which re-raises it
-            with self.cc.changed:
-                self.error = e
-                self.cc.changed.notify_all()
 
     def get(self) -> Item | None:
         """The next loaded item (``None``: the schedule ended); blocks until it is ready."""
-        started = time.monotonic()
-        with self.cc.changed:
-            while True:
-                if self.stop.is_set():
-                    raise RuntimeError("this stream iterator was stopped by close() or "
-                                       "load_state_dict(); call iter() again")
-                if self.queue:
-                    break
-                if self.error is not None:
-                    raise self.error
-                if not self.thread.is_alive():
-                    raise RuntimeError("the stream prefetch thread ended without a result")
-                self.cc.changed.wait(0.5)
-            item = self.queue.popleft()
-            self.queued_chunks -= 0 if item is None else len(item.chunks)
-            self.cc.changed.notify_all()
-        self.waited += time.monotonic() - started
-        return item
+        return self.ra.get(None)
 
     def close(self) -> list[Item]:
         """Stop and join the thread; return the items still queued (to release them)."""
-        self.stop.set()
-        with self.cc.changed:
-            self.cc.changed.notify_all()
-        if self.thread is not threading.current_thread():
-            self.thread.join(timeout=30)
-        with self.cc.changed:
-            left = [i for i in self.queue if i is not None]
-            self.queue.clear()
-            self.queued_chunks = 0
-        return left
-
+        return self.ra.close()
