@@ -31,11 +31,11 @@ import contextlib
 import errno
 import fcntl
 import os
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from shardwise.concurrency.poll import check_wait_args, wait_until
 from shardwise.errors import CacheError, ConfigError
 from shardwise.format.atomic import TMP_PREFIX, temp_path
 from shardwise.format.files import check_key
@@ -68,15 +68,18 @@ class DownloadDir:
     """Downloaded files under ``directory``, at most ``max_bytes`` in total.
 
     State (``stats()``): ``downloaded`` (key → downloads by this process), ``hits``,
-    ``waits`` (fetches that waited for another process's download), ``evicted``.
+    ``waits`` (fetches that waited for another process's download), ``evicted``. A fetch
+    waits by the one poller (:func:`~shardwise.concurrency.poll.wait_until`: 10 ms doubling
+    to ``poll_interval``) and fails with :class:`CacheError` after ``timeout`` seconds.
     """
 
     def __init__(self, directory: str | os.PathLike[str], max_bytes: int, *,
-                 timeout: float = 600.0, poll: float = 0.01) -> None:
+                 timeout: float = 600.0, poll_interval: float = 0.2) -> None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
             raise ConfigError(f"local_bytes must be a positive integer, got {max_bytes!r}")
         self.dir = Path(directory)
-        self.max_bytes, self.timeout, self.poll = max_bytes, timeout, poll
+        check_wait_args(timeout, poll_interval)
+        self.max_bytes, self.timeout, self.poll_interval = max_bytes, timeout, poll_interval
         self.downloaded: Counter[str] = Counter()
         self.hits = self.waits = self.evicted = 0
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -98,11 +101,13 @@ class DownloadDir:
         final = self.dir / check_key(key, where=str(self.dir), root=str(self.dir))
         claim = final.with_name(CLAIM_PREFIX + final.name)
         final.parent.mkdir(parents=True, exist_ok=True)
-        deadline, delay, waited = time.monotonic() + self.timeout, self.poll, False
-        while True:
+        first = True
+
+        def attempt() -> Path | None:
+            nonlocal first
             with contextlib.suppress(FileNotFoundError):
                 os.utime(final)
-                self.hits += not waited
+                self.hits += first
                 return final
             if self._claim(final, claim, size):
                 try:
@@ -111,13 +116,14 @@ class DownloadDir:
                     claim.unlink(missing_ok=True)
                 self.downloaded[key] += 1
                 return final
-            if time.monotonic() > deadline:
-                raise CacheError(f"{final}: waited {self.timeout:.0f}s for another process's "
-                                 f"download or for room within local_bytes={self.max_bytes}")
-            self.waits += not waited
-            waited = True
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
+            self.waits += first
+            first = False
+            return None
+
+        return wait_until(attempt, timeout=self.timeout, poll_interval=self.poll_interval,
+                          what=f"{final}", on_timeout=lambda waited: CacheError(
+                              f"{final}: waited {waited:.0f}s for another process's "
+                              f"download or for room within local_bytes={self.max_bytes}"))
 
     def _download(self, final: Path, download: Callable[[Path], None]) -> None:
         tmp = temp_path(final)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from shardwise._version import __version__
+from shardwise.concurrency.poll import wait_until
 from shardwise.errors import CacheError, CacheMismatchError, ConfigError
 from shardwise.format.atomic import remove_stale_temps
 from shardwise.format.chunk import ChunkKind
@@ -101,17 +102,21 @@ def _lock(root: Path) -> int:
         os.register_at_fork(after_in_child=_drop_locks_in_child)
         _FORK_HOOK.append(True)
     fd = os.open(root, os.O_RDONLY)
-    deadline = time.monotonic() + LOCK_WAIT_SECONDS
-    while True:
+
+    def locked() -> bool:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
+            return True
         except BlockingIOError:
-            if time.monotonic() > deadline:
-                os.close(fd)
-                raise CacheError(f"{root}: another build is writing this cache right now"
-                                 ) from None
-            time.sleep(0.05)
+            return False
+
+    try:
+        wait_until(locked, timeout=LOCK_WAIT_SECONDS, poll_interval=0.05,
+                   what=f"the lock of {root}", on_timeout=lambda waited: CacheError(
+                       f"{root}: another build is writing this cache right now"))
+    except BaseException:
+        os.close(fd)
+        raise
     _HELD_LOCKS.add(fd)
     return fd
 

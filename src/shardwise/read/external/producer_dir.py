@@ -71,6 +71,7 @@ import numpy as np
 import orjson
 
 from shardwise.checkpoint import Configured, LoaderState, Resumable, as_count
+from shardwise.concurrency.poll import check_wait_args, wait_until
 from shardwise.errors import ConfigError, InputError, ProducerTimeoutError, StateError
 from shardwise.format.atomic import atomic_write_bytes
 from shardwise.read.external.contiguous import OneAhead
@@ -214,7 +215,8 @@ class ProducerDirDataset(Configured):
     ``encode_fn(record) -> example`` runs once per record when its chunk loads (an error
     in it is an :class:`InputError` naming file and line). ``timeout`` is how long one
     wait (for a chunk, or for ``_EXPECTED``) may last (``math.inf``: wait for ever); polls
-    start every ``poll_interval`` seconds and back off to four times that. ``pattern`` is
+    follow the one rule of :func:`~shardwise.concurrency.poll.wait_until` (10 ms doubling
+    up to ``poll_interval``). ``pattern`` is
     a format string (``chunk_{index:05d}.jsonl``) or a regex with one capture group
     (``r"chunk_(\\d+)\\.jsonl"``, see :mod:`~shardwise.read.external.names`); ``marker`` is
     the done marker's suffix (``{rank}`` is filled in). A chunk that is gone while this
@@ -239,9 +241,7 @@ class ProducerDirDataset(Configured):
         if not marker or "/" in marker:
             raise ConfigError(f"marker must be a non-empty file-name suffix such as "
                               f"{DEFAULT_MARKER!r}, got {marker!r}")
-        if not timeout > 0 or not poll_interval > 0:
-            raise ConfigError(f"timeout and poll_interval must be positive, got {timeout!r} "
-                              f"and {poll_interval!r}")
+        check_wait_args(timeout, poll_interval)
         self._given = Declared(
             None if num_chunks is None else _count(num_chunks, "num_chunks", 0),
             None if records_per_chunk is None else _count(records_per_chunk,
@@ -319,22 +319,15 @@ class ProducerDirDataset(Configured):
 
     # -- waiting and loading ----------------------------------------------------------
     def _wait(self, ready: Callable[[], Any], path: Path, what: str) -> Any:
-        """Poll ``ready()`` with backoff until truthy; ProducerTimeoutError after timeout."""
-        start = time.monotonic()
-        delay = self.poll_interval
-        while True:
-            value = ready()
-            if value:
-                return value
-            waited = time.monotonic() - start
-            if waited >= self.timeout:
-                raise ProducerTimeoutError(
-                    f"{path}: waited {waited:.1f}s (timeout={self.timeout:g}s) for {what}; "
-                    f"rank {self.world.rank} of {self.world.size} reads chunks "
-                    f"index % {self.world.size} == {self.world.rank}; {self._progress()}. "
-                    "Is the producer still running? Raise timeout= if it is just slow")
-            time.sleep(min(delay, self.timeout - waited))
-            delay = min(delay * 1.5, 4 * self.poll_interval)
+        """Poll ``ready()`` by the one rule (:func:`~shardwise.concurrency.poll.wait_until`)
+        until truthy; ProducerTimeoutError after ``timeout`` seconds of this one wait."""
+        w = self.world
+        return wait_until(ready, timeout=self.timeout, poll_interval=self.poll_interval,
+                          what=what, on_timeout=lambda waited: ProducerTimeoutError(
+                              f"{path}: waited {waited:.1f}s (timeout={self.timeout:g}s) for "
+                              f"{what}; rank {w.rank} of {w.size} reads chunks index % "
+                              f"{w.size} == {w.rank}; {self._progress()}. Is the producer "
+                              "still running? Raise timeout= if it is just slow"))
 
     def _progress(self) -> str:
         published = self.names.indices(self.directory, self.marker)
