@@ -24,6 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 from shardwise.concurrency.poll import Stopped
@@ -49,6 +50,14 @@ class ReadAhead(Generic[T]):
         self.closed_message = closed_message or f"{name} was closed; start a new iteration"
         self._shared = lock, stop
         self._reset()
+
+    @classmethod
+    def call(cls, fn: Callable[[Any], T], arg: Any, *, name: str) -> ReadAhead[T]:
+        """``fn(arg)`` started now on its own thread; ``get()`` returns (or raises) its
+        result, ``close(None)`` waits for it to finish and drops it."""
+        ahead: ReadAhead[T] = cls(partial(_one, fn, arg), name=name)
+        ahead.start()
+        return ahead
 
     def _reset(self) -> None:
         lock, stop = self._shared
@@ -152,9 +161,10 @@ class ReadAhead(Generic[T]):
         if self._thread is not None and not self._thread.is_alive():
             raise RuntimeError(f"the {self.name} thread ended without a result")
 
-    def close(self, timeout: float = 30.0) -> list[T]:
-        """Stop and join the thread (it is woken wherever it waits); return the items it
-        had read ahead, for the caller to release."""
+    def close(self, timeout: float | None = 30.0) -> list[T]:
+        """Stop and join the thread (it is woken wherever it waits; ``timeout=None``: wait
+        until it has finished what it is computing); return the items it had read ahead,
+        for the caller to release."""
         self._check_fork()
         self.stop.set()
         with self.cond:
@@ -166,3 +176,7 @@ class ReadAhead(Generic[T]):
             left = [i for i in self.queue if i is not _END]
             self.queue.clear()
         return left
+
+
+def _one(fn: Callable[[Any], T], arg: Any) -> Iterator[T]:
+    yield fn(arg)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import zlib
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from enum import Enum
@@ -40,6 +39,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 
 from shardwise.checkpoint import Configured, as_count, check_not_past_end, fingerprint
+from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import ConfigError
 from shardwise.plan.permutation import Permutation
 from shardwise.read.drops import Drop, describe_drops
@@ -60,36 +60,6 @@ class SizedDataset(Protocol):
     def __getitem__(self, index: int, /) -> Any: ...
 
 
-class _Pending(Generic[K, V]):
-    """One background load of ``key`` on its own daemon thread."""
-
-    def __init__(self, key: K, load: Callable[[K], V]) -> None:
-        self.key = key
-        self._done = threading.Event()
-        self._value: V | None = None
-        self._error: BaseException | None = None
-        threading.Thread(target=self._run, args=(load,), daemon=True,
-                         name="shardwise-prefetch").start()
-
-    def _run(self, load: Callable[[K], V]) -> None:
-        try:
-            self._value = load(self.key)
-        except BaseException as e:  # re-raised in the consumer by result()
-            self._error = e
-        finally:
-            self._done.set()
-
-    def wait(self) -> None:
-        """Until the load has finished (its error, if any, is dropped with it)."""
-        self._done.wait()
-
-    def result(self) -> V:
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return self._value  # type: ignore[return-value]
-
-
 class OneAhead(Generic[K, V]):
     """Holds the item in use and at most one item being prefetched; nothing else.
 
@@ -104,7 +74,7 @@ class OneAhead(Generic[K, V]):
         self._load = load
         self._pid = os.getpid()
         self._current: tuple[K, V] | None = None
-        self._pending: _Pending[K, V] | None = None
+        self._pending: tuple[K, ReadAhead[V]] | None = None
         self.loads = 0
         self.peak_held = 0
 
@@ -120,7 +90,7 @@ class OneAhead(Generic[K, V]):
         """Keys alive now: the current item and the one being prefetched."""
         self._check_fork()
         keys = [] if self._current is None else [self._current[0]]
-        return keys + ([] if self._pending is None else [self._pending.key])
+        return keys + ([] if self._pending is None else [self._pending[0]])
 
     def _note(self) -> None:
         self.peak_held = max(self.peak_held, len(self.held()))
@@ -131,10 +101,10 @@ class OneAhead(Generic[K, V]):
             return self._current[1]
         self._current = None
         pending, self._pending = self._pending, None
-        if pending is not None and pending.key != key:
-            pending.wait()  # finish and drop it, so a jump never leaves a third item alive
+        if pending is not None and pending[0] != key:
+            pending[1].close(None)  # finish and drop it: a jump never leaves a third item
             pending = None
-        value = pending.result() if pending is not None else self._counted_load(key)
+        value = pending[1].get() if pending is not None else self._counted_load(key)
         self._current = (key, value)
         self._note()
         return value
@@ -144,7 +114,8 @@ class OneAhead(Generic[K, V]):
         self._check_fork()
         if key in self.held() or self._pending is not None:
             return
-        self._pending = _Pending(key, self._counted_load)
+        self._pending = key, ReadAhead.call(self._counted_load, key,
+                                            name="shardwise-prefetch")
         self._note()
 
     def evict(self, key: K) -> None:
@@ -157,7 +128,7 @@ class OneAhead(Generic[K, V]):
         self._check_fork()
         pending, self._pending, self._current = self._pending, None, None
         if pending is not None:
-            pending.wait()
+            pending[1].close(None)
 
 
 class Order(str, Enum):

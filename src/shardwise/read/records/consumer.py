@@ -32,15 +32,13 @@ State keys (``LoaderState``): ``consumed`` (examples received, all epochs) and
 
 from __future__ import annotations
 
-import contextlib
-import queue
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Protocol, runtime_checkable
 
 from shardwise.checkpoint import LoaderState, Resumable, as_count
+from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import ConfigError, StateError
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation, derive_seed
 
@@ -128,9 +126,7 @@ class SequentialConsumer(Resumable):
                               f"{type(source).__name__}")
         self._pos = Position(epoch=0)
         self.consumed = 0
-        self._queue: queue.Queue[tuple[Any, Any]] | None = None
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._ahead: ReadAhead[tuple[Any, Position]] | None = None
         self._done: BaseException | object | None = None  # _END or the reader's error
         self._epoch_aware: bool | None = None
 
@@ -148,11 +144,15 @@ class SequentialConsumer(Resumable):
         n = _check(n if n is not None else self.batch_size or DEFAULT_BATCH, "n", 1)
         out: list[Any] = []
         while len(out) < n and self._done is None:
-            item, pos = self._worker_queue().get()
-            if item is _END or isinstance(item, _Failure):
-                self._done = item.error if isinstance(item, _Failure) else _END
+            try:
+                got = self._read_ahead().get(None)
+            except Exception as e:  # the reader's error: raised once this batch is out
+                got, self._done = None, e
+            if got is None:
+                self._done = self._done or _END
                 self._join()
                 break
+            item, pos = got
             out.append(item)
             self._pos = pos
             self.consumed += 1
@@ -220,42 +220,20 @@ class SequentialConsumer(Resumable):
 
     def _join(self) -> None:
         """Stop the prefetch thread and drop what it read ahead."""
-        if self._thread is None or self._queue is None:
-            return
-        self._stop.set()
-        while self._thread.is_alive():
-            with contextlib.suppress(queue.Empty):  # unblock a put() on a full queue
-                self._queue.get(timeout=0.05)
-        self._thread, self._queue = None, None
-        self._stop = threading.Event()
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
 
-    def _worker_queue(self) -> queue.Queue[tuple[Any, Any]]:
-        if self._queue is None:
-            self._queue = queue.Queue(maxsize=self.prefetch)
-            self._thread = threading.Thread(target=self._run, daemon=True,
-                                            args=(self._queue, self._stop, self._pos),
-                                            name="shardwise-consumer")
-            self._thread.start()
-        return self._queue
+    def _read_ahead(self) -> ReadAhead[tuple[Any, Position]]:
+        if self._ahead is None:
+            self._ahead = ReadAhead(self._from_here, name="shardwise-consumer",
+                                    depth=self.prefetch)
+        return self._ahead
 
-    def _run(self, q: queue.Queue[tuple[Any, Any]], stop: threading.Event,
-             pos: Position) -> None:
-        def put(item: tuple[Any, Any]) -> bool:
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=0.05)
-                    return True
-                except queue.Full:
-                    pass
-            return False
-
-        try:
-            for example, after in self._examples(pos):
-                if not put((example, after)):
-                    return
-            put((_END, None))
-        except BaseException as e:  # handed to the caller, raised by get_next_batch
-            put((_Failure(e), None))
+    def _from_here(self) -> Iterator[tuple[Any, Position]]:
+        """On the read-ahead thread (a forked child's own thread starts here too): the
+        examples after the last one this consumer returned."""
+        return self._examples(self._pos)
 
     def _reader(self, epoch: int, start: dict[str, Any] | None) -> ResumableSource:
         src = self._new_reader()
@@ -295,11 +273,6 @@ class SequentialConsumer(Resumable):
             return list(range(n))
         key = derive_seed(self.seed, "consumer", window)
         return [int(i) for i in Permutation(n, key, epoch)(list(range(n)))]
-
-
-@dataclass(frozen=True)
-class _Failure:
-    error: BaseException
 
 
 def _check(value: Any, name: str, low: int) -> int:
