@@ -52,7 +52,7 @@ def check_wait_args(timeout: float, poll_interval: float) -> None:
         raise ConfigError(f"poll_interval must be finite, got {poll_interval!r}")
 
 
-def wait_until(ready: Callable[[], T], *, timeout: float, poll_interval: float, what: str,
+def wait_until(ready: Callable[[], T | None], *, timeout: float, poll_interval: float, what: str,
                progress: Callable[[], Any] | None = None,
                stop: threading.Event | None = None,
                on_timeout: Callable[[float], BaseException] | None = None) -> T:

@@ -88,9 +88,11 @@ class ReadAhead(Generic[T]):
     def start(self) -> None:
         """Start the thread now (``get`` starts it otherwise)."""
         self._check_fork()
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-            self._thread.start()
+        with self.cond:  # close() on another thread sees no thread, or a started one
+            if self._thread is None and not self.stop.is_set():
+                t = threading.Thread(target=self._run, name=self.name, daemon=True)
+                t.start()
+                self._thread = t
 
     def _has_room(self, item: T) -> bool:
         if not self.queue:
@@ -169,7 +171,7 @@ class ReadAhead(Generic[T]):
         self.stop.set()
         with self.cond:
             self.cond.notify_all()
-        t = self._thread
+            t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout=timeout)
         with self.cond:

@@ -1,0 +1,70 @@
+"""The one process pool: results, a worker's error with its traceback, a crash named."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from shardwise.concurrency.pool import ProcessPool, WorkerCrashed
+from shardwise.errors import ConfigError
+
+
+def _square(task: int, put: Callable[[Any], None]) -> None:
+    put((task, task * task))
+
+
+def _explode_in_the_worker(task: int, put: Callable[[Any], None]) -> None:
+    raise ValueError(f"bad task {task}")
+
+
+def _kill_self(task: int, put: Callable[[Any], None]) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _exit_3(task: int, put: Callable[[Any], None]) -> None:
+    os._exit(3)
+
+
+def test_results_come_back_from_every_task() -> None:
+    with ProcessPool(_square, 2, name="test") as pool:
+        for t in range(5):
+            pool.submit(t)
+        assert sorted(pool.get() for _ in range(5)) == [(t, t * t) for t in range(5)]
+
+
+def test_a_worker_error_is_raised_with_its_traceback() -> None:
+    with ProcessPool(_explode_in_the_worker, 1, name="test") as pool:
+        pool.submit(4)
+        with pytest.raises(ValueError, match="bad task 4") as info:
+            pool.get()
+    note = "\n".join(getattr(info.value, "__notes__", []))
+    assert "raised in a test worker" in note and "_explode_in_the_worker" in note
+
+
+@pytest.mark.parametrize("work, status", [(_kill_self, "signal SIGKILL"),
+                                          (_exit_3, "exit code 3")])
+def test_a_crash_names_the_worker_and_its_signal_or_exit_code(
+        work: Callable[[int, Callable[[Any], None]], None], status: str) -> None:
+    with ProcessPool(work, 1, name="test", hint="rerun to resume") as pool:
+        pool.submit(1)
+        with pytest.raises(WorkerCrashed, match=rf"test worker shardwise-test-0 \(pid \d+\) "
+                                                rf"died with {status}.*; rerun to resume"):
+            pool.get()
+
+
+def test_close_stops_every_worker() -> None:
+    pool = ProcessPool(_square, 2, name="test")
+    procs = list(pool._procs)
+    pool.close()
+    assert not any(p.is_alive() for p in procs)
+    pool.close()  # twice is fine
+
+
+@pytest.mark.parametrize("workers", [0, -1, True, 1.5])
+def test_workers_must_be_a_positive_integer(workers: object) -> None:
+    with pytest.raises(ConfigError, match="workers must be at least 1"):
+        ProcessPool(_square, workers, name="test")  # type: ignore[arg-type]
