@@ -35,6 +35,7 @@ from shardwise.format.manifest import (
     Manifest,
     TokenizerInfo,
     describe_differences,
+    manifest_checksum,
 )
 from shardwise.format.megatron import token_dtype
 from shardwise.format.storage import RemoteStore, Root, open_root
@@ -299,7 +300,8 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
         if ledger is None:
             ledger = Ledger([SourceProgress(plan_segments(i, policy.segment_bytes))
                              for i in infos])
-            ledger.save(root)
+        ledger.manifest_xxh3 = manifest_checksum(root)  # the ledger covers the manifest
+        ledger.save(root)
         if isinstance(root, Path):
             remove_stale_temps(root)
         kept = sum(len(c.chunks) for s in ledger.sources for c in s.segments)

@@ -25,7 +25,8 @@ from shardwise.errors import ManifestError
 from shardwise.format.storage import Root, read_file, where, write_file
 
 LEDGER_NAME = "ledger.json"
-LEDGER_VERSION = 1
+LEDGER_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: no manifest_xxh3 (the manifest is not covered)
 
 
 @dataclass
@@ -79,8 +80,12 @@ class SourceProgress:
 
 @dataclass
 class Ledger:
+    """``manifest_xxh3``: the xxh3-64 of ``manifest.json``'s bytes, so an edited manifest
+    (``eod_id``, ``vocab_size``) is caught; ``""`` in a version 1 ledger (not covered)."""
+
     sources: list[SourceProgress]
     version: int = LEDGER_VERSION
+    manifest_xxh3: str = ""
 
     @property
     def finished(self) -> bool:
@@ -117,15 +122,19 @@ class Ledger:
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, where: str = LEDGER_NAME) -> Ledger:
         try:
-            if d.get("version") != LEDGER_VERSION:
-                raise ManifestError(f"{where}: ledger version {d.get('version')!r}, "
-                                    f"expected {LEDGER_VERSION}")
+            if d.get("version") not in READABLE_VERSIONS:
+                raise ManifestError(f"{where}: ledger version {d.get('version')!r}, this "
+                                    f"shardwise reads {list(READABLE_VERSIONS)}; upgrade "
+                                    "shardwise or rebuild")
             sources = [SourceProgress([
                 Segment(**{**seg, "chunks": [ChunkEntry(**c) for c in seg["chunks"]]})
                 for seg in src["segments"]]) for src in d["sources"]]
+            manifest_xxh3 = d.get("manifest_xxh3", "") if d["version"] >= 2 else ""
+            if not isinstance(manifest_xxh3, str):
+                raise TypeError(f"manifest_xxh3 is {manifest_xxh3!r}, expected a string")
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise ManifestError(f"{where}: not a valid shardwise ledger ({e})") from e
-        return cls(sources=sources)
+        return cls(sources=sources, manifest_xxh3=manifest_xxh3)
 
     def save(self, root: Root) -> None:
         write_file(root, LEDGER_NAME, self.to_json())
