@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,20 +77,26 @@ class VerifyReport:
 
 
 @dataclass(frozen=True)
-class _Expect:
-    """What the manifest and the ledger say one chunk must be."""
+class ChunkExpect:
+    """What the manifest and the ledger say one chunk must be. ``segment`` / ``index``
+    None: not compared (a reader knows a chunk by its ledger entry, not its position);
+    ``kind`` / ``dtype`` None: unknown (a damaged manifest)."""
 
+    root: Path
     source: int
-    segment: int
-    index: int
     entry: ChunkEntry
-    base: Path
     kind: ChunkKind | None
     dtype: np.dtype | None
+    segment: int | None = None
+    index: int | None = None
+
+    @property
+    def base(self) -> Path:
+        return self.root / self.entry.stem
 
 
 def verify_cache(root: str | Path, *, storage_options: dict[str, Any] | None = None,
-                 _fetch: Callable[[_Expect], AbstractContextManager[None]] | None = None
+                 _fetch: Callable[[ChunkExpect], AbstractContextManager[None]] | None = None
                  ) -> VerifyReport:
     """Check a shardwise cache directory (or URL) exhaustively; never raises on damage."""
     if is_url(root):
@@ -104,10 +110,13 @@ def verify_cache(root: str | Path, *, storage_options: dict[str, Any] | None = N
         if manifest is not None and len(manifest.sources) != len(ledger.sources):
             report.bad(root / LEDGER_NAME, f"{len(ledger.sources)} sources, the manifest "
                        f"lists {len(manifest.sources)}")
+        _check_manifest_checksum(root, ledger, report)
         expects = list(_check_ledger(root, ledger, kind, dtype, report))
         for exp in expects:
             with _fetch(exp) if _fetch is not None else nullcontext():
-                _check_chunk(exp, report)
+                chunk = check_chunk(exp)
+            report.problems += chunk.problems
+            report.bytes_checked += chunk.bytes_checked
             report.chunks_checked += 1
         _note_strays(root, {e.entry.stem for e in expects}, report)
     report.problems.sort()
@@ -125,7 +134,7 @@ def verify_remote(url: str, *, storage_options: dict[str, Any] | None = None
             _download(store, name, local)
 
         @contextmanager
-        def fetch(exp: _Expect) -> Iterator[None]:
+        def fetch(exp: ChunkExpect) -> Iterator[None]:
             suffixes = (META_SUFFIX, *DATA_SUFFIXES[exp.kind or ChunkKind.TOKENS])
             for suffix in suffixes:
                 _download(store, exp.entry.stem + suffix, local)
@@ -142,6 +151,7 @@ def verify_remote(url: str, *, storage_options: dict[str, Any] | None = None
         return Problem(path, p.what)
 
     report = VerifyReport(store.url, problems=sorted(named(p) for p in inner.problems),
+                          notes=[named(n) for n in inner.notes],
                           chunks_checked=inner.chunks_checked,
                           bytes_checked=inner.bytes_checked)
     named_stems: set[str] = set()
@@ -221,7 +231,7 @@ def _manifest_kind(root: Path, manifest: Manifest | None, report: VerifyReport
 
 
 def _check_ledger(root: Path, ledger: Ledger, kind: ChunkKind | None,
-                  dtype: np.dtype | None, report: VerifyReport) -> Iterator[_Expect]:
+                  dtype: np.dtype | None, report: VerifyReport) -> Iterator[ChunkExpect]:
     """Ledger-level consistency; yields the chunks whose files can be checked."""
     where = root / LEDGER_NAME
     seen: dict[str, str] = {}
@@ -249,12 +259,12 @@ def _check_ledger(root: Path, ledger: Ledger, kind: ChunkKind | None,
                 if entry.documents < 0 or entry.tokens < 0:
                     report.bad(where, f"{here}: negative documents or tokens")
                 try:
-                    base = safe_join(root, entry.stem, where=str(where))
+                    safe_join(root, entry.stem, where=str(where))
                 except ManifestError:
                     report.bad(where, f"{here} names {entry.stem!r}, not a relative path "
                                "inside the cache")
                     continue
-                yield _Expect(s, g, k, entry, base, kind, dtype)
+                yield ChunkExpect(root, s, entry, kind, dtype, segment=g, index=k)
 
 
 def _mistyped(obj: object, names: tuple[str, ...], kind: type, report: VerifyReport,
@@ -282,23 +292,66 @@ def _segment_problems(seg: Segment, previous: Segment | None) -> list[str]:
     return out
 
 
-def _check_chunk(exp: _Expect, report: VerifyReport) -> None:
-    """Metadata first; data files against it only if its checksum matched the ledger
-    (a damaged ``.json`` must not get intact data files blamed)."""
+def check_chunk(exp: ChunkExpect, *, suffixes: Collection[str] | None = None
+                ) -> VerifyReport:
+    """Is one chunk intact? Its files resolve inside the cache; its metadata has the
+    ledger's checksum and agrees with it; each data file has the size and xxh3_64 the
+    metadata records; a token chunk's ``.idx`` agrees with its ``.bin`` and the ledger; a
+    record chunk's Parquet decodes. The one per-chunk check of ``verify``, of the
+    readers' background verification and of a build deciding what to rebuild.
+
+    ``suffixes``: hash only these data files (a reader that used only a chunk's ``.idx``
+    must not read its whole ``.bin``); the others are still checked for presence and
+    size. Returns this chunk's findings (``.ok``: intact)."""
+    report = VerifyReport(str(exp.root))
+    if not _inside(exp, report):
+        return report
     meta, trusted = _check_meta(exp, report)
     kind = exp.kind or (meta.kind if meta is not None else None)
     if kind is None:
-        return
+        return report
     files = meta.files if meta is not None and trusted else {}
     intact = {suffix for suffix in DATA_SUFFIXES[kind]
-              if _check_file(_with(exp.base, suffix), files.get(suffix), report)}
+              if _check_file(_with(exp.base, suffix), files.get(suffix), report,
+                             hash_it=suffixes is None or suffix in suffixes)}
     if kind is ChunkKind.TOKENS:
         _check_token_chunk(exp, intact, report)
     else:
         _check_record_chunk(exp, report)
+    return report
 
 
-def _check_meta(exp: _Expect, report: VerifyReport) -> tuple[ChunkMeta | None, bool]:
+def _inside(exp: ChunkExpect, report: VerifyReport) -> bool:
+    """Every file of the chunk resolves inside the cache (a symlink out is refused)."""
+    kinds = [exp.kind] if exp.kind is not None else list(ChunkKind)
+    suffixes = dict.fromkeys([META_SUFFIX, *(s for k in kinds for s in DATA_SUFFIXES[k])])
+    ok = True
+    for suffix in suffixes:
+        path = _with(exp.base, suffix)
+        try:
+            safe_join(exp.root, exp.entry.stem + suffix, where=str(path))
+        except ManifestError as e:
+            report.bad(path, _strip(str(e), path))
+            ok = False
+    return ok
+
+
+def _check_manifest_checksum(root: Path, ledger: Ledger, report: VerifyReport) -> None:
+    """The manifest's bytes against the ledger's ``manifest_xxh3`` (absent: a note)."""
+    path = root / MANIFEST_NAME
+    if not ledger.manifest_xxh3:
+        report.notes.append(Problem(str(root / LEDGER_NAME), "no manifest checksum (a "
+                                    "ledger older than version 2): edits to manifest.json "
+                                    "cannot be detected"))
+        return
+    with suppress(OSError):  # a missing manifest is reported by its loader
+        got = bytes_checksum(path.read_bytes())
+        if got != ledger.manifest_xxh3:
+            report.bad(path, f"xxh3_64 {got}, the ledger says {ledger.manifest_xxh3}: "
+                       "edited or damaged after the build")
+
+
+def _check_meta(exp: ChunkExpect, report: VerifyReport) -> tuple[ChunkMeta | None, bool]:
     """The ``.json``: present, the checksum the ledger recorded, parses, agrees.
 
     Returns the metadata (if it parses) and whether its checksum matched."""
@@ -326,13 +379,13 @@ def _check_meta(exp: _Expect, report: VerifyReport) -> tuple[ChunkMeta | None, b
     return meta, trusted
 
 
-def _meta_disagreements(meta: ChunkMeta, exp: _Expect) -> list[str]:
+def _meta_disagreements(meta: ChunkMeta, exp: ChunkExpect) -> list[str]:
     got = (meta.stem, meta.source, meta.segment, meta.index, meta.documents, meta.tokens)
     want = (exp.entry.stem, exp.source, exp.segment, exp.index, exp.entry.documents,
             exp.entry.tokens)
     names = ("stem", "source", "segment", "index", "documents", "tokens")
     out = [f"{n} {g!r}, the ledger says {w!r}"
-           for n, g, w in zip(names, got, want, strict=True) if g != w]
+           for n, g, w in zip(names, got, want, strict=True) if w is not None and g != w]
     if meta.format_version != CHUNK_FORMAT_VERSION:
         out.append(f"format_version {meta.format_version!r}, this shardwise reads "
                    f"{CHUNK_FORMAT_VERSION}")
@@ -344,9 +397,10 @@ def _meta_disagreements(meta: ChunkMeta, exp: _Expect) -> list[str]:
     return out
 
 
-def _check_file(path: Path, info: dict[str, Any] | None, report: VerifyReport) -> bool:
+def _check_file(path: Path, info: dict[str, Any] | None, report: VerifyReport, *,
+                hash_it: bool = True) -> bool:
     """Exists; size and xxh3_64 equal what the metadata recorded. True if proven intact
-    (``info`` None: only existence can be checked, nothing is proven)."""
+    (``info`` None or ``hash_it`` False: not hashed, nothing is proven)."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -357,6 +411,8 @@ def _check_file(path: Path, info: dict[str, Any] | None, report: VerifyReport) -
     if size != info.get("bytes"):
         report.bad(path, f"size {size} bytes, the metadata says {info.get('bytes')}")
         return False
+    if not hash_it:
+        return False
     digest = file_checksum(path)  # 8 MiB blocks: constant memory
     report.bytes_checked += size
     if digest != info.get("xxh3_64"):
@@ -365,7 +421,7 @@ def _check_file(path: Path, info: dict[str, Any] | None, report: VerifyReport) -
     return True
 
 
-def _check_token_chunk(exp: _Expect, intact: set[str], report: VerifyReport) -> None:
+def _check_token_chunk(exp: ChunkExpect, intact: set[str], report: VerifyReport) -> None:
     idx_path, bin_path = _with(exp.base, ".idx"), _with(exp.base, ".bin")
     if not (idx_path.is_file() and bin_path.is_file()):
         return
@@ -404,7 +460,7 @@ def _check_idx(idx_path: Path, bin_path: Path, report: VerifyReport, *,
     return index
 
 
-def _check_counts(path: Path, documents: int, tokens: int | None, exp: _Expect,
+def _check_counts(path: Path, documents: int, tokens: int | None, exp: ChunkExpect,
                   report: VerifyReport) -> None:
     """A chunk's own counts must equal the ledger's (``tokens`` None: not countable)."""
     if documents != exp.entry.documents:
@@ -413,7 +469,7 @@ def _check_counts(path: Path, documents: int, tokens: int | None, exp: _Expect,
         report.bad(path, f"holds {tokens} tokens, the ledger says {exp.entry.tokens}")
 
 
-def _check_record_chunk(exp: _Expect, report: VerifyReport) -> None:
+def _check_record_chunk(exp: ChunkExpect, report: VerifyReport) -> None:
     """Parquet: the footer parses, every row group decodes, rows == documents, and the
     ``input_ids`` lengths (if the column exists) sum to the ledger's tokens."""
     import pyarrow as pa
