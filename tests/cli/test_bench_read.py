@@ -51,10 +51,14 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path
 def test_json_report_structure(tiny: tuple[dict[str, Any], Path]) -> None:
     report, work = tiny
     assert set(report) >= {"config", "data", "notes", "megatron", "identical", "throughput",
-                           "seek", "startup", "rss", "rows", "targets", "verify_once"}
+                           "seek", "startup", "rss", "rows", "targets", "verify_once",
+                           "first_epoch"}
     once = report["verify_once"]
     assert once["ok"] and once["chunks"] == report["data"]["chunked"]["chunks"]
     assert once["bytes"] > 2 * 200_000 and once["mb_per_s"] > 0
+    first = report["first_epoch"]
+    assert first["hashed_chunks"] == once["chunks"] and first["examples"] > 0
+    assert first["checks"] > 0 and first["trusted"] > 0
     cfg = report["config"]
     assert (cfg["tokens"], cfg["large_tokens"], cfg["seq_len"]) == (200_000, 800_000, 128)
     for name, tokens in (("small", 200_000), ("large", 800_000)):
@@ -124,6 +128,7 @@ def test_human_report(tiny: tuple[dict[str, Any], Path]) -> None:
     assert "doc shuffle, cold plan, 0.2M" in text and "doc shuffle, cached plan, 0.8M" in text
     assert text.count("target ") == 6 and "not measured" in text
     assert "loader, 5 chunks, checks on" in text and "the same, verify=False" in text
+    assert "first epoch, 5 chunks, checks on + hashing" in text
 
 
 def test_data_is_reused(tiny: tuple[dict[str, Any], Path]) -> None:

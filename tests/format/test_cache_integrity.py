@@ -84,3 +84,14 @@ def test_a_symlink_inside_the_cache_is_fine(cache_dir: Path) -> None:
     assert verify_cache(cache_dir).ok
     ds = sw.TokenDataset(cache_dir, seq_len=8, shuffle="none")
     ds.__getitems__(list(range(len(ds))))
+
+
+def test_verify_names_intact_chunks_whose_ids_exceed_the_vocabulary(tmp_path: Path) -> None:
+    """Checksums match, but the manifest's vocabulary is smaller than the ids (a cache made
+    by another tool): every such .bin is named, with the id."""
+    root = make_cache(tmp_path / "c", [sample_docs(20, seed=3, vocab_size=1000)],
+                      chunk_docs=5, vocab_size=100)
+    report = verify_cache(root)
+    assert {p.path for p in report.problems} == {
+        str(p) for p in (root / "chunks/00000").glob("*.bin")}
+    assert all("outside the vocabulary of 100 ids" in p.what for p in report.problems)

@@ -4,20 +4,24 @@
    file resolves inside the cache; the ``.bin`` holds exactly the ledger's tokens; the
    ``.idx`` agrees with the ``.bin`` and the ledger
    (:func:`~shardwise.format.megatron.check_index`). Once per chunk per process.
-2. **Token ids, per batch** (:func:`first_bad_id`): one vectorised reduction over the
-   batch's ids, which must lie in ``[0, vocab_size)``; an id outside is a
-   :class:`CorruptChunkError` naming the chunk file and the id. Costs ~1% of a batch.
+2. **Token ids, per batch** (:func:`~shardwise.format.megatron.first_bad_id`): one
+   vectorised reduction over the batch's ids, which must lie in ``[0, vocab_size)``; an
+   id outside is a :class:`CorruptChunkError` naming the chunk file and the id.
 3. **Checksums, once per node.** Where a chunk is read whole anyway (stream placement)
    its bytes are hashed in memory before use; a download from an object store is hashed
    as it streams. Where reads are random (global placement) a :class:`ChunkVerifier`
-   hashes each chunk file a process opens, on the cache's background thread, while
-   batches are served; the first damage it finds is raised by the next batch::
+   hashes each chunk file a process opens, and checks all its ids against the
+   vocabulary, on the cache's background thread, while batches are served; the first
+   damage it finds is raised by the next batch::
 
        batch 7 opens chunk 3 ─▶ served (its ids were in range)   verifier: hashing chunk 3
        batch 8               ─▶ CorruptChunkError: chunk 3's .bin xxh3_64 …, the metadata says …
 
    Verified files are appended to a :class:`VerifiedLog`, so the node's other processes
-   (ranks, DataLoader workers) and later runs skip them.
+   (ranks, DataLoader workers) and later runs skip them. Once every chunk a process has
+   opened is verified (ids included), the per-batch id check of 2 has nothing left to
+   find and is skipped (:meth:`CacheChecks.batch_ids`): a long run pays for it only
+   while its chunks are first read.
 
 ``open_cache(..., verify=False)`` (``--no-verify``) turns off 2 and 3 for a trusted cache.
 """
@@ -41,7 +45,7 @@ import numpy.typing as npt
 from shardwise.errors import CorruptChunkError
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.ledger import ChunkEntry
-from shardwise.format.megatron import MegatronIndex, check_index
+from shardwise.format.megatron import MegatronIndex, check_index, first_bad_id
 from shardwise.format.paths import READER_DIR, user_cache_dir
 from shardwise.format.verify import ChunkExpect, check_chunk
 
@@ -52,29 +56,15 @@ Submit = Callable[[Callable[[], None]], Future[None]]
 LOG_DIR = "verified"
 
 
-def first_bad_id(ids: npt.NDArray[Any], vocab_size: int | None) -> int:
-    """Flat index of the first id outside ``[0, vocab_size)``, or -1.
-
-    One reduction: signed ids are viewed as unsigned, so a negative id becomes huge and
-    fails the same ``max < vocab_size`` test. ``vocab_size`` None (a Megatron dataset)
-    or above the dtype's range: nothing to check."""
-    if (vocab_size is None or ids.size == 0 or ids.dtype.kind not in "iu"
-            or vocab_size >> (8 * ids.dtype.itemsize)):  # every value of the dtype is valid
-        return -1
-    unsigned = ids if ids.dtype.kind == "u" else ids.view(f"u{ids.dtype.itemsize}")
-    if unsigned.max() < vocab_size:
-        return -1
-    return int(np.flatnonzero(unsigned.reshape(-1) >= vocab_size)[0])
-
-
 class VerifiedLog:
     """The chunk files this node has checksum-verified: one line per file, appended by
     every process of the node (one ``write`` of a short line with ``O_APPEND``, so lines
     never interleave), read incrementally before each hash. A line names the file, the
-    checksum it matched and the file's identity (size, mtime, device, inode): a file
-    rewritten or replaced since is hashed again::
+    checksum it matched, the file's identity (size, mtime, device, inode: a file
+    rewritten or replaced since is hashed again) and the vocabulary its ids were checked
+    against::
 
-        chunks/00000/00000-00003.bin 73c71401c9da7d92 18698 1718000000123456789 2049 77
+        chunks/00000/00000-00003.bin 73c71401c9da7d92 18698 1718000000123456789 2049 77 ids<50000
 
     ``dirs``: where to keep it, in order (the cache's reader directory, then the user's
     cache directory when that is not writable); ``name`` is per cache and per host, so a
@@ -88,8 +78,10 @@ class VerifiedLog:
         self._read: dict[Path, int] = {}
 
     @staticmethod
-    def key(rel: str, xxh3: str, st: os.stat_result) -> str:
-        return f"{rel} {xxh3} {st.st_size} {st.st_mtime_ns} {st.st_dev} {st.st_ino}"
+    def key(rel: str, xxh3: str, st: os.stat_result, vocab_size: int | None) -> str:
+        """The line for file ``rel``; ``vocab_size``: its ids were checked below it."""
+        return (f"{rel} {xxh3} {st.st_size} {st.st_mtime_ns} {st.st_dev} {st.st_ino} "
+                f"ids<{vocab_size}")
 
     def __contains__(self, key: str) -> bool:
         if key not in self._seen:
@@ -153,6 +145,7 @@ class ChunkVerifier:
         self._done: set[tuple[int, tuple[str, ...]]] = set()
         self.damage: BaseException | None = None
         self.hashed = self.skipped = 0
+        self._dropped = False  # close() dropped queued files: never settled again
         self._reset()
 
     def _reset(self) -> None:
@@ -161,6 +154,8 @@ class ChunkVerifier:
         self._queue: deque[tuple[int, tuple[str, ...]]] = deque(
             sorted(self._queued - self._done))
         self._running = False
+        # every file wanted so far is verified and intact (read without a lock)
+        self.settled = not self._queue and self.damage is None and not self._dropped
         _after_fork_reset(self)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -181,6 +176,7 @@ class ChunkVerifier:
         with self._cond:
             self._queued.add(key)
             self._queue.append(key)
+            self.settled = False
             self._start()
 
     def _start(self) -> None:
@@ -195,6 +191,8 @@ class ChunkVerifier:
                 if (not self._queue or self.damage is not None
                         or not threading.main_thread().is_alive()):
                     self._running = False
+                    self.settled = (not self._queue and self.damage is None
+                                    and not self._dropped)
                     self._cond.notify_all()
                     return
                 key = self._queue[0]
@@ -234,6 +232,7 @@ class ChunkVerifier:
         of a dropped file queues it again."""
         with self._cond:
             self._queued.difference_update(self._queue)
+            self._dropped = self._dropped or bool(self._queue)
             self._queue.clear()
 
     def stats(self) -> dict[str, int]:
@@ -313,6 +312,14 @@ class CacheChecks:
         if self.verifier is not None:
             self.verifier.want(c, suffixes)
 
+    def batch_ids(self, ids: npt.NDArray[Any], offset_of: Callable[[int], int]) -> None:
+        """:meth:`ids` for a batch read from memory-mapped chunks (:meth:`Cache.tokens`),
+        skipped once every chunk this process opened is verified: the background check
+        has then seen every id such a batch can hold."""
+        if self.verifier is not None and self.verifier.settled:
+            return
+        self.ids(ids, offset_of)
+
     def ids(self, ids: npt.NDArray[Any], offset_of: Callable[[int], int]) -> None:
         """Refuse ids outside ``[0, vocab_size)`` (one vectorised check per batch);
         ``offset_of(k)``: the stream offset of flat element ``k``, to name its chunk."""
@@ -358,13 +365,15 @@ class CacheChecks:
         for suffix in suffixes:
             with contextlib.suppress(OSError, KeyError):  # check_chunk names the problem
                 st = os.stat(info.base.with_name(info.base.name + suffix))
-                keys[suffix] = VerifiedLog.key(info.stem + suffix, files[suffix]["xxh3_64"], st)
+                keys[suffix] = VerifiedLog.key(info.stem + suffix, files[suffix]["xxh3_64"],
+                                               st, self.vocab_size)
         todo = [s for s in suffixes if s not in keys or keys[s] not in self.log]
         if not todo:
             return False, None
         entry = ChunkEntry(info.stem, info.documents, info.tokens, info.meta_xxh3)
         report = check_chunk(ChunkExpect(cache.root, info.source, entry, info.kind,
-                                         cache.dtype), suffixes=todo)
+                                         cache.dtype, vocab_size=self.vocab_size),
+                             suffixes=todo)
         if not report.ok:
             found = "; ".join(f"{p.path}: {p.what}" for p in report.problems)
             return True, (f"{found} (found by the background checksum verification of the "

@@ -25,6 +25,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -63,6 +64,21 @@ def token_dtype(vocab_size: int) -> np.dtype:
     if vocab_size <= 0:
         raise ConfigError(f"vocab_size must be positive, got {vocab_size}")
     return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.int32)
+
+
+def first_bad_id(ids: npt.NDArray[Any], vocab_size: int | None) -> int:
+    """Flat index of the first id outside ``[0, vocab_size)``, or -1.
+
+    One reduction: signed ids are viewed as unsigned, so a negative id becomes huge and
+    fails the same ``max < vocab_size`` test. ``vocab_size`` None (a Megatron dataset)
+    or above the dtype's range: nothing to check."""
+    if (vocab_size is None or ids.size == 0 or ids.dtype.kind not in "iu"
+            or vocab_size >> (8 * ids.dtype.itemsize)):  # every value of the dtype is valid
+        return -1
+    unsigned = ids if ids.dtype.kind == "u" else ids.view(f"u{ids.dtype.itemsize}")
+    if unsigned.max() < vocab_size:
+        return -1
+    return int(np.flatnonzero(unsigned.reshape(-1) >= vocab_size)[0])
 
 
 def idx_bytes(sequence_lengths: npt.ArrayLike, dtype: npt.DTypeLike,

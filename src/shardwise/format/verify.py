@@ -23,7 +23,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Collection, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,7 +36,14 @@ from shardwise.format.checksum import bytes_checksum, file_checksum
 from shardwise.format.chunk import DATA_SUFFIXES, META_SUFFIX, ChunkKind, ChunkMeta, chunk_stem
 from shardwise.format.ledger import LEDGER_NAME, ChunkEntry, Ledger, Segment
 from shardwise.format.manifest import MANIFEST_NAME, Manifest
-from shardwise.format.megatron import MegatronIndex, check_index, dtype_code, read_idx
+from shardwise.format.megatron import (
+    MegatronIndex,
+    check_index,
+    dtype_code,
+    first_bad_id,
+    open_bin,
+    read_idx,
+)
 from shardwise.format.paths import safe_join
 from shardwise.format.storage import RemoteStore, is_url
 
@@ -89,6 +96,7 @@ class ChunkExpect:
     dtype: np.dtype | None
     segment: int | None = None
     index: int | None = None
+    vocab_size: int | None = None  # token ids must be below it (None: not checked)
 
     @property
     def base(self) -> Path:
@@ -110,11 +118,12 @@ def verify_cache(root: str | Path, *, storage_options: dict[str, Any] | None = N
         if manifest is not None and len(manifest.sources) != len(ledger.sources):
             report.bad(root / LEDGER_NAME, f"{len(ledger.sources)} sources, the manifest "
                        f"lists {len(manifest.sources)}")
-        _check_manifest_checksum(root, ledger, report)
+        trusted = _check_manifest_checksum(root, ledger, report)
+        vocab = manifest.tokenizer.vocab_size if manifest is not None and trusted else None
         expects = list(_check_ledger(root, ledger, kind, dtype, report))
         for exp in expects:
             with _fetch(exp) if _fetch is not None else nullcontext():
-                chunk = check_chunk(exp)
+                chunk = check_chunk(replace(exp, vocab_size=vocab))
             report.problems += chunk.problems
             report.bytes_checked += chunk.bytes_checked
             report.chunks_checked += 1
@@ -296,8 +305,9 @@ def check_chunk(exp: ChunkExpect, *, suffixes: Collection[str] | None = None
                 ) -> VerifyReport:
     """Is one chunk intact? Its files resolve inside the cache; its metadata has the
     ledger's checksum and agrees with it; each data file has the size and xxh3_64 the
-    metadata records; a token chunk's ``.idx`` agrees with its ``.bin`` and the ledger; a
-    record chunk's Parquet decodes. The one per-chunk check of ``verify``, of the
+    metadata records; a token chunk's ``.idx`` agrees with its ``.bin`` and the ledger,
+    and (with ``vocab_size``) its ids lie below the vocabulary; a record chunk's Parquet
+    decodes. The one per-chunk check of ``verify``, of the
     readers' background verification and of a build deciding what to rebuild.
 
     ``suffixes``: hash only these data files (a reader that used only a chunk's ``.idx``
@@ -336,19 +346,24 @@ def _inside(exp: ChunkExpect, report: VerifyReport) -> bool:
     return ok
 
 
-def _check_manifest_checksum(root: Path, ledger: Ledger, report: VerifyReport) -> None:
-    """The manifest's bytes against the ledger's ``manifest_xxh3`` (absent: a note)."""
+def _check_manifest_checksum(root: Path, ledger: Ledger, report: VerifyReport) -> bool:
+    """The manifest's bytes against the ledger's ``manifest_xxh3`` (absent: a note).
+    False if they differ (its vocabulary is then not used to judge the chunks)."""
     path = root / MANIFEST_NAME
     if not ledger.manifest_xxh3:
         report.notes.append(Problem(str(root / LEDGER_NAME), "no manifest checksum (a "
                                     "ledger older than version 2): edits to manifest.json "
                                     "cannot be detected"))
-        return
-    with suppress(OSError):  # a missing manifest is reported by its loader
+        return True
+    try:
         got = bytes_checksum(path.read_bytes())
-        if got != ledger.manifest_xxh3:
-            report.bad(path, f"xxh3_64 {got}, the ledger says {ledger.manifest_xxh3}: "
-                       "edited or damaged after the build")
+    except OSError:  # a missing manifest is reported by its loader
+        return False
+    if got != ledger.manifest_xxh3:
+        report.bad(path, f"xxh3_64 {got}, the ledger says {ledger.manifest_xxh3}: "
+                   "edited or damaged after the build")
+        return False
+    return True
 
 
 def _check_meta(exp: ChunkExpect, report: VerifyReport) -> tuple[ChunkMeta | None, bool]:
@@ -431,6 +446,19 @@ def _check_token_chunk(exp: ChunkExpect, intact: set[str], report: VerifyReport)
     if exp.dtype is not None and index.dtype != exp.dtype:
         report.bad(idx_path, f"dtype {index.dtype}, the manifest says {exp.dtype}")
     _check_counts(idx_path, index.num_sequences, index.num_tokens, exp, report)
+    if exp.vocab_size is not None and ".bin" in intact:
+        _check_ids(bin_path, index.dtype, exp.vocab_size, report)
+
+
+def _check_ids(bin_path: Path, dtype: np.dtype, vocab_size: int, report: VerifyReport
+               ) -> None:
+    """Every token id of an intact ``.bin`` below the manifest's vocabulary (intact bytes
+    can still disagree with the manifest: a cache made by another tool)."""
+    tokens = open_bin(bin_path, dtype)
+    k = first_bad_id(tokens, vocab_size)
+    if k >= 0:
+        report.bad(bin_path, f"token id {int(tokens[k])} at token {k}, outside the "
+                   f"vocabulary of {vocab_size} ids (the manifest's vocab_size)")
 
 
 def _check_idx(idx_path: Path, bin_path: Path, report: VerifyReport, *,

@@ -131,7 +131,7 @@ class WindowReader:
         stage = self._gather_from_one_chunk(windows) if B else None
         if stage is None:
             stage = self._gather_rows(windows, valid)
-        self.cache.checks.ids(stage, lambda k: windows[k // (L + 1)] * L + k % (L + 1))
+        self.cache.checks.batch_ids(stage, lambda k: windows[k // (L + 1)] * L + k % (L + 1))
         bounds = None
         if self._want_boundaries:
             bounds = [self._boundaries(w * L, w * L + v) if w >= 0 else NO_BOUNDS
@@ -215,8 +215,8 @@ class WindowReader:
                 at += n
             valid[r] = at
             bounds[r] = np.asarray([x for x in b if x < L], dtype=np.int64)
-        self.cache.checks.ids(rows, lambda k: _piece_offset(pieces, real_rows, doc_starts,
-                                                           *divmod(k, L + 1)))
+        self.cache.checks.batch_ids(rows, lambda k: _piece_offset(
+            pieces, real_rows, doc_starts, *divmod(k, L + 1)))
         return self._finish(np.ascontiguousarray(rows[:, :L]),
                             np.ascontiguousarray(rows[:, 1:]), valid,
                             bounds if self._want_boundaries else None)
