@@ -33,7 +33,13 @@ from shardwise.format.atomic import fsync_dir, temp_path
 from shardwise.format.checksum import file_checksum
 from shardwise.format.chunk import ChunkKind, SourceRange, chunk_stem, publish_token_chunk
 from shardwise.format.ledger import ChunkEntry, Ledger, Segment, SourceProgress
-from shardwise.format.manifest import MANIFEST_NAME, Manifest, SourceInfo, TokenizerInfo
+from shardwise.format.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    SourceInfo,
+    TokenizerInfo,
+    manifest_checksum,
+)
 from shardwise.format.megatron import (
     MAGIC,
     VERSION,
@@ -204,8 +210,8 @@ def from_megatron(prefix: str | os.PathLike[str], out_dir: str | os.PathLike[str
             top = max(top, chunk_top)
     if not segments:
         segments = [Segment(start=0, stop=0, position=0, finished=True)]
-    Ledger([SourceProgress(segments)]).save(out)
     _import_manifest(prefix, index, top, chunk_docs, max_bytes).save(out)
+    Ledger([SourceProgress(segments)], manifest_xxh3=manifest_checksum(out)).save(out)
     notes = _import_notes(index)
     n_chunks = sum(len(s.chunks) for s in segments)
     return ConvertSummary(str(out), n_chunks, index.num_sequences, index.num_tokens,

@@ -33,12 +33,12 @@ import os
 import sys
 import zlib
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from enum import Enum
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
 from shardwise.checkpoint import Configured, as_count, check_not_past_end, fingerprint
+from shardwise.choice import Choice
 from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import ConfigError
 from shardwise.plan.permutation import Permutation
@@ -131,19 +131,14 @@ class OneAhead(Generic[K, V]):
             pending[1].close(None)
 
 
-class Order(str, Enum):
+class Order(Choice):
     """``sorted``: by ``key``. ``shuffled``: sorted, then permuted by ``seed``."""
+
+    __option__ = "order"
 
     SORTED = "sorted"
     SHUFFLED = "shuffled"
 
-    @classmethod
-    def parse(cls, value: str | Order) -> Order:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(f"order must be one of {[m.value for m in cls]}, "
-                              f"got {value!r}") from None
 
 
 def shard_order(keys: Sequence[Any], order: Order, seed: int, epoch: int = 0) -> list[int]:

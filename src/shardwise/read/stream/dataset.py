@@ -111,7 +111,7 @@ from shardwise.read.stream.schedule import (
     longest_stream_windows,
     open_when_ready,
 )
-from shardwise.storage.cache import Cache, open_cache
+from shardwise.storage.cache import Cache, open_cache, reader_cache
 from shardwise.world import World
 
 STREAM_ORDER_VERSION = 1
@@ -157,6 +157,8 @@ class StreamDataset(Resumable):
     plus the next one if that is more; ``prefetch_chunks`` bounds the chunks read ahead
     (whole blocks; the next block is always read ahead). ``stats()`` reports the seconds
     waited on the producer and on the prefetch thread, and the chunk cache's figures.
+    ``verify``: each chunk's checksum and ids are checked as it is read, before use
+    (default: as the cache was opened, which is on; ``False`` for a trusted cache).
     """
 
     state_kind = "stream"
@@ -167,7 +169,7 @@ class StreamDataset(Resumable):
                  epochs: int | None = None, block_chunks: int = 4, drop_last: bool = True,
                  batch_size: int | None = None, poll_interval: float = 0.5,
                  timeout: float = 600.0, prefetch_chunks: int = 2,
-                 chunk_cache_bytes: int = 256 << 20) -> None:
+                 chunk_cache_bytes: int = 256 << 20, verify: bool | None = None) -> None:
         self.config = StreamConfig(seq_len, streams, seed, block_chunks, drop_last, epochs)
         self.world = World.resolve(world, reader="StreamDataset")
         self.streams = self.world.streams(streams)
@@ -183,10 +185,13 @@ class StreamDataset(Resumable):
         self.batch_size, self.prefetch_chunks = batch_size, prefetch_chunks
         if isinstance(cache, Cache):  # a growing cache is refreshed on the prefetch
             # thread, so it gets a private view rather than sharing the caller's object
-            self.cache = open_cache(cache.root) if follow and not cache.finished else cache
+            cache = reader_cache(cache, verify)
+            self.cache = (open_cache(cache.root, verify=cache.verify)
+                          if follow and not cache.finished else cache)
         else:
-            self.cache = (open_when_ready(Path(cache), poll_interval, timeout) if follow
-                          else open_cache(cache))
+            self.cache = (open_when_ready(Path(cache), poll_interval, timeout,
+                                          verify=verify is not False) if follow
+                          else reader_cache(cache, verify))
         self._check_cache()
         self.chunk_cache = ChunkCache(chunk_cache_bytes)
         self.opened: Counter[int] = Counter()

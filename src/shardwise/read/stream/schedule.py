@@ -198,11 +198,12 @@ class Follower:
                 "the ledger), or raise timeout= if chunks take longer to publish")
 
 
-def open_when_ready(path: Path, poll: float, timeout: float) -> Cache:
+def open_when_ready(path: Path, poll: float, timeout: float, *, verify: bool = True
+                    ) -> Cache:
     """Open ``path``, waiting (follow mode) for a build to create its manifest and ledger."""
     def opened() -> Cache | None:
         try:
-            return open_cache(path)
+            return open_cache(path, verify=verify)
         except ManifestError:
             if (path / MANIFEST_NAME).exists() and (path / LEDGER_NAME).exists():
                 raise  # a cache is there, and it is damaged

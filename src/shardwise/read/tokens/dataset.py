@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,9 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.checkpoint import Configured
+from shardwise.choice import Choice
 from shardwise.errors import ConfigError
+from shardwise.format.paths import reader_dir
 from shardwise.plan.block_shuffle import BlockShuffle
 from shardwise.plan.doc_shuffle import (
     DOC_SHUFFLE_VERSION,
@@ -37,7 +38,7 @@ from shardwise.plan.windows import dropped_tokens, num_windows
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.examples import NEXT_TOKEN
 from shardwise.read.tokens.assemble import WindowReader
-from shardwise.storage.cache import Cache, open_cache
+from shardwise.storage.cache import Cache, reader_cache
 
 PAD = -1
 ORDER_VERSION = 1
@@ -45,7 +46,7 @@ ORDER_BLOCK = 4096
 ORDER_BLOCKS_KEPT = 8
 
 
-class Shuffle(str, Enum):
+class Shuffle(Choice):
     """How the windows of an epoch are ordered.
 
     ``none``: stored order. ``window``: a keyed permutation of all windows (default).
@@ -54,18 +55,13 @@ class Shuffle(str, Enum):
     style; its per-epoch index is cached as ``.npy`` and memory-mapped).
     """
 
+    __option__ = "shuffle"
+
     NONE = "none"
     WINDOW = "window"
     BLOCK = "block"
     DOCUMENT = "document"
 
-    @classmethod
-    def parse(cls, value: str | Shuffle) -> Shuffle:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(f"shuffle must be one of {[m.value for m in cls]}, "
-                              f"got {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -105,6 +101,10 @@ class TokenConfig:
 class TokenDataset(Configured):
     """Packed windows of a cache in a seeded global order; map-style.
 
+    ``verify``: check ids and chunk checksums as they are read (default: as the cache was
+    opened, which is on; ``False`` for a trusted cache; see
+    :mod:`shardwise.storage.integrity`).
+
     >>> ds = TokenDataset(open_cache("cache/"), seq_len=2048, seed=1234)  # doctest: +SKIP
     >>> ds[0]["input_ids"].shape, len(ds)                                # doctest: +SKIP
     ((2048,), 48828)
@@ -121,9 +121,9 @@ class TokenDataset(Configured):
                  shuffle: str | Shuffle = Shuffle.WINDOW, drop_last: bool = True,
                  block_size: int = 64, blocks_per_group: int = 8,
                  reset_position_ids: bool = False, cu_seqlens: bool = False,
-                 eod_mask_loss: bool = False, plan_dir: str | os.PathLike[str] | None = None
-                 ) -> None:
-        self.cache = cache if isinstance(cache, Cache) else open_cache(cache)
+                 eod_mask_loss: bool = False, plan_dir: str | os.PathLike[str] | None = None,
+                 verify: bool | None = None) -> None:
+        self.cache = reader_cache(cache, verify)
         self.config = TokenConfig(seq_len, seed, Shuffle.parse(shuffle), drop_last, block_size,
                                   blocks_per_group, reset_position_ids, cu_seqlens,
                                   eod_mask_loss)
@@ -236,10 +236,7 @@ class TokenDataset(Configured):
     def _plan_root(self) -> Path:
         if self._plan_dir is not None:
             return self._plan_dir
-        candidate = self.cache.root / ".shardwise-plans"
-        if os.access(self.cache.root, os.W_OK):
-            return candidate
-        return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shardwise"
+        return reader_dir(self.cache.root)
 
     # -- examples -------------------------------------------------------------------------
     def __getitem__(self, index: int) -> dict[str, npt.NDArray[Any]]:
