@@ -129,6 +129,25 @@ def test_call_runs_one_function_in_the_background() -> None:
         ReadAhead.call(len, 5, name="t").get()
 
 
+def _report(put: Any) -> None:
+    for i in range(5):
+        put(i)
+    raise OSError("disk full")
+
+
+def test_a_producer_reporting_by_callback_is_read_ahead_the_same_way() -> None:
+    ra: ReadAhead[int] = ReadAhead.pushed(_report, name="t", depth=2)
+    assert [ra.get() for _ in range(5)] == [0, 1, 2, 3, 4]
+    with pytest.raises(OSError, match="disk full"):
+        ra.get()
+    stopped: ReadAhead[int] = ReadAhead.pushed(_report, name="t", depth=1)
+    stopped.start()
+    wait_until(lambda: stopped.queue, timeout=10, poll_interval=0.01, what="the first item")
+    stopped.close()  # put() raises Stopped inside the producer: the thread ends quietly
+    assert stopped._thread is not None and not stopped._thread.is_alive()
+    assert stopped.error is None
+
+
 def test_depth_must_be_a_positive_integer() -> None:
     with pytest.raises(ConfigError, match="depth"):
         ReadAhead(_letters, name="t", depth=0)

@@ -2,7 +2,8 @@
 
 :class:`ReadAhead` runs ``source()`` (an iterator factory) on a daemon thread, keeping up
 to ``depth`` items ready (or, with ``admit``, as many as ``admit`` allows: the stream
-reader's rule is "within its chunk budget"); the next item is always produced once the
+reader's rule is "within its chunk budget"; :meth:`ReadAhead.pushed` serves a producer
+that reports by callback instead); the next item is always produced once the
 queue is empty, so the consumer never starves. ``prepare`` (e.g. loading an item's
 bytes) runs on the thread after an item is admitted, so a rejected item costs nothing.
 
@@ -47,6 +48,7 @@ class ReadAhead(Generic[T]):
             raise ConfigError(f"read-ahead depth must be a positive integer, got {depth!r}")
         self.source, self.name, self.depth = source, name, depth
         self.admit, self.prepare = admit, prepare
+        self._push = False  # source(put) pushes items instead of returning an iterator
         self.closed_message = closed_message or f"{name} was closed; start a new iteration"
         self._shared = lock, stop
         self._reset()
@@ -57,6 +59,15 @@ class ReadAhead(Generic[T]):
         result, ``close(None)`` waits for it to finish and drops it."""
         ahead: ReadAhead[T] = cls(partial(_one, fn, arg), name=name)
         ahead.start()
+        return ahead
+
+    @classmethod
+    def pushed(cls, run: Callable[[Callable[[T], None]], object], *, name: str,
+               depth: int = 1) -> ReadAhead[T]:
+        """Read ahead of a producer that reports by callback: ``run(put)`` runs on the
+        thread and each ``put(item)`` waits for room (e.g. a build task's messages)."""
+        ahead: ReadAhead[T] = cls(run, name=name, depth=depth)  # type: ignore[arg-type]
+        ahead._push = True
         return ahead
 
     def _reset(self) -> None:
@@ -73,7 +84,7 @@ class ReadAhead(Generic[T]):
     # -- pickling and fork ----------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("source", "name", "depth", "admit", "prepare",
-                                             "closed_message")}
+                                             "closed_message", "_push")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -103,15 +114,11 @@ class ReadAhead(Generic[T]):
 
     def _run(self) -> None:
         try:
-            for item in self.source():
-                with self.cond:
-                    while not self._has_room(item) and not self.stop.is_set():
-                        self.cond.wait(_WAKE_SECONDS)
-                if self.stop.is_set():
-                    return
-                if self.prepare is not None:
-                    self.prepare(item)
-                self._put(item)
+            if self._push:
+                self.source(self._offer)  # type: ignore[call-arg]
+            else:
+                for item in self.source():
+                    self._offer(item)
             self._put(_END)
         except Stopped:
             return
@@ -119,6 +126,17 @@ class ReadAhead(Generic[T]):
             with self.cond:
                 self.error = e
                 self.cond.notify_all()
+
+    def _offer(self, item: T) -> None:
+        """On the thread: wait for room, prepare ``item``, queue it (Stopped once closed)."""
+        with self.cond:
+            while not self._has_room(item) and not self.stop.is_set():
+                self.cond.wait(_WAKE_SECONDS)
+        if self.stop.is_set():
+            raise Stopped
+        if self.prepare is not None:
+            self.prepare(item)
+        self._put(item)
 
     def _put(self, item: T) -> None:
         with self.cond:

@@ -41,23 +41,22 @@ object storage are not supported yet.
 from __future__ import annotations
 
 import os
-import queue
 import socket
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from shardwise.concurrency.pool import WorkerCrashed
+from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import ConfigError, MissingExtraError
 from shardwise.writer.worker import Job, Task, run_task
 
 DEFAULT_MAX_RETRIES = 3
 _POLL_SECONDS = 1.0  # only how often a wait wakes up to notice Ctrl-C
 _QUEUE_ITEMS = 64
-_DONE = object()  # the worker thread's "run_task returned"
 _INSTALL_HINT = "the Ray executor needs ray: pip install 'shardwise[ray]'"
 
 
@@ -77,11 +76,6 @@ class _Finished:
     cpu_seconds: float
 
 
-@dataclass(frozen=True)
-class _Failed:
-    error: BaseException
-
-
 def _check_shared_paths(job: Job, task: Task) -> None:
     for what, path, ok in (("cache directory", job.root, os.path.isdir(job.root)),
                            ("source", task.info.path, os.path.exists(task.info.path))):
@@ -99,21 +93,15 @@ def _run_segment(job: Job, task: Task) -> Iterator[object]:
     os.environ["RAYON_NUM_THREADS"] = "1"
     cpu = time.process_time()
     _check_shared_paths(job, task)
-    messages: queue.Queue[object] = queue.Queue(maxsize=_QUEUE_ITEMS)
-
-    def work() -> None:
-        try:
-            run_task(job, task, messages.put)
-        except BaseException as e:  # re-raised below, in the task's own thread
-            messages.put(_Failed(e))
-        else:
-            messages.put(_DONE)
-
-    threading.Thread(target=work, name="shardwise-segment", daemon=True).start()
-    while (msg := messages.get()) is not _DONE:
-        if isinstance(msg, _Failed):
-            raise msg.error
-        yield msg
+    # run_task reports by callback: its messages come through the one read-ahead thread,
+    # its error is re-raised here, in the task's own thread
+    messages = ReadAhead.pushed(partial(run_task, job, task), name="shardwise-segment",
+                                depth=_QUEUE_ITEMS)
+    try:
+        for msg in messages:  # (not ``yield from``: Ray sends to its generator)
+            yield msg
+    finally:  # a cancelled task: the thread stops at its next message
+        messages.close(timeout=0)
     yield _Finished(time.process_time() - cpu)
 
 
