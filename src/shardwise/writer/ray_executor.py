@@ -98,7 +98,8 @@ def _run_segment(job: Job, task: Task) -> Iterator[object]:
     messages = ReadAhead.pushed(partial(run_task, job, task), name="shardwise-segment",
                                 depth=_QUEUE_ITEMS)
     try:
-        for msg in messages:  # (not ``yield from``: Ray sends to its generator)
+        # not ``yield from``: Ray send()s to its generator, and ReadAhead has no send
+        for msg in messages:  # noqa: UP028
             yield msg
     finally:  # a cancelled task: the thread stops at its next message
         messages.close(timeout=0)
