@@ -185,8 +185,9 @@ class Cache:
         except FileNotFoundError:
             raise CorruptChunkError(f"{info.base}.idx: named by the ledger but missing; run "
                                     f"'shardwise verify {self.location}'") from None
-        if idx.num_sequences != info.documents:
-            raise CorruptChunkError(f"{idx.path}: holds {idx.num_sequences} documents, the "
+        held = idx.num_documents if self.is_megatron else idx.num_sequences
+        if held != info.documents:
+            raise CorruptChunkError(f"{idx.path}: holds {held} documents, the "
                                     f"ledger says {info.documents}; run 'shardwise verify "
                                     f"{self.location}'")
         self.opened_index[info.stem] += 1
@@ -304,8 +305,8 @@ class Cache:
         d["_maps"], d["_indexes"] = OrderedDict(), OrderedDict()
         return d
 
-    def doc_lengths(self, i: int) -> npt.NDArray[np.int32]:
-        return self.index(i).sequence_lengths
+    def doc_lengths(self, i: int) -> npt.NDArray[np.integer]:
+        return self.index(i).document_lengths
 
     def read_tokens(self, start: int, stop: int) -> npt.NDArray[np.generic]:
         """Tokens ``[start, stop)`` of the concatenated stream (may span chunks)."""
@@ -355,11 +356,15 @@ def _open_megatron(prefix: Path) -> Cache:
     idx = read_idx(prefix.with_name(prefix.name + ".idx"))
     st = os.stat(prefix.with_name(prefix.name + ".bin"))
     stem = prefix.name
-    info = ChunkInfo(stem, prefix, ChunkKind.TOKENS, 0, idx.num_sequences, idx.num_tokens)
-    fp = _identity_fingerprint({"megatron": stem, "bin_bytes": st.st_size,
-                                "sequences": idx.num_sequences, "dtype": idx.dtype.name,
-                                "head": idx.sequence_lengths[:4096].tolist(),
-                                "tail": idx.sequence_lengths[-4096:].tolist()})
+    # a document of several sequences stays one document (Megatron's document_indices)
+    info = ChunkInfo(stem, prefix, ChunkKind.TOKENS, 0, idx.num_documents, idx.num_tokens)
+    identity = {"megatron": stem, "bin_bytes": st.st_size,
+                "sequences": idx.num_sequences, "dtype": idx.dtype.name,
+                "head": idx.sequence_lengths[:4096].tolist(),
+                "tail": idx.sequence_lengths[-4096:].tolist()}
+    if idx.num_documents != idx.num_sequences:  # its documents (and their order) changed
+        identity["documents"] = idx.num_documents
+    fp = _identity_fingerprint(identity)
     return Cache(prefix.parent, manifest=None, chunks=[info], dtype=idx.dtype, eod_id=None,
                  vocab_size=None, finished=True, errors={}, fingerprint=fp)
 
