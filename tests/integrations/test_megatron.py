@@ -315,3 +315,43 @@ def test_external_passes_a_loader_through_and_refuses_a_map_style_dataset(
                                          dataloader_type="external") is stream
     with pytest.raises(ConfigError, match="dataloader_type"):
         build_pretraining_data_loader(train, 0, micro_batch_size=2, dataloader_type="x")
+
+
+# -- a shardwise cache handed to Megatron's own builder -----------------------------------
+@pytest.fixture
+def one_rank_group(tmp_path: Path) -> Any:
+    """Megatron's BlendedDataset asks torch.distributed for the rank: a 1-rank gloo group."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/store",
+                                         rank=0, world_size=1)
+    yield
+    torch.distributed.destroy_process_group()
+
+
+def _builder(blend: Any, sizes: list[Any], tmp: Path) -> list[Any]:
+    config = GPTDatasetConfig(
+        random_seed=1234, sequence_length=L, blend=blend, split="1,0,0",
+        tokenizer=StubTokenizer(), reset_position_ids=False, reset_attention_mask=False,
+        eod_mask_loss=False, create_attention_mask=False, path_to_cache=str(tmp),
+        mmap_bin_files=True)
+    return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
+
+
+def test_the_chunk_prefix_list_builds_in_megatron_and_counts_what_it_loses(
+        cache_dir: Path, tmp_path: Path, one_rank_group: Any) -> None:
+    from shardwise.writer.convert import megatron_data_path
+
+    d = megatron_data_path(cache_dir, seq_len=L)
+    cache = sw.open_cache(cache_dir)
+    assert d.chunks == len(cache.chunks) and d.windows == (cache.num_tokens - 1) // L
+    prefixes, weights = mc_get_blend_from_list(d.items)
+    assert weights == [float(c.tokens) for c in cache.chunks]
+    # unweighted: one epoch of every chunk, packed chunk by chunk
+    (whole, _, _) = _builder((prefixes, None), [None, None, None], tmp_path / "a")
+    assert len(whole) == d.windows_per_chunk and d.lost_windows == d.windows - len(whole) > 0
+    # weighted by tokens (what the list says): every sample lies inside one chunk
+    (mixed, _, _) = _builder((prefixes, weights), [64, 0, 0], tmp_path / "b")
+    chunks = [cache.tokens(c).astype(np.int64).tolist() for c in range(len(cache.chunks))]
+    for i in range(64):
+        s = mixed[i]
+        row = [*s["tokens"].tolist(), int(s["labels"][-1])]
+        assert any(any(ch[j:j + L + 1] == row for j in range(len(ch) - L)) for ch in chunks)
