@@ -355,3 +355,37 @@ def test_the_chunk_prefix_list_builds_in_megatron_and_counts_what_it_loses(
         s = mixed[i]
         row = [*s["tokens"].tolist(), int(s["labels"][-1])]
         assert any(any(ch[j:j + L + 1] == row for j in range(len(ch) - L)) for ch in chunks)
+
+
+# -- a split is a run of documents ---------------------------------------------------------
+def test_a_document_range_reads_only_its_chunks_and_windows_cross_their_edges(
+        cache_dir: Path) -> None:
+    cache = sw.open_cache(cache_dir)
+    part = DocumentRange(cache, 6, 30)  # cuts chunk 1 (docs 4-7) and chunk 7 (docs 28-31)
+    starts = np.concatenate([[0], np.cumsum(np.concatenate(
+        [cache.doc_lengths(c) for c in range(len(cache.chunks))]))])
+    assert part.num_documents == 24 and part.num_tokens == starts[30] - starts[6]
+    ds = sw.TokenDataset(part, seq_len=L, shuffle="none")
+    rows = ds.__getitems__(list(range(len(ds))))
+    stream = cache.read_tokens(int(starts[6]), int(starts[30])).astype(np.int64)
+    for w in range(len(ds)):
+        assert (rows["input_ids"][w] == stream[w * L: w * L + L]).all()
+    assert len(ds) == (part.num_tokens - 1) // L
+    assert set(cache.opened) == {cache.chunks[c].stem for c in range(1, 8)}
+    with pytest.raises(ConfigError, match="start <= stop"):
+        DocumentRange(cache, 5, cache.num_documents + 1)
+
+
+def test_worker_processes_serve_the_same_samples(cache_dir: Path) -> None:
+    train, _, _ = build_train_valid_test_datasets(str(cache_dir), split="1", seq_length=L,
+                                                  reset_position_ids=True)
+    kw: dict[str, Any] = {"micro_batch_size": 2, "world": sw.World(1, 2)}
+    inline = build_pretraining_data_loader(train, 8, **kw)
+    workers = build_pretraining_data_loader(train, 8, num_workers=2, **kw)
+    for a, b in zip(_take(inline, 4), _take(workers, 4), strict=True):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _take(loader: Any, n: int) -> list[Any]:
+    it = iter(loader)
+    return [next(it) for _ in range(n)]

@@ -213,7 +213,9 @@ def build_train_valid_test_datasets(
     run packed into windows (``shuffle``: TokenDataset's, ``"document"`` by default), and
     several datasets blended by weight (by number of windows when unweighted)."""
     blend = get_blend_from_list(data_path)
-    assert blend is not None
+    if blend is None:
+        raise ConfigError("data_path is None; give Megatron's --data-path list (prefixes or "
+                          "weight prefix pairs: caches or Megatron prefixes)")
     prefixes, weights = blend
     caches = [open_cache(p) for p in prefixes]
     eod = eod_token if eod_token is not None else _common_eod(caches)
