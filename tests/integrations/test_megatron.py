@@ -389,3 +389,28 @@ def test_worker_processes_serve_the_same_samples(cache_dir: Path) -> None:
 def _take(loader: Any, n: int) -> list[Any]:
     it = iter(loader)
     return [next(it) for _ in range(n)]
+
+
+def test_full_validation_is_one_padded_pass(cache_dir: Path) -> None:
+    """Megatron's --full-validation: one pass, every window once, the last step padded
+    with masked rows (an eval split built with drop_last is refused: it drops a window)."""
+    _, valid, _ = build_train_valid_test_datasets(str(cache_dir), split="6,3,1", seq_length=L)
+    assert valid is not None
+    with pytest.raises(ConfigError, match="drop"):
+        build_pretraining_data_loader(valid, 0, micro_batch_size=2, world=sw.World(0, 2),
+                                      full_validation=True)
+    _, valid, _ = build_train_valid_test_datasets(
+        str(cache_dir), split="6,3,1", seq_length=L,
+        drop_last_partial_validation_sequence=False)
+    assert valid is not None
+    rows = []
+    for rank in range(2):
+        dl = build_pretraining_data_loader(valid, 123, micro_batch_size=2,
+                                           world=sw.World(rank, 2), full_validation=True)
+        rows.append([b for b in dl])
+    got = [b for step in zip(*rows, strict=True) for b in step]
+    tokens = torch.cat([b["tokens"] for b in got]).numpy()
+    mask = torch.cat([b["loss_mask"] for b in got]).numpy()
+    n = len(valid)
+    assert (tokens[:n] == valid.__getitems__(list(range(n)))["tokens"]).all()
+    assert len(tokens) == -(-n // 4) * 4 and (mask[n:] == 0).all() and mask[n - 1].sum() < L

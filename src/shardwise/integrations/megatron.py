@@ -201,17 +201,30 @@ class GPTDataset:
         if f is not None:
             f(indices)
 
+    @property
+    def pads(self) -> bool:
+        """Whether index -1 gives a masked padding row (an eval pass needs it)."""
+        return bool(getattr(self.dataset, "pads", False))
+
+    def drops(self) -> list[Any]:
+        """What the inner dataset leaves out by design (a last partial window, …)."""
+        f = getattr(self.dataset, "drops", None)
+        return list(f()) if callable(f) else []
+
 
 def build_train_valid_test_datasets(
         data_path: str | Sequence[str], *, seq_length: int, split: str = "969,30,1",
         seed: int = 1234, eod_token: int | None = None, reset_position_ids: bool = False,
         reset_attention_mask: bool = False, eod_mask_loss: bool = False,
         create_attention_mask: bool = True, shuffle: str = "document",
+        drop_last_partial_validation_sequence: bool = True,
         plan_dir: str | os.PathLike[str] | None = None) -> list[GPTDataset | None]:
     """``[train, valid, test]`` (None for an empty split) from Megatron's ``--data-path``
     and ``--split``: each dataset is cut into document runs by :func:`split_ranges`, each
     run packed into windows (``shuffle``: TokenDataset's, ``"document"`` by default), and
-    several datasets blended by weight (by number of windows when unweighted)."""
+    several datasets blended by weight (by number of windows when unweighted).
+    ``drop_last_partial_validation_sequence=False`` keeps the valid split's last, short
+    window (padded, masked), as a full-validation pass needs."""
     blend = get_blend_from_list(data_path)
     if blend is None:
         raise ConfigError("data_path is None; give Megatron's --data-path list (prefixes or "
@@ -223,8 +236,9 @@ def build_train_valid_test_datasets(
     for cache in caches:
         for k, rng in enumerate(split_ranges(cache.num_documents, split)):
             if rng is not None:
+                drop = drop_last_partial_validation_sequence or SPLITS[k] != "valid"
                 per_split[k].append(_split_dataset(cache, rng, SPLITS[k], seq_length, seed,
-                                                   shuffle, plan_dir))
+                                                   shuffle, drop, plan_dir))
     out: list[GPTDataset | None] = []
     for k, parts in enumerate(per_split):
         if not parts:
@@ -251,12 +265,12 @@ def _common_eod(caches: list[Cache]) -> int | None:
 
 
 def _split_dataset(cache: Cache, rng: tuple[int, int], name: str, seq_length: int,
-                   seed: int, shuffle: str, plan_dir: Any) -> TokenDataset:
+                   seed: int, shuffle: str, drop_last: bool, plan_dir: Any) -> TokenDataset:
     beg, end = rng
     part = cache if (beg, end) == (0, cache.num_documents) else DocumentRange(cache, beg, end)
     try:
         return TokenDataset(part, seq_len=seq_length, seed=seed, shuffle=shuffle,
-                            plan_dir=plan_dir)
+                            drop_last=drop_last, plan_dir=plan_dir)
     except ConfigError as e:
         raise ConfigError(f"the {name} split of {cache.location} (documents [{beg}, {end}), "
                           f"{part.num_tokens} tokens) holds no window of seq_length + 1 = "
