@@ -414,3 +414,23 @@ def test_full_validation_is_one_padded_pass(cache_dir: Path) -> None:
     n = len(valid)
     assert (tokens[:n] == valid.__getitems__(list(range(n)))["tokens"]).all()
     assert len(tokens) == -(-n // 4) * 4 and (mask[n:] == 0).all() and mask[n - 1].sum() < L
+
+
+def test_no_target_labels_become_token_zero_with_no_loss() -> None:
+    """shardwise's native labels mark "no target" with -100 (loss_mask 0); Megatron's loss
+    indexes the vocabulary with every label, so they become 0, still masked."""
+    from shardwise.megatron import GPTDataset as SwGPTDataset
+
+    class Inner:
+        def __len__(self) -> int:
+            return 1
+
+        def __getitems__(self, indices: list[int]) -> dict[str, np.ndarray]:
+            return {"input_ids": np.array([[5, 6, 7, 8]]),
+                    "labels": np.array([[6, 7, -100, -100]]),
+                    "loss_mask": np.array([[1, 1, 0, 0]], dtype=np.float32),
+                    "position_ids": np.arange(4)[None]}
+
+    b = SwGPTDataset(Inner(), create_attention_mask=False).__getitems__([0])
+    assert b["labels"].tolist() == [[6, 7, 0, 0]]
+    assert b["loss_mask"].tolist() == [[1, 1, 0, 0]]
