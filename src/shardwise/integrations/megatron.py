@@ -39,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.errors import ConfigError
+from shardwise.format.chunk import IGNORE_INDEX
 from shardwise.integrations.torch import ShardwiseLoader, loader
 from shardwise.read.compose.blend import Blend
 from shardwise.read.tokens.dataset import TokenDataset
@@ -174,8 +175,8 @@ class GPTDataset:
         attention, loss_mask, position_ids = ltor_masks_and_position_ids(
             tokens, self.eod_token, **self.flags)
         loss_mask *= b["loss_mask"]
-        labels = b["labels"]  # next-token ids; -100 (shardwise's "no target") becomes 0
-        out = {"tokens": tokens, "labels": np.where(labels < 0, 0, labels),
+        labels = b["labels"]  # next-token ids; IGNORE_INDEX ("no target") becomes 0
+        out = {"tokens": tokens, "labels": np.where(labels == IGNORE_INDEX, 0, labels),
                "loss_mask": loss_mask, "position_ids": position_ids}
         if attention is not None:
             out["attention_mask"] = attention

@@ -19,7 +19,6 @@ missing or damaged object is a :class:`CorruptChunkError` naming its URL.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
@@ -33,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from shardwise.checkpoint import fingerprint
 from shardwise.errors import CacheError, CorruptChunkError, ManifestError
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.chunk import META_SUFFIX, ChunkKind, ChunkMeta
@@ -335,10 +335,6 @@ def _visible_chunks(root: Path, ledger: Ledger,
     return out
 
 
-def _identity_fingerprint(obj: object) -> str:
-    return hashlib.sha256(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
-
-
 def _open_shardwise(root: Path) -> Cache:
     manifest = Manifest.load(root)
     ledger = Ledger.load(root)
@@ -349,7 +345,7 @@ def _open_shardwise(root: Path) -> Cache:
     return Cache(root, manifest=manifest, chunks=chunks, dtype=np.dtype(manifest.dtype),
                  eod_id=manifest.tokenizer.eod_id, vocab_size=manifest.tokenizer.vocab_size,
                  finished=visible_all, errors=ledger.errors(),
-                 fingerprint=_identity_fingerprint(manifest.identity()))
+                 fingerprint=fingerprint(manifest.identity()))
 
 
 def _open_megatron(prefix: Path) -> Cache:
@@ -364,7 +360,7 @@ def _open_megatron(prefix: Path) -> Cache:
                 "tail": idx.sequence_lengths[-4096:].tolist()}
     if idx.num_documents != idx.num_sequences:  # its documents (and their order) changed
         identity["documents"] = idx.num_documents
-    fp = _identity_fingerprint(identity)
+    fp = fingerprint(identity)
     return Cache(prefix.parent, manifest=None, chunks=[info], dtype=idx.dtype, eod_id=None,
                  vocab_size=None, finished=True, errors={}, fingerprint=fp)
 
@@ -399,7 +395,7 @@ def _local_dir_for(store: RemoteStore, manifest: Manifest,
     differently under the same URL never reuses stale downloads."""
     base = Path(local_dir) if local_dir is not None else (
         Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shardwise" / "remote")
-    key = _identity_fingerprint({"url": store.url, "identity": manifest.identity()})
+    key = fingerprint({"url": store.url, "identity": manifest.identity()})
     return base / key
 
 
@@ -413,7 +409,7 @@ def _open_remote(store: RemoteStore, local_dir: str | os.PathLike[str] | None,
     return Cache(downloads.dir, manifest=manifest, chunks=chunks,
                  dtype=np.dtype(manifest.dtype), eod_id=manifest.tokenizer.eod_id,
                  vocab_size=manifest.tokenizer.vocab_size, finished=ledger.finished,
-                 errors=ledger.errors(), fingerprint=_identity_fingerprint(manifest.identity()),
+                 errors=ledger.errors(), fingerprint=fingerprint(manifest.identity()),
                  store=store, downloads=downloads)
 
 

@@ -23,9 +23,10 @@ from typing import Any, NoReturn
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.checkpoint import fingerprint
 from shardwise.errors import CacheError, ConfigError
 from shardwise.format.megatron import MegatronIndex
-from shardwise.storage.cache import Cache, _identity_fingerprint
+from shardwise.storage.cache import Cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +57,7 @@ class DocumentRange(Cache):
         super().__init__(parent.root, manifest=parent.manifest, chunks=chunks,
                          dtype=parent.dtype, eod_id=parent.eod_id,
                          vocab_size=parent.vocab_size, finished=True, errors=parent.errors,
-                         fingerprint=_identity_fingerprint(
+                         fingerprint=fingerprint(
                              {"parent": parent.fingerprint, "documents": [start, stop]}),
                          store=parent.store, downloads=parent.downloads)
         self.opened = parent.opened  # locality is counted where the bytes are read
