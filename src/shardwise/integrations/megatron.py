@@ -32,12 +32,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from enum import Enum
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.choice import Choice
 from shardwise.errors import ConfigError
 from shardwise.format.chunk import IGNORE_INDEX
 from shardwise.integrations.torch import ShardwiseLoader, loader
@@ -280,18 +280,13 @@ def _split_dataset(cache: Cache, rng: tuple[int, int], name: str, seq_length: in
 
 
 # -- loader and batch-size ramp-up ------------------------------------------------------
-class DataloaderType(str, Enum):
+class DataloaderType(Choice):
+    """Megatron's ``--dataloader-type``."""
+
+    __option__ = "dataloader_type"
     SINGLE = "single"
     CYCLIC = "cyclic"
     EXTERNAL = "external"
-
-    @classmethod
-    def parse(cls, value: str | DataloaderType) -> DataloaderType:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(f"dataloader_type must be one of {[m.value for m in cls]}, "
-                              f"got {value!r}") from None
 
 
 def build_pretraining_data_loader(dataset: Any, consumed_samples: int, *,
