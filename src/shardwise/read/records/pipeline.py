@@ -2,11 +2,26 @@
 they read, and the interleaving of their examples in global order.
 
 The consumer's next example is the next one of the stream ``s`` with the smallest
-``(consumed_s, s)``: global example ``consumed_s · R* + s``, so the consumer's examples come
-in ascending global order whatever subset of streams it serves (round robin over its
-streams in the steady state). A stream that has ended (finite epochs) fills its turns with
-pads while another of the consumer's streams still has examples, and the last round is
-completed with pads: a consumer's count is a multiple of its number of streams.
+``(epoch_s, k_s, s)``, ``k_s`` its examples received in ``epoch_s``: round robin over the
+consumer's streams, global example ``k_s · R* + s`` while every stream has examples left.
+**Epochs are crossed together**: a stream that has finished epoch ``e`` gives its turns to
+the consumer's other streams until each of them has finished ``e`` too, so one epoch of a
+consumer is every record of its streams exactly once (version 1 let each stream start its
+next epoch alone, and a consumer's first "epoch" repeated some records and missed others).
+Worked example (two streams, 3 and 1 records per epoch)::
+
+    stream 0: a b c | a' b' c'    stream 1: x | x'
+    version 1:  a x b x' c x ...  (x twice before c)
+    version 2:  a x b c | a' x' b' c'
+
+A consumer that serves every stream (one rank, or slime's single data source) therefore
+sees every record once per epoch; with several ranks each rank's epochs are its own (the
+global order is the same for every world size until a stream runs out in an epoch).
+A stream that has ended (finite epochs) fills its turns with pads while another of the
+consumer's streams still has examples, and the last round is completed with pads: a
+consumer's count is a multiple of its number of streams. An epoch in which the consumer's
+streams read records but every one was rejected raises :class:`ConfigError` with the
+counts by reason (it would otherwise loop forever, or end silently empty).
 
 Readers run ahead (up to ``2 × task_size`` records per stream); with ``workers > 0``
 batches of ``task_size`` raw records are parsed and mapped in a :class:`ProcessPool` and
@@ -21,7 +36,7 @@ import weakref
 from collections import deque
 from typing import Any
 
-from shardwise.errors import InputError
+from shardwise.errors import ConfigError, InputError
 from shardwise.read.records.pool import Dropped, Packed, Processor, ProcessPool
 from shardwise.read.records.ranges import RangeKind, RangePlan
 from shardwise.read.records.streams import (
@@ -93,9 +108,16 @@ class Pipeline:
         self._pending: dict[tuple[int, int], list[Any]] = {}
         self._results: dict[tuple[int, int], list[Any]] = {}
         self._file_of: list[int] = order.plan.file.tolist()
-        self._heap = [(positions[s].consumed, s) for s in self.streams]
+        self._heap = [(positions[s].epoch, positions[s].epoch_consumed, s)
+                      for s in self.streams]
         heapq.heapify(self._heap)
         self._done = sum(positions[s].done for s in self.streams)
+        self.taken = sum(positions[s].consumed for s in self.streams)
+        self._epoch = min(positions[s].epoch for s in self.streams)
+        self._produced = sum(positions[s].epoch_consumed for s in self.streams
+                             if positions[s].epoch == self._epoch) + any(
+            positions[s].epoch > self._epoch for s in self.streams)  # unknown: assume some
+        self._rejected: dict[str, int] = {}
 
     def close(self) -> None:
         if self.pool is not None:
@@ -108,19 +130,25 @@ class Pipeline:
         """The consumer's next example, a pad, or :data:`FINISHED`."""
         heap, positions = self._heap, self.positions
         while True:
-            s = heap[0][1]
+            epoch, k, s = heap[0]
+            if epoch > self._epoch:
+                self._close_epoch(epoch)
             p = positions[s]
             if p.done:
-                if self._done == len(self.streams) and all(  # ... and the round is whole
-                        positions[x].consumed == p.consumed for x in self.streams):
-                    return FINISHED
-                p.consumed += 1
-                heapq.heapreplace(heap, (p.consumed, s))
-                return make_pad()
+                if self._done == len(self.streams):
+                    self._close_epoch(self._epoch)  # raises if the last epoch was empty
+                    if all((positions[x].epoch, positions[x].epoch_consumed) == (epoch, k)
+                           for x in self.streams):  # ... and the round is whole
+                        return FINISHED
+                return self._hand_out(p, s, make_pad())
             ready = self.ready[s]
             if not ready:
                 self._fetch(s)
-            delta, outcome, where = ready.popleft()
+            delta, outcome, where = ready[0]
+            if delta[0] > epoch:  # s has finished its epoch: wait for the others
+                heapq.heapreplace(heap, (delta[0], 0, s))
+                continue
+            ready.popleft()
             p.apply(delta)
             if outcome is END:
                 p.done = True
@@ -129,10 +157,28 @@ class Pipeline:
                 if self.raise_errors and outcome.error is not None:
                     raise locate(outcome.error, self.order.plan, where)
                 p.errors[outcome.reason] = p.errors.get(outcome.reason, 0) + 1
+                self._rejected[outcome.reason] = self._rejected.get(outcome.reason, 0) + 1
             else:
-                p.consumed += 1
-                heapq.heapreplace(heap, (p.consumed, s))
-                return outcome
+                self._produced += 1
+                return self._hand_out(p, s, outcome)
+
+    def _hand_out(self, p: StreamPosition, s: int, example: Any) -> Any:
+        p.consumed += 1
+        p.epoch_consumed += 1
+        self.taken += 1
+        heapq.heapreplace(self._heap, (p.epoch, p.epoch_consumed, s))
+        return example
+
+    def _close_epoch(self, new_epoch: int) -> None:
+        """Every stream has finished epoch ``self._epoch``: refuse an epoch in which records
+        were read and every one was rejected."""
+        if not self._produced and self._rejected:
+            counts = ", ".join(f"{k}: {v}" for k, v in sorted(self._rejected.items()))
+            raise ConfigError(
+                f"streams {self.streams} read records in epoch {self._epoch} and produced no "
+                f"example: every record was rejected ({counts}). Check map_fn (it returns "
+                "None or Reject for every record?) and the input's field names")
+        self._epoch, self._produced, self._rejected = new_epoch, 0, {}
 
     def _items(self, steps: list[Any]) -> list[tuple[Any, int, int]]:
         file_of = self._file_of

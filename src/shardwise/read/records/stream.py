@@ -19,9 +19,14 @@ Worked example (``streams=4``, ``seed=0``, 10 ranges; epoch 0 permutes them to
 ``DataLoader(record_stream, batch_size=None, num_workers=W)`` works when the program
 imported torch before making the RecordStream (it then registers itself as a virtual
 ``IterableDataset``; ``import shardwise.torch`` does too).
-Rank ``r`` of ``R`` serves streams ``s % R == r``; inside a torch DataLoader, worker ``w``
-of ``W`` serves ``s % (R·W) == r + w·R`` (``R·W`` must divide ``R*``) and the DataLoader's
-per-example round robin over workers restores the rank's order. With a finite number of
+Rank ``r`` of ``R`` serves global examples ``i ≡ r (mod R)``
+(:class:`~shardwise.world.StreamShare`). When ``R`` divides ``R*`` it reads only the
+streams ``s % R == r``; otherwise the ranks sharing a stream group (``s ≡ r (mod gcd(R,
+R*))``) each read and process all of its records and keep every ``R / gcd``-th example
+of the group's order (locality, and the work of ``map_fn``, is shared by design; the
+order is not). Inside a torch DataLoader, worker ``w`` of ``W`` serves ``i ≡ r + w·R
+(mod R·W)`` and the DataLoader's per-example round robin over workers restores the
+rank's order. With a finite number of
 epochs the DataLoader moves on when a worker ends, so that exact interleaving holds only
 until the first worker ends (every example still comes exactly once).
 """
@@ -44,7 +49,7 @@ from shardwise.read.records.pool import Processor, Reject
 from shardwise.read.records.ranges import RangeKind, plan_ranges, resolve_files
 from shardwise.read.records.streams import ORDER_VERSION, StreamOrder, StreamPosition
 from shardwise.sources.on_error import OnError
-from shardwise.world import World
+from shardwise.world import StreamShare, World
 
 STATE_KIND = "record_stream"
 
@@ -95,8 +100,8 @@ class RecordStream:
 
     State keys: ``kind``, ``version``, ``fingerprint``, ``consumed``, ``config``,
     ``extra`` (``order_version``; ``streams``: per stream ``epoch``, ``stop_epoch``,
-    ``range``, ``pos``, ``line``, ``draws``, ``buffer``, ``consumed``, ``errors``,
-    ``done``). A rank's state holds its own streams: :func:`merge_states` combines the
+    ``range``, ``pos``, ``line``, ``draws``, ``buffer``, ``consumed``, ``epoch_consumed``,
+    ``errors``, ``done``). A rank's state holds its own streams: :func:`merge_states` combines the
     ranks' states into one that restores any world size, and
     ``state_dict(all_ranks=True)`` (a collective over torch.distributed) returns that
     merged state on every rank.
@@ -113,7 +118,6 @@ class RecordStream:
             on_error=on_error)  # type: ignore[arg-type]
         self.world = World.resolve(world, reader="RecordStream")
         self.map_fn = map_fn
-        self.world.streams(streams)  # refuses a world that cannot split them
         files = resolve_files(sources)
         if text_mode and any(f.kind not in (RangeKind.LINES, RangeKind.STREAM) for f in files):
             raise ConfigError("text_mode reads lines: every source must be JSONL/text, not "
@@ -125,9 +129,31 @@ class RecordStream:
                               f"streams <= {max(1, self.plan.n)} or a smaller range_bytes")
         self.order = StreamOrder(self.plan, streams, seed, shuffle, shuffle_buffer)
         self._positions = self._fresh_positions(0)
+        self._origin: int | dict[str, Any] = 0  # the epoch started, or the state loaded
         self._pipe: Pipeline | None = None
         self._pipe_key: tuple[int, int] | None = None
+        self._share: StreamShare = self.world.stream_share(streams)
+        self._pipe_share = self._share  # the share of the current pipeline (or worker)
         _register_with_torch()
+
+    def bind(self, world: World) -> None:
+        """Serve ``world`` from now on: for a reader made before the data-parallel layout
+        is known (slime's ``set_train_parallel_config``). Allowed until the first read
+        after the reader was made, ``shuffle()``-d or ``load_state_dict()``-ed (the
+        position restarts under the new world from that epoch or that state); binding
+        the same world again is a no-op."""
+        world = World.resolve(world, reader="RecordStream")
+        if world == self.world:
+            return
+        if self._pipe is not None:
+            raise ConfigError(f"RecordStream.bind({world}): this reader has already read "
+                              f"as {self.world}; bind the world before the first "
+                              "get_next_batch()/iter(), or after load_state_dict()")
+        self.world, self._share = world, world.stream_share(self.config.streams)
+        if isinstance(self._origin, dict):
+            self.load_state_dict(self._origin)
+        else:
+            self._positions = self._fresh_positions(self._origin)
 
     # -- iteration ---------------------------------------------------------------------
 
@@ -137,7 +163,7 @@ class RecordStream:
         while True:
             if self._pipe is not pipe:  # the position was reset (load_state_dict, shuffle)
                 pipe = self._pipeline()
-            x = pipe.next()
+            x = self._take(pipe)
             if x is FINISHED:
                 return
             yield x
@@ -148,7 +174,7 @@ class RecordStream:
         pipe = self._pipeline()
         out: list[Any] = []
         while len(out) < n:
-            x = pipe.next()
+            x = self._take(pipe)
             if x is FINISHED:
                 return out + [make_pad() for _ in range(n - len(out))] if out else []
             out.append(x)
@@ -171,6 +197,7 @@ class RecordStream:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
         self._reset(self._fresh_positions(epoch))
+        self._origin = epoch
 
     @property
     def local_streams(self) -> list[int]:
@@ -235,7 +262,7 @@ class RecordStream:
         saved = st.extra.get("streams")
         if not isinstance(saved, dict):
             raise StateError("extra.streams: expected a dict of stream -> position")
-        local = self.local_streams
+        local = sorted(self.world.streams(self.config.streams))
         missing = [s for s in local if str(s) not in saved]
         if missing:
             raise StateError(f"extra.streams: the state holds streams "
@@ -245,6 +272,7 @@ class RecordStream:
         positions = {s: StreamPosition.from_dict(saved[str(s)], f"extra.streams.{s}",
                                                  self.plan.n) for s in local}
         self._reset(positions)
+        self._origin = state
 
     def _state_config(self) -> dict[str, Any]:
         c, plan = self.config, self.plan
@@ -262,6 +290,24 @@ class RecordStream:
                                                      option=orjson.OPT_SORT_KEYS))
 
     # -- internals ---------------------------------------------------------------------
+
+    def _take(self, pipe: Pipeline) -> Any:
+        """The next example of this consumer's share of its group's order: all of it when
+        ``R`` divides ``R*``; else the one position ``≡ offset (mod step)`` of the next
+        ``step``, passing over the others' (so every rank sharing the group stands at the
+        same position after each step, and their states agree)."""
+        share = self._pipe_share
+        if share.step == 1:
+            return pipe.next()
+        skip = (share.offset - pipe.taken) % share.step
+        for _ in range(skip):
+            if pipe.next() is FINISHED:
+                return FINISHED
+        x = pipe.next()
+        for _ in range(share.step - skip - 1):
+            if pipe.next() is FINISHED:
+                break
+        return x
 
     def _fresh_positions(self, epoch: int) -> dict[int, StreamPosition]:
         stop = None if self.config.epochs is None else epoch + self.config.epochs
@@ -281,8 +327,10 @@ class RecordStream:
             self.close()
         workers = self.config.num_workers
         positions = self._positions
+        self._pipe_share = self._share
         if worker is not None:  # a DataLoader worker: its share of this rank's streams
-            mine = set(self.world.streams(self.config.streams, worker=worker))
+            self._pipe_share = self.world.stream_share(self.config.streams, worker=worker)
+            mine = set(self._pipe_share.streams)
             positions = {s: p for s, p in positions.items() if s in mine}
             workers = 0  # a DataLoader worker is daemonic: it cannot have children
         c = self.config
