@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -97,6 +97,7 @@ class RecordStream:
     with ``{"__pad__": True}`` examples. ``text_mode``: records are the lines as ``str``.
     ``on_error="skip"`` counts bad records (and ``map_fn`` exceptions, as ``map_error``)
     by reason in :attr:`errors` instead of raising an ``InputError`` naming file and line.
+    ``task_size``: records read and processed per task ahead of the consumer.
 
     State keys: ``kind``, ``version``, ``fingerprint``, ``consumed``, ``config``,
     ``extra`` (``order_version``; ``streams``: per stream ``epoch``, ``stop_epoch``,
@@ -111,11 +112,12 @@ class RecordStream:
                  seed: int = 0, world: World | None = None, streams: int = 8,
                  range_bytes: int = 64 << 20, shuffle_buffer: int = 1024,
                  shuffle: bool = True, epochs: int | None = None, num_workers: int = 0,
-                 text_mode: bool = False, on_error: str | OnError = OnError.RAISE) -> None:
+                 text_mode: bool = False, on_error: str | OnError = OnError.RAISE,
+                 task_size: int = 256) -> None:
         self.config = RecordStreamConfig(
             seed=seed, streams=streams, range_bytes=range_bytes, shuffle_buffer=shuffle_buffer,
             shuffle=shuffle, epochs=epochs, num_workers=num_workers, text_mode=text_mode,
-            on_error=on_error)  # type: ignore[arg-type]
+            on_error=on_error, task_size=task_size)  # type: ignore[arg-type]
         self.world = World.resolve(world, reader="RecordStream")
         self.map_fn = map_fn
         files = resolve_files(sources)
@@ -198,6 +200,24 @@ class RecordStream:
             raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
         self._reset(self._fresh_positions(epoch))
         self._origin = epoch
+
+    def set_read_ahead(self, task_size: int) -> None:
+        """Records each stream reads and processes ahead, per task (``task_size``; it never
+        changes the order). Takes effect from the next read after a reset, or now if
+        nothing was read yet."""
+        self.config = replace(self.config, task_size=task_size)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being served: the latest epoch of an example received (the start
+        epoch before any)."""
+        return max(p.epoch for p in self._positions.values())
+
+    @property
+    def epoch_consumed(self) -> int:
+        """Examples of this consumer's streams received in :attr:`epoch`."""
+        e = self.epoch
+        return sum(p.epoch_consumed for p in self._positions.values() if p.epoch == e)
 
     @property
     def local_streams(self) -> list[int]:
