@@ -157,3 +157,23 @@ def test_a_record_cache(cli, tmp_path: Path, docs: list[list[int]]) -> None:
 def test_help(cli) -> None:
     code, out, _ = cli("inspect", "--help")
     assert code == 0 and "--plot FILE.png" in out and "--examples N" in out
+
+
+@pytest.mark.parametrize("seq_len", [7, 64])
+def test_seq_len_says_what_a_token_dataset_drops(cli, cache: Path, docs: list[list[int]],
+                                                 seq_len: int) -> None:
+    import shardwise as sw
+
+    ds = sw.TokenDataset(cache, seq_len=seq_len)
+    tokens = sum(map(len, docs))
+    (drop,) = ds.drops() or [None]
+    dropped = drop.count if drop else 0
+    code, out, _ = cli("inspect", cache, "--seq-len", seq_len)
+    assert code == 0
+    assert (f"with --seq-len {seq_len}: {len(ds):,} windows of {seq_len + 1} tokens; the last "
+            f"{dropped:,} of {tokens:,} tokens") in out
+    assert dropped == tokens - (len(ds) * seq_len + 1) > 0
+    code, out, _ = cli("inspect", cache, "--seq-len", seq_len, "--json")
+    assert orjson.loads(out)["windows"] == {
+        "seq_len": seq_len, "tokens": tokens, "windows": len(ds), "dropped_tokens": dropped,
+        "windows_padded": len(sw.TokenDataset(cache, seq_len=seq_len, drop_last=False))}

@@ -10,12 +10,14 @@ from hypothesis import strategies as st
 from shardwise.plan import (
     chunks_of_stream,
     global_to_stream,
+    num_windows,
     rank_example_to_global,
     shuffled_stream_chunks,
     stream_to_global,
     streams_of_rank,
     streams_per_rank,
 )
+from shardwise.plan.stream import dropped_block_tokens, dropped_stream_tokens
 
 
 @settings(max_examples=100, deadline=None)
@@ -96,3 +98,27 @@ def test_chunk_shuffle_degenerates_and_depends_on_stream() -> None:
     b = shuffled_stream_chunks(1, 400, 4, seed=1, epoch=0, block_chunks=100) // 4
     c = shuffled_stream_chunks(0, 400, 4, seed=1, epoch=1, block_chunks=100) // 4
     assert not np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_dropped_block_tokens_docstring_example() -> None:
+    assert dropped_block_tokens([5, 4, 9], 2, 4, drop_last=True) == 0
+    assert dropped_block_tokens([13, 11], 1, 4, drop_last=True) == 2
+    assert dropped_block_tokens([13, 11], 1, 4, drop_last=False) == 0
+    assert dropped_block_tokens([3, 1], 1, 4, drop_last=True) == 4  # no window at all
+
+
+@settings(max_examples=100, deadline=None)
+@given(tokens=st.lists(st.integers(0, 60), max_size=20), block_chunks=st.integers(1, 4),
+       seq_len=st.integers(1, 16), drop_last=st.booleans())
+def test_dropped_block_tokens_is_what_no_window_holds(tokens: list[int], block_chunks: int,
+                                                      seq_len: int, drop_last: bool) -> None:
+    held = 0
+    for b in range(0, len(tokens), block_chunks):  # each block on its own, by the docs' rule
+        t = sum(tokens[b:b + block_chunks])
+        w = num_windows(t, seq_len, drop_last=drop_last)
+        held += min(t, w * seq_len + 1) if w else 0
+    got = dropped_block_tokens(tokens, block_chunks, seq_len, drop_last)
+    assert got == sum(tokens) - held
+    cum = np.concatenate([[0], np.cumsum(tokens)]).astype(np.int64)
+    assert dropped_stream_tokens(cum, 1, block_chunks, seq_len, drop_last,
+                                 full_blocks_only=False) == got

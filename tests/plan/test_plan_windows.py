@@ -15,6 +15,7 @@ from shardwise.plan import (
     position_ids,
     window_span,
 )
+from shardwise.plan.windows import dropped_tokens
 
 
 def test_module_docstring_example() -> None:
@@ -42,6 +43,16 @@ def test_windows_tile_the_stream(total: int, seq_len: int, drop_last: bool) -> N
         assert (covered[:max(total - 1, 0)] == 1).all()
         assert n == 0 or stop[-1] == total
     assert np.array_equal(start[1:], start[:-1] + seq_len)
+    held = np.zeros(total, dtype=bool)  # tokens some window holds, as input or label
+    for a, b in zip(start.tolist(), stop.tolist(), strict=True):
+        held[a:b] = True
+    assert dropped_tokens(total, seq_len, drop_last=drop_last) == total - held.sum()
+
+
+def test_dropped_tokens_docstring_example() -> None:
+    assert dropped_tokens(11, 4, drop_last=True) == 2
+    assert dropped_tokens(11, 4, drop_last=False) == 0
+    assert dropped_tokens(4, 4, drop_last=True) == 4  # not one window: all of it
 
 
 def test_window_span_refuses_missing_windows() -> None:

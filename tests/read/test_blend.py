@@ -208,3 +208,21 @@ def test_refusals(caches: tuple[Path, Path]) -> None:
     other_len = sw.TokenDataset(caches[1], seq_len=8)
     with pytest.raises(ConfigError, match="different examples"):
         Blend([ds[0], other_len], [1, 1]).__getitems__(list(range(4)))
+
+
+def test_a_blend_names_what_its_sources_drop_and_pads_like_its_first(
+        caches: tuple[Path, Path]) -> None:
+    a, b = datasets(caches)
+    mix = Blend([a, b], [0.6, 0.4], names=["web", "code"])
+    want = [(d.count, d.unit) for d in a.drops() + b.drops()]
+    assert [(d.count, d.unit) for d in mix.drops()] == want and want
+    assert "web: after the last full window" in repr(mix)
+    assert mix.pads and not Blend([list(range(5)), a], [1, 1]).pads
+    dl = loader(mix, global_batch_size=4, micro_batch_size=2, world=sw.World(0, 2))
+    assert [x["count"] for x in dl.describe()["drops"]] == [c for c, _ in want]
+    state = dl.state_dict()
+    state["extra"]["blend_counts"] = [np.int64(c) for c in state["extra"]["blend_counts"]]
+    dl.load_state_dict(state)
+    state["extra"]["blend_counts"] = [0.0, 0.0]
+    with pytest.raises(StateError, match=r"blend counts\[0\] must be an integer"):
+        dl.load_state_dict(state)

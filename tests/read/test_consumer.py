@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 from shardwise.errors import ConfigError, StateError
@@ -73,7 +74,7 @@ def test_batch_sizes_and_end_of_pass() -> None:
     with make(batch_size=6, cycle=True) as c:
         assert all(len(c.get_next_batch()) == 6 for _ in range(20))  # 120 > 2 epochs
         assert c.epoch == 2
-    with make() as c, pytest.raises(ConfigError, match="n must be an integer >= 1"):
+    with make() as c, pytest.raises(ConfigError, match="n must be >= 1"):
         c.get_next_batch(0)
 
 
@@ -176,3 +177,24 @@ def test_reader_errors_surface_where_the_data_would_have_been() -> None:
         assert c.state_dict()["consumed"] == 7
     with pytest.raises(ConfigError, match="source must have"):
         SequentialConsumer(42)  # type: ignore[arg-type]
+
+
+def test_numpy_counts_are_counts_and_a_damaged_position_is_refused() -> None:
+    with make() as c:
+        c.get_next_batch(np.int64(3))
+        state = json.loads(json.dumps(c.state_dict()))
+        want = c.get_next_batch(4)
+    np_state = dict(state, consumed=np.int64(3),
+                    extra={**state["extra"], **{k: np.int64(state["extra"][k])
+                                                for k in ("epoch", "window", "offset")}})
+    with make() as c:
+        c.load_state_dict(np_state)
+        assert c.get_next_batch(4) == want
+        assert type(c.state_dict()["consumed"]) is int
+    for extra, match in (({"offset": 8}, "past the end of a shuffle window of 8"),
+                         ({"window": -1}, "extra.window must be >= 0"),
+                         ({"epoch": 0.5}, "extra.epoch must be an integer")):
+        with make() as c, pytest.raises(StateError, match=match):
+            c.load_state_dict(dict(state, extra={**state["extra"], **extra}))
+    with make() as c, pytest.raises(StateError, match="no extra.source"):
+        c.load_state_dict(dict(state, extra={"epoch": 0, "window": 0, "offset": 0}))

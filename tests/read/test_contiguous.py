@@ -8,9 +8,10 @@ import threading
 import weakref
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from shardwise.errors import ConfigError
+from shardwise.errors import ConfigError, StateError
 from shardwise.read.external.contiguous import (
     ContiguousSampler,
     ContiguousShards,
@@ -88,7 +89,7 @@ def test_four_ranks_disjoint_equal_slices_union_is_all_but_tail(shard_files: lis
     seen: list[list[str]] = []
     for r in range(4):
         ds = make(shard_files, live, r, 4, order=order, seed=3, lengths=LENGTHS)
-        assert len(ds) == 10 and ds.dropped == 3 and "dropped tail 3" in repr(ds)
+        assert len(ds) == 10 and ds.dropped == 3 and "dropped 3 examples" in repr(ds)
         seen.append([ds[i] for i in ContiguousSampler(ds)])
         assert ds.peak_loaded_shards <= 2
         ds.close()
@@ -156,8 +157,11 @@ def test_sampler_resumes_from_any_index_with_a_log_seek(shard_files: list[Path])
     ds.close()
     # seeking opened the shard holding the index (and prefetched the next), nothing before
     assert seek.names == ["shard_05", "shard_06"]
-    with pytest.raises(ConfigError, match="start"):
+    with pytest.raises(StateError, match="position is 44 examples, past the end"):
         ContiguousSampler(ds, start=44)
+    assert list(ContiguousSampler(ds, start=np.int64(42))) == [42]
+    with pytest.raises(StateError, match="start must be an integer count"):
+        ContiguousSampler(ds, start=True)
 
 
 def test_wrong_declared_length_is_refused_when_opened(shard_files: list[Path]) -> None:

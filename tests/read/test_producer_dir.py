@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from shardwise.errors import ConfigError, InputError, ProducerTimeoutError, StateError
@@ -210,6 +211,19 @@ def test_stream_view_resumes_exactly_from_every_position(tmp_path: Path) -> None
     other = open_dir(tmp_path, world=World(0, 2)).stream()
     with pytest.raises(StateError, match="rank: state has 1, this reader has 0"):
         other.load_state_dict(make().state_dict())
+    numpy = make()
+    numpy.load_state_dict(dict(state, consumed=np.int64(1),
+                               extra={"chunk": np.int64(1), "record": np.int32(1)}))
+    assert ids(list(numpy)) == reference[1:]
+    for extra, match in (({"chunk": 7, "record": 0}, "past the end of this rank's chunks"),
+                         ({"chunk": 5, "record": 1}, "ends at chunk 5"),
+                         ({"chunk": 2, "record": 0}, "not a position of rank 1 of 2"),
+                         ({"chunk": 1, "record": "0"}, "extra.record must be an integer")):
+        with pytest.raises(StateError, match=match):
+            make().load_state_dict(dict(state, extra=extra))
+    at_end = make()
+    at_end.load_state_dict(dict(state, extra={"chunk": 5, "record": 0}))
+    assert list(at_end) == []
 
 
 def test_stream_ends_when_the_end_is_declared_late(tmp_path: Path) -> None:

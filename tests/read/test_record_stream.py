@@ -322,6 +322,34 @@ def test_state_mismatches_are_refused_by_name(corpus: dict[str, Any]) -> None:
         make(corpus).load_state_dict(bad)
 
 
+def test_state_counts_may_be_numpy_integers(corpus: dict[str, Any]) -> None:
+    rs = make(corpus, epochs=2)
+    rs.get_next_batch(30)
+    state = json.loads(json.dumps(rs.state_dict()))
+    want = ids(rs.get_next_batch(20))
+    for pos in state["extra"]["streams"].values():
+        for k in ("epoch", "range", "line", "draws", "consumed"):
+            pos[k] = np.int64(pos[k])
+        pos["stop_epoch"] = np.int32(pos["stop_epoch"])
+        pos["buffer"] = [[np.int64(x) for x in w] for w in pos["buffer"]]
+    back = make(corpus, epochs=2)
+    back.load_state_dict(dict(state, consumed=np.int64(state["consumed"])))
+    assert ids(back.get_next_batch(20)) == want
+    json.dumps(back.state_dict())  # plain JSON again
+    state["extra"]["streams"]["3"]["epoch"] = 2
+    with pytest.raises(StateError, match="epoch 2 is past the end of this run"):
+        make(corpus, epochs=2).load_state_dict(state)
+    state["extra"]["streams"]["3"]["epoch"] = True
+    with pytest.raises(StateError, match="epoch must be an integer"):
+        make(corpus, epochs=2).load_state_dict(state)
+    fresh, same = make(corpus), make(corpus)
+    fresh.shuffle(np.int64(1))
+    same.shuffle(1)
+    assert ids(fresh.get_next_batch(np.int64(5))) == ids(same.get_next_batch(5))
+    with pytest.raises(ConfigError, match="n must be an integer count"):
+        fresh.get_next_batch(2.5)
+
+
 def test_single_pass_pads_so_ranks_take_equal_steps(corpus: dict[str, Any]) -> None:
     full = ids(list(make(corpus, epochs=1)))
     ranks = [make(corpus, epochs=1, world=World(r, 4)) for r in range(4)]

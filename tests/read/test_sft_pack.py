@@ -97,6 +97,32 @@ def test_state_is_position_and_refuses_other_configs() -> None:
         PackedSFT(recs, seq_len=64, window=16, seed=1).load_state_dict(bad)
 
 
+def test_state_counts_may_be_numpy_and_past_the_end_is_refused() -> None:
+    recs = make_records(60)
+    rows = PackedSFT(recs, seq_len=64, window=16, seed=1, epochs=1)
+    take(rows, 5)
+    state = json.loads(json.dumps(rows.state_dict()))
+    want = take(rows, 2)
+    back = PackedSFT(recs, seq_len=64, window=16, seed=1, epochs=1)
+    back.load_state_dict(dict(state, consumed=np.int64(5),
+                              extra={k: np.int64(v) for k, v in state["extra"].items()}))
+    assert [r["input_ids"].tolist() for r in take(back, 2)] == [
+        r["input_ids"].tolist() for r in want]
+    assert type(back.state_dict()["extra"]["bin"]) is int
+    end = PackedSFT(recs, seq_len=64, window=16, seed=1, epochs=1)
+    total = len(list(end))  # a finished pass stops at epoch 1, window 0, bin 0
+    assert end.state_dict()["extra"] == {"epoch": 1, "window": 0, "bin": 0}
+    again = PackedSFT(recs, seq_len=64, window=16, seed=1, epochs=1)
+    again.load_state_dict(end.state_dict())
+    assert list(again) == [] and total > 0
+    for extra, match in (({"epoch": 5, "window": 0, "bin": 0}, "past the end of this run"),
+                         ({"epoch": 0, "window": 0, "bin": 10**6}, "past the end of that"),
+                         ({"epoch": 0, "window": 0, "bin": 1.5}, "bin must be an integer"),
+                         ({"epoch": 0, "window": True, "bin": 0}, "window must be")):
+        with pytest.raises(StateError, match=match):
+            again.load_state_dict(dict(state, extra=extra))
+
+
 def test_overlong_and_bad_records() -> None:
     recs = make_records(10) + [{"input_ids": np.arange(100) + 1}]
     with pytest.raises(InputError, match="record 10 has 100 tokens"):
@@ -104,8 +130,10 @@ def test_overlong_and_bad_records() -> None:
     dropped = PackedSFT(recs, seq_len=64, overlong="drop")
     assert sorted(r for row in dropped for r in records_in(row)) == list(range(10))
     assert dropped.stats["dropped"] == 1
+    assert "dropped 1 records: empty, or longer than seq_len" in repr(dropped)
     truncated = PackedSFT(recs, seq_len=64, overlong="truncate")
     assert any(row["cu_seqlens"].tolist() == [0, 64] for row in truncated)
+    assert "dropped 36 tokens: cut from 1 records" in repr(truncated)
     with pytest.raises(InputError, match="no 'input_ids'"):
         list(PackedSFT([{"text": "x"}], seq_len=8))
     with pytest.raises(ConfigError, match="at least one record"):

@@ -229,3 +229,19 @@ def test_close_stops_the_thread(cache_dir: Path) -> None:
     with pytest.raises(RuntimeError, match="call iter"):
         for _ in range(10_000):
             next(it)
+
+
+def test_drops_count_the_block_tails_no_window_holds(cache_dir: Path) -> None:
+    cache = sw.open_cache(cache_dir)
+    blocks = [sum(int(cache.chunks[c].tokens) for c in range(s, len(cache.chunks), S)[b:b + 3])
+              for s in range(S) for b in range(0, len(range(s, len(cache.chunks), S)), 3)]
+    short = sum(1 for t in blocks if 0 < t <= 16)  # no window: all dropped, one label less
+    assert short  # than padding would give (its first token is no label)
+    ds = reader(cache_dir, sw.World(0, 1), epochs=1, seq_len=16)
+    (drop,) = ds.drops()
+    dropped_labels = sum(int(e["loss_mask"].sum()) for e in reader(
+        cache_dir, sw.World(0, 1), epochs=1, drop_last=False, seq_len=16)) - sum(
+        int(e["loss_mask"].sum()) for e in ds)
+    assert drop.count == dropped_labels + short and drop.unit == "tokens per epoch"
+    assert f"dropped {drop.count:,} tokens per epoch" in repr(ds)
+    assert reader(cache_dir, sw.World(0, 1), epochs=1, drop_last=False).drops() == []

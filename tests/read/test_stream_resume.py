@@ -136,3 +136,32 @@ def test_foreign_states_are_refused_by_field(cache_dir: Path) -> None:
     assert set(state["config"]) == {  # identity, not size: a growing cache keeps its states
         "seq_len", "streams", "seed", "block_chunks", "drop_last", "epochs", "cache",
         "order_version", "permutation_version"}
+
+
+def test_numpy_counts_resume_and_past_the_end_of_a_single_pass_is_refused(
+        cache_dir: Path) -> None:
+    single = reader(cache_dir, sw.World(0, 2), epochs=1)
+    total = 2 * len(list(single))  # both ranks run the same, padded number of steps
+    end = single.state_dict()
+    assert end["consumed"] == total
+    head = reader(cache_dir, sw.World(1, 2), epochs=1)
+    state = json.loads(json.dumps(dict(end, consumed=6, extra={
+        "stream_examples": [first_example(6, s, S) for s in range(S)]})))
+    head.load_state_dict(state)
+    want = [e["input_ids"] for e in islice(head, 3)]
+    back = reader(cache_dir, sw.World(1, 2), epochs=1)
+    back.load_state_dict(dict(state, consumed=np.int64(6), extra={
+        "stream_examples": [np.int64(k) for k in state["extra"]["stream_examples"]]}))
+    assert all(np.array_equal(a["input_ids"], b) for a, b in zip(islice(back, 3), want,
+                                                                  strict=True))
+    assert type(back.state_dict()["consumed"]) is int
+    again = reader(cache_dir, sw.World(0, 1), epochs=1)
+    again.load_state_dict(end)  # the end itself: nothing left
+    assert list(again) == []
+    past = total + S
+    with pytest.raises(StateError, match=f"position is {past:,} examples, past the end"):
+        reader(cache_dir, sw.World(0, 1), epochs=1).load_state_dict(dict(end, consumed=past, extra={
+            "stream_examples": [first_example(past, s, S) for s in range(S)]}))
+    reader(cache_dir, sw.World(0, 1)).load_state_dict(  # endless: any position
+        dict(reader(cache_dir, sw.World(0, 1)).state_dict(), consumed=past,
+             extra={"stream_examples": [first_example(past, s, S) for s in range(S)]}))

@@ -15,6 +15,8 @@ from typing import Any
 import orjson
 
 from shardwise.errors import ConfigError, MissingExtraError
+from shardwise.format.chunk import ChunkKind
+from shardwise.plan.windows import dropped_tokens, num_windows
 from shardwise.storage.cache import Cache, open_cache
 from shardwise.storage.summary import CacheSummary, sample_lengths, summarize
 
@@ -44,7 +46,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--examples", metavar="N", type=_non_negative, default=0,
                    help="print the first N packed windows of SEQ_LEN+1 tokens")
     p.add_argument("--seq-len", metavar="L", type=_positive, default=None,
-                   help="window length for --examples (each window has L+1 tokens)")
+                   help="window length: how many windows of L+1 tokens a TokenDataset cuts "
+                        "and how many tokens its last partial window drops; also the "
+                        "length of --examples")
     p.add_argument("--tokenizer", metavar="FILE", type=Path, default=None,
                    help="tokenizer.json to decode --examples (default: print token ids)")
     p.add_argument("--sample-docs", metavar="N", type=_positive, default=1_000_000,
@@ -72,15 +76,20 @@ def run(args: argparse.Namespace) -> int:
     cache = open_cache(args.path)
     summary = summarize(cache, sample_docs=args.sample_docs)
     examples = packed_examples(cache, args.examples, args.seq_len or 0, args.tokenizer)
+    windows = window_report(cache, args.seq_len)
     if args.plot is not None:
         write_plot(cache, summary, args.plot, sample_docs=args.sample_docs)
     if args.json:
         out = summary.to_dict()
+        if windows is not None:
+            out["windows"] = windows
         if args.examples:
             out["examples"] = examples
         print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
         return 0
     print("\n".join(render(summary)))
+    if windows is not None:
+        print("\n" + window_line(windows))
     for i, ex in enumerate(examples):
         print(f"\nexample {i} (tokens {ex['start']}..{ex['stop']}):\n{ex['text']}")
     if args.examples and len(examples) < args.examples:
@@ -111,6 +120,32 @@ def render(s: CacheSummary) -> list[str]:
     else:
         lines.append("skipped records: none")
     return lines + ["", *histogram_lines(s)]
+
+
+def window_report(cache: Cache, seq_len: int | None) -> dict[str, Any] | None:
+    """What ``TokenDataset(cache, seq_len=L)`` cuts from the visible tokens: its windows
+    and the tokens after the last full one, which ``drop_last=True`` (the default) drops
+    and ``drop_last=False`` pads and masks. ``None`` without ``--seq-len`` or for a
+    record (Parquet) cache, which a TokenDataset does not read."""
+    if seq_len is None or any(c.kind is not ChunkKind.TOKENS for c in cache.chunks):
+        return None
+    t = cache.num_tokens
+    return {"seq_len": seq_len, "tokens": t,
+            "windows": num_windows(t, seq_len, drop_last=True),
+            "dropped_tokens": dropped_tokens(t, seq_len, drop_last=True),
+            "windows_padded": num_windows(t, seq_len, drop_last=False)}
+
+
+def window_line(w: dict[str, Any]) -> str:
+    """The human line of :func:`window_report`."""
+    head = (f"with --seq-len {w['seq_len']}: {w['windows']:,} windows of "
+            f"{w['seq_len'] + 1} tokens; ")
+    if not w["dropped_tokens"]:
+        return head + f"no token dropped ({w['tokens']:,} tokens fill them exactly)"
+    share = 100 * w["dropped_tokens"] / w["tokens"]
+    return (head + f"the last {w['dropped_tokens']:,} of {w['tokens']:,} tokens ({share:.2g}%) "
+            f"are dropped (drop_last=True; drop_last=False pads and masks them: "
+            f"{w['windows_padded']:,} windows)")
 
 
 def histogram_lines(s: CacheSummary) -> list[str]:

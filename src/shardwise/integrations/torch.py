@@ -8,6 +8,17 @@ restores any world size for which the position is a whole step. Works with
 ``num_workers > 0``, ``pin_memory`` and ``persistent_workers``: the index stream is made
 in the main process, workers only read.
 
+**Another global batch size continues exactly.** The global order does not depend on the
+batch size, so the state does not hold it: a state saved with global batch size 16
+resumes under 8 (or 32) at the same example — what Megatron's batch-size ramp-up needs —
+whenever the position is a whole number of the new ``micro_batch_size × world size``
+(otherwise it is refused, naming that step). The next examples are ``[consumed, …)`` of
+the one global order, whatever the sizes.
+
+``describe()`` (and ``repr``) says what the run serves and what it leaves out: the
+dataset's drops (a last partial window, …) and the sampler's (a finite run's last partial
+step, a cyclic epoch's remainder); an eval pass only pads.
+
 State keys: ``kind``, ``version``, ``fingerprint``, ``consumed``, ``config``, ``extra``.
 """
 
@@ -18,8 +29,9 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from shardwise.checkpoint import LoaderState
+from shardwise.checkpoint import LoaderState, as_count
 from shardwise.errors import ConfigError, MissingExtraError, StateError
+from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.sampler import BatchSampler, SamplerKind
 from shardwise.world import World
 
@@ -82,12 +94,20 @@ class _Indices:
         self.start = sampler.consumed
         self.received = 0  # micro-batches handed to the caller since ``start``
         self.prefetch, self.ahead = prefetch, ahead
+        self.stopped = False  # set to end the current index stream early (see _drain)
 
     def __iter__(self) -> Iterator[list[int]]:
+        self.stopped = False
         batches = iter(self.sampler)
-        if self.prefetch is None or self.ahead == 0:
-            return batches
-        return look_ahead(batches, self.prefetch, self.ahead)
+        if self.prefetch is not None and self.ahead > 0:
+            batches = look_ahead(batches, self.prefetch, self.ahead)
+        return self._until_stopped(batches)
+
+    def _until_stopped(self, batches: Iterator[list[int]]) -> Iterator[list[int]]:
+        for batch in batches:
+            if self.stopped:
+                return
+            yield batch
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -117,9 +137,33 @@ class ShardwiseLoader(DataLoader):  # type: ignore[type-arg]
         self._restart(self.consumed)
         pos = self._indices
         batches = self._direct() if self._is_direct() else super().__iter__()
-        for batch in batches:
-            pos.received += 1
-            yield batch
+        try:
+            for batch in batches:
+                pos.received += 1
+                yield batch
+        except GeneratorExit:  # the caller stopped early (break, del, garbage collection)
+            if self.num_workers > 0:
+                self._drain(batches)
+            raise
+
+    def _drain(self, batches: Iterator[Any]) -> None:
+        """End the index stream and receive the batches still in flight (at most
+        ``prefetch_factor × num_workers``; not counted as received) before torch stops
+        the workers.
+
+        Why: a worker sends each batch from a queue feeder thread. Stopped while that
+        thread is still inside torch's C++ (sharing the batch's storage), a *spawned*
+        worker finalises its interpreter and CPython < 3.14 ends the thread with
+        ``pthread_exit``, which aborts the process as it unwinds a ``noexcept`` frame
+        ("terminate called without an active exception"; the main process then reports
+        "DataLoader worker ... killed by signal: Aborted"). A worker with nothing in
+        flight exits cleanly."""
+        self._indices.stopped = True
+        try:
+            for _ in batches:
+                pass
+        except Exception:  # a worker's error on a batch nobody asked for: it was not
+            pass  # received, so a run resumed from here reads it again and raises then
 
     def _is_direct(self) -> bool:
         """No worker processes and a batched dataset: fetch in this thread ourselves.
@@ -150,6 +194,8 @@ class ShardwiseLoader(DataLoader):  # type: ignore[type-arg]
             cfg.update(sampler_seed=s.seed, data_sharding=s.data_sharding)
             if s.data_sharding:
                 cfg["world_size"] = s.world.size  # the order depends on it
+            if s.n % s.step_examples:  # so does the epoch: whole steps of m × W
+                cfg["epoch_examples"] = s.n - s.n % s.step_examples
         if s.kind is SamplerKind.EVAL:
             cfg["world_size"] = s.world.size
         return cfg
@@ -171,9 +217,12 @@ class ShardwiseLoader(DataLoader):  # type: ignore[type-arg]
                            kind=STATE_KIND).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a saved position; refuse a state of other data or config."""
+        """Continue from a saved position; refuse a state of other data or config, or
+        past the end of this run. The global batch size may differ from the saved run's
+        (see the module docs): the continuation is the same global order."""
         st = LoaderState.from_dict(state)
         st.check_matches(STATE_KIND, self._fingerprint(), self._state_config())
+        self._indices.sampler.check_in_run(st.consumed)
         step = self._indices.sampler.step_examples
         if st.consumed % step:
             raise StateError(f"the state is at {st.consumed} examples, not a multiple of "
@@ -185,6 +234,49 @@ class ShardwiseLoader(DataLoader):  # type: ignore[type-arg]
             self.dataset.restore_loader_state(st.consumed, st.extra)
         self._restart(st.consumed)
 
+    def describe(self) -> dict[str, Any]:
+        """The run at a glance: layout, length, position, and what is left out (``drops``:
+        the dataset's and the sampler's) or padded (``padding``: masked eval examples)."""
+        s = self._indices.sampler
+        drops = _dataset_drops(self.dataset) + s.drops()
+        return {"dataset": repr(self.dataset), "sampler": s.kind.value,
+                "global_batch_size": s.global_batch_size,
+                "micro_batch_size": s.micro_batch_size,
+                "world": f"{s.world.rank}/{s.world.size}", "epoch_examples": s.n,
+                "run_examples": s.end, "consumed": self.consumed,
+                "drops": [d.to_dict() for d in drops], "padding": s.padding(),
+                "summary": describe_drops(drops)}
+
+    def __repr__(self) -> str:
+        d = self.describe()
+        run = "endless" if d["run_examples"] is None else f"{d['run_examples']:,} examples"
+        pad = f"; pads {d['padding']:,} masked examples" if d["padding"] else ""
+        return (f"ShardwiseLoader({type(self.dataset).__name__} of {d['epoch_examples']:,} "
+                f"examples, sampler={d['sampler']!r}, global batch "
+                f"{d['global_batch_size']}, micro batch {d['micro_batch_size']}, rank "
+                f"{d['world']}, run {run}, at {d['consumed']:,}; {d['summary']}{pad})")
+
+
+def _dataset_drops(dataset: Any) -> list[Drop]:
+    drops = getattr(dataset, "drops", None)
+    return list(drops()) if callable(drops) else []
+
+
+def _check_eval(dataset: Any, sampler: BatchSampler) -> None:
+    """An eval pass sees every example once: refuse a dataset that drops data, or one
+    that cannot make the masked padding examples (index -1) the last step needs."""
+    drops = _dataset_drops(dataset)
+    if drops:
+        raise ConfigError(f"sampler='eval' must see every example, but {dataset!r} leaves "
+                          f"out {'; '.join(map(str, drops))}; make the eval dataset with "
+                          "drop_last=False (the last window is padded and masked)")
+    if sampler.padding() and not getattr(dataset, "pads", False):
+        raise ConfigError(f"sampler='eval' fills its last step with {sampler.padding()} "
+                          f"masked padding examples (index -1), which "
+                          f"{type(dataset).__name__} cannot make (index -1 would read its "
+                          "last example again); use a TokenDataset, or a global batch that "
+                          f"divides its {sampler.n} examples")
+
 
 def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
            world: World | None = None, num_workers: int = 0, sampler: str = "single",
@@ -195,8 +287,11 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
     """This rank's loader over ``dataset`` (a TokenDataset or any map-style dataset).
 
     ``global_batch_size = micro_batch_size × world size × accumulation``; ``epochs`` or
-    ``total_samples`` bound the run (default: endless). ``sampler="eval"`` is one padded
-    pass in stored order. ``look_ahead``: for a cache on an object store, the chunks of
+    ``total_samples`` bound the run (default: endless); ``consumed`` resumes at a position
+    (counts may be numpy or torch integers; past the end of the run is a StateError).
+    ``sampler="eval"`` is one padded pass in stored order: every example once, the last
+    step filled with masked examples; a dataset that drops data or cannot pad is refused.
+    ``look_ahead``: for a cache on an object store, the chunks of
     this many coming micro-batches download in the background while earlier ones are read
     (0: only on demand; local caches never prefetch).
 
@@ -204,14 +299,16 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
     ...             world=World(0, 2))
     """
     kind = SamplerKind.parse(sampler)
-    if isinstance(look_ahead, bool) or not isinstance(look_ahead, int) or look_ahead < 0:
-        raise ConfigError(f"look_ahead must be a non-negative integer, got {look_ahead!r}")
+    look_ahead = as_count(look_ahead, "look_ahead", error=ConfigError)
     world = World.resolve(world, reader="shardwise.torch.loader")
     if epochs is not None and total_samples is not None:
         raise ConfigError("give epochs or total_samples, not both")
-    total = total_samples if epochs is None else epochs * len(dataset)
+    total = (total_samples if epochs is None
+             else as_count(epochs, "epochs", minimum=1, error=ConfigError) * len(dataset))
     batches = BatchSampler(len(dataset), global_batch_size, micro_batch_size, world, kind,
-                           seed, data_sharding, consumed, total)
+                           seed, data_sharding, as_count(consumed, "consumed"), total)
+    if kind is SamplerKind.EVAL:
+        _check_eval(dataset, batches)
     extra: dict[str, Any] = {}
     if num_workers > 0:
         extra["persistent_workers"] = persistent_workers

@@ -163,6 +163,38 @@ def windows_per_block(chunk_tokens: npt.ArrayLike, block_chunks: int, seq_len: i
     return labels // seq_len if drop_last else (labels + seq_len - 1) // seq_len
 
 
+def dropped_block_tokens(chunk_tokens: npt.ArrayLike, block_chunks: int, seq_len: int,
+                         drop_last: bool) -> int:
+    """Tokens of a stream's blocks that no window holds: each block's tail after its last
+    full window (``drop_last``), or a block too short for one window.
+
+    Example (the :func:`windows_per_block` one): blocks of 9 and 9 tokens, ``seq_len=4``
+    → 2 windows each, holding tokens 0‥8: nothing dropped. Blocks of 13 and 11 tokens →
+    3 and 2 windows holding 13 and 9 tokens: 2 dropped (the second block's last two).
+    """
+    toks = np.asarray(chunk_tokens, dtype=np.int64)
+    if toks.size == 0:
+        return 0
+    sums = np.add.reduceat(toks, np.arange(0, toks.size, block_chunks))
+    w = windows_per_block(toks, block_chunks, seq_len, drop_last)
+    held = np.where(w > 0, np.minimum(sums, w * seq_len + 1), 0)
+    return int((sums - held).sum())
+
+
+def dropped_stream_tokens(cum_tokens: IntArray, n_streams: int, block_chunks: int,
+                          seq_len: int, drop_last: bool, *, full_blocks_only: bool) -> int:
+    """:func:`dropped_block_tokens` summed over all ``n_streams`` streams of a cache
+    (``cum_tokens``: its chunks' prefix sums). ``full_blocks_only``: leave out each
+    stream's last, partial block (not final while a build runs)."""
+    lost = 0
+    for s in range(n_streams):
+        toks = stream_chunk_tokens(cum_tokens, s, n_streams)
+        if full_blocks_only:
+            toks = toks[: len(toks) // block_chunks * block_chunks]
+        lost += dropped_block_tokens(toks, block_chunks, seq_len, drop_last)
+    return lost
+
+
 def block_read_order(s: int, b: int, size: int, *, n_streams: int, block_chunks: int,
                      seed: int, epoch: int) -> IntArray:
     """Global chunks of block ``b`` (``size`` chunks) of stream ``s``, in read order: the

@@ -51,6 +51,18 @@ def num_windows(total_tokens: int, seq_len: int, *, drop_last: bool) -> int:
     return (t - 1) // seq if drop_last else (t - 1 + seq - 1) // seq
 
 
+def dropped_tokens(total_tokens: int, seq_len: int, *, drop_last: bool) -> int:
+    """Tokens no window holds: the tail after the last full window (``drop_last=True``;
+    none otherwise, the last window being padded). In the module example (``T = 11``,
+    ``L = 4``) windows 0 and 1 hold tokens 0‥8, so tokens 9 and 10 are dropped: 2. A
+    stream too short for one window drops all of it."""
+    t = check_int(total_tokens, "total_tokens", minimum=0)
+    n = num_windows(t, seq_len, drop_last=drop_last)
+    if not drop_last:
+        return 0 if n else t
+    return t - (n * seq_len + 1) if n else t
+
+
 @overload
 def window_span(w: int, seq_len: int, total_tokens: int) -> tuple[int, int]: ...
 @overload

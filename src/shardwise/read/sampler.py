@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 
+from shardwise.checkpoint import as_count, check_not_past_end
 from shardwise.errors import ConfigError
 from shardwise.plan.batches import (
     cyclic_micro_batch_indices,
@@ -29,6 +30,7 @@ from shardwise.plan.batches import (
     micro_batch_indices,
     num_eval_steps,
 )
+from shardwise.read.drops import Drop
 from shardwise.world import World
 
 
@@ -48,10 +50,10 @@ class SamplerKind(str, Enum):
 
 def accumulation_steps(global_batch_size: int, micro_batch_size: int, world_size: int) -> int:
     """``B = m × W × accumulation``; a clear error when the sizes do not fit."""
-    for name, v in (("global_batch_size", global_batch_size),
-                    ("micro_batch_size", micro_batch_size)):
-        if not isinstance(v, int) or v < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+    global_batch_size = as_count(global_batch_size, "global_batch_size", minimum=1,
+                                 error=ConfigError)
+    micro_batch_size = as_count(micro_batch_size, "micro_batch_size", minimum=1,
+                                error=ConfigError)
     step = micro_batch_size * world_size
     if global_batch_size % step:
         raise ConfigError(f"global_batch_size ({global_batch_size}) must be a multiple of "
@@ -66,6 +68,11 @@ class BatchSampler:
 
     ``n`` is the dataset's length (one epoch); ``total`` the number of examples to serve
     in all (``None``: forever, epoch after epoch; eval: one pass).
+
+    The global batch size does not enter the order (nor the state): example ``i`` is the
+    same for every ``B``, so a position saved under one global batch size continues
+    exactly under another (Megatron's batch-size ramp-up) whenever it is a whole number
+    of the new ``micro_batch_size × world size`` steps.
     """
 
     n: int
@@ -79,12 +86,56 @@ class BatchSampler:
     total: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("global_batch_size", "micro_batch_size"):
+            object.__setattr__(self, name, as_count(getattr(self, name), name, minimum=1,
+                                                    error=ConfigError))
         accumulation_steps(self.global_batch_size, self.micro_batch_size, self.world.size)
+        object.__setattr__(self, "consumed", as_count(self.consumed, "consumed"))
+        if self.total is not None:
+            object.__setattr__(self, "total", as_count(self.total, "total_samples",
+                                                       error=ConfigError))
         step = self.micro_batch_size * self.world.size
         if self.consumed % step:
             raise ConfigError(f"cannot resume at {self.consumed} consumed examples with "
                               f"micro_batch_size × world size = {step}: it is not a multiple "
                               "(save checkpoints at global-batch boundaries)")
+        self.check_in_run(self.consumed)
+
+    @property
+    def end(self) -> int | None:
+        """Examples of the global order in the whole run (eval: padding included);
+        ``None`` for an endless run."""
+        if self.kind is SamplerKind.EVAL:
+            return num_eval_steps(self.n, world_size=self.world.size,
+                                  micro_batch_size=self.micro_batch_size) * self.step_examples
+        return self.total
+
+    def check_in_run(self, consumed: int) -> None:
+        """StateError if ``consumed`` is past the end of a finite run."""
+        run = (f"one evaluation pass over {self.n:,} examples, padded"
+               if self.kind is SamplerKind.EVAL
+               else f"total_samples, or epochs × {self.n:,} examples per epoch")
+        check_not_past_end(consumed, self.end, "examples", run)
+
+    def drops(self) -> list[Drop]:
+        """What this sampler leaves out: the examples of a finite run past its last whole
+        step, and the cyclic sampler's remainder of every epoch (as Megatron's)."""
+        step, out = self.step_examples, []
+        if self.kind is SamplerKind.CYCLIC and self.n % step:
+            where = ("the same last ids every epoch (data_sharding)" if self.data_sharding
+                     else "a different set every epoch")
+            out.append(Drop(self.n % step, "examples per epoch", f"cyclic sampler: an "
+                            f"epoch is whole steps of micro_batch × world = {step}; {where}",
+                            of=self.n))
+        if self.kind is not SamplerKind.EVAL and self.total is not None and self.total % step:
+            out.append(Drop(self.total % step, "examples", f"the run's last partial step "
+                            f"({self.total:,} is not a multiple of micro_batch × world = "
+                            f"{step})", of=self.total))
+        return out
+
+    def padding(self) -> int:
+        """Masked padding examples an eval pass adds to fill its last step."""
+        return 0 if self.kind is not SamplerKind.EVAL else (self.end or 0) - self.n
 
     @property
     def step_examples(self) -> int:

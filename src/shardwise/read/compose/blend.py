@@ -40,11 +40,12 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from shardwise.checkpoint import LoaderState
+from shardwise.checkpoint import LoaderState, as_count
 from shardwise.errors import ConfigError, StateError
 from shardwise.plan.blend import BLEND_VERSION, BlendSchedule, normalize_weights
 from shardwise.plan.permutation import Permutation, derive_seed
 from shardwise.read.compose.sft_pack import source_identity
+from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.tokens.dataset import PAD, TokenDataset
 
 STATE_KIND = "blend"
@@ -133,6 +134,10 @@ class Blend:
     def seed_counts(self, t: int, counts: Sequence[int]) -> None:
         """Resume the schedule at ``t`` from saved per-source counts (O(one block), not
         O(t)); refuses counts no blend with these weights could have."""
+        if not isinstance(counts, list | tuple):
+            raise StateError(f"blend counts must be a list of {len(self.sources)} counts, "
+                             f"got {counts!r}")
+        counts = [as_count(c, f"blend counts[{j}]") for j, c in enumerate(counts)]
         try:
             self._schedule.seed(t, np.asarray(counts, dtype=np.int64)[self._relabel])
         except (ValueError, IndexError) as e:
@@ -177,7 +182,18 @@ class Blend:
 
     def __repr__(self) -> str:
         mix = ", ".join(f"{n}={w:.3g}" for n, w in zip(self.names, self.weights, strict=True))
-        return f"Blend({mix}, seed={self.seed})"
+        return f"Blend({mix}, seed={self.seed}, {describe_drops(self.drops())})"
+
+    def drops(self) -> list[Drop]:
+        """What the sources leave out, each named."""
+        return [Drop(d.count, d.unit, f"{n}: {d.reason}", d.of)
+                for n, ds in zip(self.names, self.sources, strict=True)
+                for d in (ds.drops() if callable(getattr(ds, "drops", None)) else [])]
+
+    @property
+    def pads(self) -> bool:
+        """Whether index :data:`PAD` gives a masked example (the first source's)."""
+        return bool(getattr(self.sources[0], "pads", False))
 
     # -- map-style ------------------------------------------------------------------------
     def __len__(self) -> int:

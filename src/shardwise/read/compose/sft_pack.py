@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from shardwise.checkpoint import LoaderState
+from shardwise.checkpoint import LoaderState, as_count
 from shardwise.errors import ConfigError, InputError, StateError
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation, derive_seed
 from shardwise.plan.sft_packing import (
@@ -49,6 +49,7 @@ from shardwise.plan.sft_packing import (
     pack_window,
     window_range,
 )
+from shardwise.read.drops import Drop, describe_drops
 
 IGNORE_INDEX = -100
 STATE_KIND = "sft_pack"
@@ -108,7 +109,26 @@ class PackedSFT:
         self.num_windows = num_pack_windows(len(records), window)
         self._epoch = self._win = self._bin = self._consumed = 0
         self._cached: tuple[tuple[int, int], PackPlan, list[dict[str, Any]]] | None = None
-        self.stats = {"windows": 0, "dropped": 0, "truncated": 0}
+        self.stats = {"windows": 0, "dropped": 0, "truncated": 0, "truncated_tokens": 0}
+
+    def __repr__(self) -> str:
+        return (f"PackedSFT({len(self.records):,} records, seq_len={self.seq_len}, "
+                f"window={self.window}, seed={self.seed}, epochs={self.epochs}, "
+                f"overlong={self.overlong.value!r}, {describe_drops(self.drops())})")
+
+    def drops(self) -> list[Drop]:
+        """Records left out and tokens cut in the windows packed so far (``stats``):
+        empty records, and records over ``seq_len`` under ``overlong='drop'`` or
+        ``'truncate'``."""
+        st, so_far = self.stats, f"so far ({self.stats['windows']:,} windows packed)"
+        out = []
+        if st["dropped"]:
+            out.append(Drop(st["dropped"], "records", "empty, or longer than seq_len with "
+                            f"overlong='drop', {so_far}"))
+        if st["truncated_tokens"]:
+            out.append(Drop(st["truncated_tokens"], "tokens", f"cut from {st['truncated']:,} "
+                            f"records longer than seq_len (overlong='truncate'), {so_far}"))
+        return out
 
     # -- identity ---------------------------------------------------------------------------
     def state_config(self) -> dict[str, Any]:
@@ -155,6 +175,7 @@ class PackedSFT:
         self.stats["windows"] += 1
         self.stats["dropped"] += len(plan.dropped)
         self.stats["truncated"] += len(plan.truncated)
+        self.stats["truncated_tokens"] += int((lengths[plan.truncated] - self.seq_len).sum())
         return plan, recs
 
     @staticmethod
@@ -218,15 +239,31 @@ class PackedSFT:
         """Continue at the saved (epoch, window, bin); refuse a state of other data."""
         st = LoaderState.from_dict(state)
         st.check_matches(STATE_KIND, self.fingerprint, self.state_config())
-        try:
-            epoch, w, b = (int(st.extra[k]) for k in ("epoch", "window", "bin"))
-        except (KeyError, TypeError, ValueError):
-            raise StateError(f"a {STATE_KIND} state needs integer extra epoch/window/bin, "
-                             f"got {st.extra!r}") from None
-        if not (0 <= w < self.num_windows and b >= 0 and epoch >= 0):
+        missing = [k for k in ("epoch", "window", "bin") if k not in st.extra]
+        if missing:
+            raise StateError(f"a {STATE_KIND} state needs extra epoch/window/bin, missing "
+                             f"{missing} in {st.extra!r}")
+        epoch, w, b = (as_count(st.extra[k], f"extra.{k}") for k in ("epoch", "window", "bin"))
+        if w >= self.num_windows:
             raise StateError(f"state position epoch={epoch} window={w} bin={b} is outside "
                              f"this reader's {self.num_windows} windows")
+        self._check_in_run(epoch, w, b)
         self._epoch, self._win, self._bin, self._consumed = epoch, w, b, st.consumed
+
+    def _check_in_run(self, epoch: int, w: int, b: int) -> None:
+        """StateError for a position past the end of a finite run (the end itself, epoch
+        ``epochs`` window 0 bin 0, is where a finished pass stops) or past a window's
+        bins (which re-plans that one window, as resuming does)."""
+        where = f"state position epoch={epoch} window={w} bin={b}"
+        if self.epochs is not None and (epoch, w, b) > (self.epochs, 0, 0):
+            raise StateError(f"{where} is past the end of this run ({self.epochs} epochs of "
+                             f"{self.num_windows} windows); resume with the epochs= it was "
+                             "saved with")
+        if epoch < (self.epochs or epoch + 1):
+            bins = self.plan(epoch, w)[0].num_bins
+            if b > bins:
+                raise StateError(f"{where} is past the end of that window ({bins} rows); "
+                                 "the state was edited or saved from other records")
 
 
 __all__ = ["IGNORE_INDEX", "PackedSFT", "source_identity"]

@@ -37,8 +37,10 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
+from shardwise.checkpoint import as_count, check_not_past_end
 from shardwise.errors import ConfigError
 from shardwise.plan.permutation import Permutation
+from shardwise.read.drops import Drop, describe_drops
 from shardwise.world import World
 
 K = TypeVar("K", bound=Hashable)
@@ -243,7 +245,14 @@ class ContiguousShards:
         w = self.world
         return (f"ContiguousShards({len(self.sources)} shards, {self.total} examples, "
                 f"order={self.order.value!r}, rank {w.rank} of {w.size}: "
-                f"[{self.start}, {self.stop}), dropped tail {self.dropped})")
+                f"[{self.start}, {self.stop}), {describe_drops(self.drops())})")
+
+    def drops(self) -> list[Drop]:
+        """The trailing ``total % world size`` examples no rank reads (every rank gets
+        the same count, so all run the same number of steps)."""
+        return [Drop(self.dropped, "examples", f"the tail of {self.total:,} that does not "
+                     f"split evenly over {self.world.size} ranks", of=self.total)
+                ] if self.dropped else []
 
     @property
     def peak_loaded_shards(self) -> int:
@@ -319,8 +328,8 @@ class ContiguousSampler:
 
     def __init__(self, ds: SizedDataset, start: int = 0) -> None:
         n = len(ds)
-        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= n:
-            raise ConfigError(f"start must be an integer in [0, {n}], got {start!r}")
+        start = as_count(start, "start")
+        check_not_past_end(start, n, "examples", "this rank's share")
         self.n, self.start = n, start
 
     def __iter__(self) -> Iterator[int]:

@@ -72,8 +72,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from shardwise.checkpoint import LoaderState
-from shardwise.errors import ConfigError, InputError, ProducerTimeoutError
+from shardwise.checkpoint import LoaderState, as_count
+from shardwise.errors import ConfigError, InputError, ProducerTimeoutError, StateError
 from shardwise.format.atomic import atomic_write_bytes
 from shardwise.read.external.contiguous import OneAhead
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES, parse_line
@@ -158,9 +158,7 @@ def publish_chunk(directory: str | os.PathLike[str], index: int, records: Sequen
 
 
 def _count(value: Any, name: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
-    return value
+    return as_count(value, name, minimum=low, error=ConfigError)
 
 
 @dataclass(frozen=True)
@@ -515,10 +513,15 @@ class ProducerDirStream:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         st = LoaderState.from_dict(state)
         st.check_matches(STATE_KIND, self.ds.fingerprint, self.ds.state_config())
-        chunk, record = st.extra.get("chunk"), st.extra.get("record")
+        chunk, record = (as_count(st.extra.get(k), f"extra.{k}") for k in ("chunk", "record"))
         w = self.ds.world
-        if not (isinstance(chunk, int) and isinstance(record, int) and record >= 0
-                and chunk >= 0 and chunk % w.size == w.rank):
-            raise ConfigError(f"state position chunk={chunk!r} record={record!r} is not a "
-                              f"position of rank {w.rank} of {w.size}")
+        if chunk % w.size != w.rank:
+            raise StateError(f"state position chunk={chunk!r} record={record!r} is not a "
+                             f"position of rank {w.rank} of {w.size}")
+        n = self.ds.declared().num_chunks
+        end = None if n is None else n + (w.rank - n) % w.size  # after this rank's last
+        if end is not None and (chunk, record) > (end, 0):
+            raise StateError(f"state position chunk={chunk} record={record} is past the end "
+                             f"of this rank's chunks ({n} declared: it ends at chunk {end}); "
+                             "the state belongs to another producer directory or run")
         self.next_chunk, self.next_record, self.consumed = chunk, record, st.consumed

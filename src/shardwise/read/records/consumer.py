@@ -43,8 +43,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
-from shardwise.checkpoint import LoaderState
-from shardwise.errors import ConfigError
+from shardwise.checkpoint import LoaderState, as_count
+from shardwise.errors import ConfigError, StateError
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation, derive_seed
 
 STATE_KIND = "sequential_consumer"
@@ -70,8 +70,9 @@ class ConsumerOrder:
     shuffle_window: int = 0
 
     def __post_init__(self) -> None:
-        _check(self.seed, "seed", 0)
-        _check(self.shuffle_window, "shuffle_window", 0)
+        object.__setattr__(self, "seed", _check(self.seed, "seed", 0))
+        object.__setattr__(self, "shuffle_window", _check(self.shuffle_window,
+                                                          "shuffle_window", 0))
 
     def to_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "shuffle_window": self.shuffle_window,
@@ -110,13 +111,13 @@ class SequentialConsumer:
                  prefetch: int | None = None, seed: int = 0, shuffle_window: int = 0,
                  cycle: bool = False) -> None:
         self.order = ConsumerOrder(seed, shuffle_window)
-        _check(consumers, "consumers", 1)
-        if batch_size is not None:
-            _check(batch_size, "batch_size", 1)
-        self.batch_size, self.consumers = batch_size, consumers
-        self.prefetch = (2 * consumers * (batch_size or DEFAULT_BATCH) if prefetch is None
+        self.batch_size = None if batch_size is None else _check(batch_size, "batch_size", 1)
+        self.consumers = _check(consumers, "consumers", 1)
+        self.prefetch = (2 * self.consumers * (self.batch_size or DEFAULT_BATCH)
+                         if prefetch is None
                          else _check(prefetch, "prefetch", 1))
-        self.seed, self.shuffle_window, self.cycle = seed, shuffle_window, cycle
+        self.seed, self.shuffle_window = self.order.seed, self.order.shuffle_window
+        self.cycle = cycle
         if isinstance(source, ResumableSource) and not isinstance(source, type):
             self._factory: Callable[[], ResumableSource] | None = None
             self._source: ResumableSource | None = source
@@ -191,12 +192,16 @@ class SequentialConsumer:
         st = LoaderState.from_dict(state)
         st.check_matches(STATE_KIND, self.fingerprint, self.state_config())
         e = st.extra
-        try:
-            pos = Position(_check(e["epoch"], "epoch", 0), _check(e["window"], "window", 0),
-                           _check(e["offset"], "offset", 0), e["source"])
-        except KeyError as k:
-            raise ConfigError(f"consumer state has no extra.{k.args[0]}") from None
-        self._restart(pos)
+        missing = [k for k in ("epoch", "window", "offset", "source") if k not in e]
+        if missing:
+            raise StateError(f"consumer state has no extra.{missing[0]}")
+        epoch, window, offset = (as_count(e[k], f"extra.{k}")
+                                 for k in ("epoch", "window", "offset"))
+        if offset >= max(1, self.shuffle_window):
+            raise StateError(f"extra.offset={offset} is past the end of a shuffle window of "
+                             f"{self.shuffle_window} examples; the state was edited or saved "
+                             "with another shuffle_window")
+        self._restart(Position(epoch, window, offset, e["source"]))
         self.consumed = st.consumed
 
     def close(self) -> None:
@@ -311,6 +316,4 @@ class _Failure:
 
 
 def _check(value: Any, name: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
-    return value
+    return as_count(value, name, minimum=low, error=ConfigError)

@@ -42,7 +42,7 @@ from typing import Any
 import orjson
 import xxhash
 
-from shardwise.checkpoint import LoaderState
+from shardwise.checkpoint import LoaderState, as_count
 from shardwise.errors import ConfigError, StateError
 from shardwise.read.records.pipeline import FINISHED, PAD_KEY, Pipeline, is_pad, make_pad
 from shardwise.read.records.pool import Processor, Reject
@@ -173,6 +173,7 @@ class RecordStream:
     def get_next_batch(self, n: int) -> list[Any]:
         """The next ``n`` examples; in finite mode the last batch is padded to ``n`` and
         then the batches are empty."""
+        n = as_count(n, "n", error=ConfigError)
         pipe = self._pipeline()
         out: list[Any] = []
         while len(out) < n:
@@ -196,8 +197,7 @@ class RecordStream:
 
     def shuffle(self, epoch: int) -> None:
         """Restart every stream at the start of ``epoch`` (its own reproducible order)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
+        epoch = as_count(epoch, "epoch", error=ConfigError)
         self._reset(self._fresh_positions(epoch))
         self._origin = epoch
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from shardwise.checkpoint import as_count
 from shardwise.errors import ConfigError, StateError
 from shardwise.plan.permutation import Permutation, derive_seed, mix64
 from shardwise.plan.stream import chunks_of_stream
@@ -158,20 +159,21 @@ class StreamPosition:
                           "epoch_consumed")}
         buffer = [_where(w, f"{name}.buffer[{i}]", n_ranges) for i, w in enumerate(d["buffer"])]
         errors = d["errors"]
-        if not isinstance(errors, dict) or not all(
-                isinstance(k, str) and type(v) is int for k, v in errors.items()):
+        if not isinstance(errors, dict) or not all(isinstance(k, str) for k in errors):
             raise StateError(f"{name}.errors: expected a dict of reason -> count")
+        errors = {k: as_count(v, f"{name}.errors.{k}") for k, v in errors.items()}
         if not isinstance(d["done"], bool):
             raise StateError(f"{name}.done: expected true or false, got {d['done']!r}")
-        return cls(buffer=buffer, errors=dict(errors), done=d["done"], **ints)
+        stop = ints["stop_epoch"]
+        if stop is not None and ints["epoch"] >= stop:
+            raise StateError(f"{name}: epoch {ints['epoch']} is past the end of this run "
+                             f"(the stream stops before epoch {stop}); the state was edited")
+        return cls(buffer=buffer, errors=errors, done=d["done"], **ints)
 
 
 def _int(v: Any, name: str, nullable: bool = False) -> Any:
-    if v is None and nullable:
-        return None
-    if type(v) is not int or v < 0:
-        raise StateError(f"{name}: expected a non-negative integer, got {v!r}")
-    return v
+    """A count of the state (numpy and torch integers too); ``None`` where allowed."""
+    return None if v is None and nullable else as_count(v, name)
 
 
 def _where(w: Any, name: str, n_ranges: int) -> Where:

@@ -93,14 +93,20 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from shardwise.checkpoint import LoaderState
+from shardwise.checkpoint import LoaderState, as_count, check_not_past_end
 from shardwise.errors import (
     ConfigError,
     StateError,
 )
 from shardwise.format.chunk import ChunkKind
 from shardwise.plan.permutation import PERMUTATION_VERSION
-from shardwise.plan.stream import stream_chunk_tokens, window_order, windows_per_block
+from shardwise.plan.stream import (
+    dropped_stream_tokens,
+    stream_chunk_tokens,
+    window_order,
+    windows_per_block,
+)
+from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.stream.chunk_cache import ChunkCache, Tokens, read_chunk
 from shardwise.read.stream.schedule import (
     Follower,
@@ -109,6 +115,7 @@ from shardwise.read.stream.schedule import (
     Prefetcher,
     RankSchedule,
     Stopped,
+    longest_stream_windows,
     open_when_ready,
 )
 from shardwise.storage.cache import Cache, open_cache
@@ -219,7 +226,18 @@ class StreamDataset:
         c = self.config
         return (f"StreamDataset({self.cache!r}, seq_len={c.seq_len}, streams={c.streams}, "
                 f"seed={c.seed}, rank={self.world.rank}/{self.world.size}, "
-                f"epochs={c.epochs}, follow={self.follow})")
+                f"epochs={c.epochs}, follow={self.follow}, {describe_drops(self.drops())})")
+
+    def drops(self) -> list[Drop]:
+        """Tokens of every stream's blocks that no window holds (windows never cross a
+        block), per epoch — the same count each epoch. While a build runs, of the final
+        blocks so far."""
+        c, cum, done = self.config, self.cache.cum_tokens, self.cache.finished
+        lost = dropped_stream_tokens(cum, c.streams, c.block_chunks, c.seq_len, c.drop_last,
+                                     full_blocks_only=not done)
+        return [Drop(lost, "tokens per epoch", f"the tails of stream blocks of {c.block_chunks}"
+                     f" chunks (windows never cross a block; drop_last=True)"
+                     f"{'' if done else ', so far'}", of=int(cum[-1]))] if lost else []
 
     # -- identity and state ------------------------------------------------------------------
     def state_config(self) -> dict[str, Any]:
@@ -251,9 +269,17 @@ class StreamDataset:
         state of another cache or config, naming the fields that differ."""
         st = LoaderState.from_dict(state)
         st.check_matches(STATE_KIND, self.fingerprint, self.state_config())
-        want = [first_example(st.consumed, s, self.config.streams)
-                for s in range(self.config.streams)]
+        c = self.config
+        if c.epochs is not None and self.cache.finished:  # every stream padded to the longest
+            end = c.streams * c.epochs * longest_stream_windows(self.cache.cum_tokens, c)
+            check_not_past_end(st.consumed, end, "examples", f"{c.epochs} epochs of "
+                               f"{c.streams} streams, each padded to the longest")
+        want = [first_example(st.consumed, s, c.streams) for s in range(c.streams)]
         got = st.extra.get("stream_examples", want)
+        if not isinstance(got, list):
+            raise StateError(f"stream_examples must be a list of {c.streams} counts, got "
+                             f"{got!r}")
+        got = [as_count(k, f"stream_examples[{s}]") for s, k in enumerate(got)]
         if got != want:
             raise StateError(f"stream_examples {got} do not match consumed={st.consumed} "
                              f"(expected {want}); the state was edited or damaged")

@@ -279,11 +279,14 @@ class RankSchedule:
         return Item(t, s, k, k + n - offset, epoch, b, offset, chunks, nbytes)
 
     def _max_windows(self) -> int:
-        """The longest stream's windows per epoch (single pass pads every stream to it)."""
-        lay, cum = self.lay, self.cache.cum_tokens
-        return max((int(windows_per_block(stream_chunk_tokens(cum, s, lay.streams),
-                                          lay.block_chunks, lay.seq_len, lay.drop_last).sum())
-                    for s in range(lay.streams)), default=0)
+        return longest_stream_windows(self.cache.cum_tokens, self.lay)
+
+
+def longest_stream_windows(cum_tokens: IntArray, lay: Layout) -> int:
+    """The longest stream's windows per epoch (a finite run pads every stream to it)."""
+    return max((int(windows_per_block(stream_chunk_tokens(cum_tokens, s, lay.streams),
+                                      lay.block_chunks, lay.seq_len, lay.drop_last).sum())
+                for s in range(lay.streams)), default=0)
 
 
 # -- the thread ---------------------------------------------------------------------------

@@ -34,7 +34,8 @@ from shardwise.plan.doc_shuffle import (
     load_or_build,
 )
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation
-from shardwise.plan.windows import num_windows
+from shardwise.plan.windows import dropped_tokens, num_windows
+from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.tokens.assemble import WindowReader
 from shardwise.storage.cache import Cache, open_cache
 
@@ -111,7 +112,13 @@ class TokenDataset:
     >>> ds = TokenDataset(open_cache("cache/"), seq_len=2048, seed=1234)  # doctest: +SKIP
     >>> ds[0]["input_ids"].shape, len(ds)                                # doctest: +SKIP
     ((2048,), 48828)
+
+    With ``drop_last`` (the default) the tokens after the last full window are left out:
+    ``drops()`` and the ``repr`` say how many. Index :data:`PAD` is a masked example
+    (``pads``), which an eval pass uses to fill its last step.
     """
+
+    pads = True
 
     def __init__(self, cache: Cache | str | os.PathLike[str], *, seq_len: int, seed: int = 0,
                  shuffle: str | Shuffle = Shuffle.WINDOW, drop_last: bool = True,
@@ -163,7 +170,15 @@ class TokenDataset:
     def __repr__(self) -> str:
         c = self.config
         return (f"TokenDataset({self.cache!r}, seq_len={c.seq_len}, seed={c.seed}, "
-                f"shuffle={c.shuffle.value!r}, windows={self.num_windows})")
+                f"shuffle={c.shuffle.value!r}, windows={self.num_windows}, "
+                f"{describe_drops(self.drops())})")
+
+    def drops(self) -> list[Drop]:
+        """The tokens no window holds (the last partial window, under ``drop_last``)."""
+        c, total = self.config, self.cache.num_tokens
+        n = dropped_tokens(total, c.seq_len, drop_last=c.drop_last)
+        return [Drop(n, "tokens", "after the last full window (drop_last=True)", of=total)
+                ] if n else []
 
     # -- order ------------------------------------------------------------------------------
     def _epoch_order(self, epoch: int) -> Any:
