@@ -3,10 +3,10 @@
 Each rank is a separate Python process running this file as a script; it writes what it
 read as JSON. The global order rebuilt from the ranks (global example ``i`` is example
 ``i // R`` of rank ``i % R``) must equal the one-process order, for world sizes 1, 2, 4 and
-0 or 2 DataLoader workers, until the first stream's epoch ends; a single pass must read every record exactly once; and the
-ranks' merged states must resume exactly under another world size. ``state_dict(
-all_ranks=True)`` gathers that merged state on every rank over torch.distributed (gloo
-through a ``file://`` store in the test's tmp directory).
+0 or 2 DataLoader workers, until the first stream's epoch ends; a single pass must read
+every record exactly once; and the ranks' merged states must resume exactly under another
+world size. ``state_dict(all_ranks=True)`` gathers that merged state on every rank over
+torch.distributed (gloo through a ``file://`` store in the test's tmp directory).
 """
 
 from __future__ import annotations
