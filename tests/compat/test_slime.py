@@ -206,6 +206,9 @@ def test_the_reader_underneath_is_a_record_stream(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="dataset_size"):
         len(ds)
     assert len(adapter(tmp_path / "p.jsonl", dataset_size=40)) == 40
+    small = adapter(tmp_path / "p.jsonl", streams=None, range_bytes=64 << 20)  # the default
+    assert 1 <= small.stream.config.streams <= 8  # as many streams as a few KB can fill
+    assert sorted(ids(small.get_next_batch(40))) == list(range(40))
 
 
 if __name__ == "__main__":

@@ -7,9 +7,9 @@ Porting is an import change; the calls slime's ``RolloutDataSource`` makes are t
         tokenizer, processor, max_length, *,           dataset_size=None, tokenizer=None,
         prompt_key="text", label_key=None,             processor=None, max_length=None, *,
         tool_key=None, metadata_key="metadata",        (the same keywords, and world=,
-        seed=42, apply_chat_template=False,             streams=, range_bytes=,
-        apply_chat_template_kwargs=None, dp_size=1,     on_error=)
-        num_workers=4, prefetch_factor=2,
+        seed=42, apply_chat_template=False,             streams= (default: up to 8, as
+        apply_chat_template_kwargs=None, dp_size=1,     many as the data fills),
+        num_workers=4, prefetch_factor=2,               range_bytes=, on_error=)
         shuffle_buffer_size=10000, do_shuffle=True)
     .get_next_batch(num_samples)                   the same: list of Sample
     .shuffle(new_epoch_id)                         the same (no-op for the current epoch)
@@ -51,6 +51,7 @@ from typing import Any
 from shardwise.checkpoint import as_count
 from shardwise.errors import ConfigError, StateError
 from shardwise.read.records.pool import Reject
+from shardwise.read.records.ranges import plan_ranges, resolve_files
 from shardwise.read.records.stream import RecordStream
 from shardwise.sources.on_error import OnError
 from shardwise.world import World
@@ -130,6 +131,20 @@ class Preprocess:
             **dict(self.template_kwargs))
 
 
+def fit_streams(path: Any, range_bytes: int, most: int = 8) -> int:
+    """Up to ``most`` streams, fewer when the sources are too small to give each a range
+    (a prompt file of a few KB). slime's data source is one consumer, so the number of
+    streams only shapes the shuffle, never what is read."""
+    files = resolve_files(path)
+    n = most
+    while n > 1:
+        ranges = plan_ranges(files, range_bytes=range_bytes, n_streams=n).n
+        if ranges >= n:
+            break
+        n = max(1, ranges)
+    return n
+
+
 def _field(record: dict[str, Any], key: str, option: str) -> Any:
     if key not in record:
         raise ValueError(f"the record has no field {key!r} ({option}); its fields are "
@@ -158,7 +173,8 @@ class HFIterableDatasetAdapter:
                  apply_chat_template_kwargs: dict[str, Any] | None = None, dp_size: int = 1,
                  num_workers: int = 4, prefetch_factor: int = 2,
                  shuffle_buffer_size: int = 10000, do_shuffle: bool = True,
-                 world: World | None = None, streams: int = 8, range_bytes: int = 64 << 20,
+                 world: World | None = None, streams: int | None = None,
+                 range_bytes: int = 64 << 20,
                  on_error: str | OnError = OnError.RAISE) -> None:
         if processor is not None or multimodal_keys:
             raise ConfigError("multimodal inputs (processor=, multimodal_keys=) are not "
@@ -179,6 +195,8 @@ class HFIterableDatasetAdapter:
                                  apply_chat_template,
                                  tuple(sorted((apply_chat_template_kwargs or {}).items())),
                                  tokenizer, max_length)
+        if streams is None:
+            streams = fit_streams(path, range_bytes)
         self.stream = RecordStream(path, map_fn=self.map_fn, seed=seed, world=world,
                                    streams=streams, range_bytes=range_bytes,
                                    shuffle_buffer=shuffle_buffer_size, shuffle=do_shuffle,
