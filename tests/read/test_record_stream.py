@@ -539,3 +539,20 @@ def test_bind_sets_the_world_before_the_first_read(corpus: dict[str, Any]) -> No
     late.bind(World(1, 4))
     ref = ids(make(corpus).get_next_batch(400))
     assert ids(late.get_next_batch(20)) == [ref[i] for i in range(100, 400) if i % 4 == 1][:20]
+
+
+@pytest.mark.parametrize("world", [World(2, 3), World(5, 8)])
+def test_shared_stream_ranks_resume_exactly(corpus: dict[str, Any], world: World) -> None:
+    assert_resumes_exactly(lambda: Batches(make(corpus, streams=4, world=world), 7),
+                           steps=30, stop_points=[1, 4, 13, 29], key="id")
+
+
+def test_dataloader_workers_that_do_not_divide_the_streams(corpus: dict[str, Any]) -> None:
+    """2 DataLoader workers against R* = 3: worker w serves i ≡ w (mod 2) reading every
+    stream, and the DataLoader's round robin over them restores the one-process order."""
+    from torch.utils.data import DataLoader
+
+    ref = ids(make(corpus, streams=3).get_next_batch(600))
+    rs = make(corpus, streams=3)
+    it = iter(DataLoader(rs, batch_size=None, num_workers=2))  # type: ignore[arg-type]
+    assert ids([next(it) for _ in range(600)]) == ref
