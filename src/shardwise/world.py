@@ -21,6 +21,9 @@ same way and fails with the same messages:
   this rank serves (stream placement), for any number of ranks ``R`` (Levanter's rule);
 * :meth:`World.contiguous`: an equal contiguous slice per rank, and how many items the
   split drops (contiguous placement).
+
+A reader made before the data-parallel layout is known (slime's data source) takes its
+World later with ``RecordStream.bind(world)``, before its first read.
 """
 
 from __future__ import annotations
