@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import orjson
@@ -47,6 +48,7 @@ from shardwise.errors import ConfigError, StateError
 from shardwise.read.records.pipeline import FINISHED, PAD_KEY, Pipeline, is_pad, make_pad
 from shardwise.read.records.pool import Processor, Reject
 from shardwise.read.records.ranges import RangeKind, plan_ranges, resolve_files
+from shardwise.read.records.ranks import default_all_done, gather_states, merge_states
 from shardwise.read.records.streams import ORDER_VERSION, StreamOrder, StreamPosition
 from shardwise.sources.on_error import OnError
 from shardwise.world import StreamShare, World
@@ -162,10 +164,12 @@ class RecordStream:
     def __iter__(self) -> Iterator[Any]:
         """This consumer's examples, continuing from the current position."""
         pipe = self._pipeline()
+        take = self._taker(pipe)
         while True:
             if self._pipe is not pipe:  # the position was reset (load_state_dict, shuffle)
                 pipe = self._pipeline()
-            x = self._take(pipe)
+                take = self._taker(pipe)
+            x = take()
             if x is FINISHED:
                 return
             yield x
@@ -174,10 +178,10 @@ class RecordStream:
         """The next ``n`` examples; in finite mode the last batch is padded to ``n`` and
         then the batches are empty."""
         n = as_count(n, "n", error=ConfigError)
-        pipe = self._pipeline()
+        take = self._taker(self._pipeline())
         out: list[Any] = []
         while len(out) < n:
-            x = self._take(pipe)
+            x = take()
             if x is FINISHED:
                 return out + [make_pad() for _ in range(n - len(out))] if out else []
             out.append(x)
@@ -188,7 +192,7 @@ class RecordStream:
         """Batches of ``n`` until *every* rank has run out, padded, so that all ranks take
         the same number of steps. ``all_done(local_done)`` is True when every rank is
         done; by default an all-reduce over torch.distributed (world size 1: local)."""
-        reduce = all_done or _default_all_done(self.world)
+        reduce = all_done or default_all_done(self.world)
         while True:
             batch = self.get_next_batch(n)
             if reduce(not batch):
@@ -269,7 +273,7 @@ class RecordStream:
                             ).to_dict()
         if not all_ranks or self.world.size == 1 or _torch_worker() is not None:
             return local
-        return _gather_states(self.world, local)
+        return gather_states(self.world, local)
 
     def load_state_dict(self, state: Any) -> None:
         """Continue exactly where ``state`` stopped; :class:`StateError` names what does
@@ -311,14 +315,17 @@ class RecordStream:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _take(self, pipe: Pipeline) -> Any:
-        """The next example of this consumer's share of its group's order: all of it when
-        ``R`` divides ``R*``; else the one position ``≡ offset (mod step)`` of the next
-        ``step``, passing over the others' (so every rank sharing the group stands at the
-        same position after each step, and their states agree)."""
+    def _taker(self, pipe: Pipeline) -> Callable[[], Any]:
+        """``pipe.next`` itself when ``R`` divides ``R*`` (the fast path), else
+        :meth:`_take_shared` on it."""
+        return pipe.next if self._pipe_share.step == 1 else partial(self._take_shared, pipe)
+
+    def _take_shared(self, pipe: Pipeline) -> Any:
+        """The next example of this consumer's share of its group's order when ranks share
+        the group's streams: the one position ``≡ offset (mod step)`` of the next ``step``,
+        passing over the others' (so every rank sharing the group stands at the same
+        position after each step, and their states agree)."""
         share = self._pipe_share
-        if share.step == 1:
-            return pipe.next()
         skip = (share.offset - pipe.taken) % share.step
         for _ in range(skip):
             if pipe.next() is FINISHED:
@@ -376,71 +383,6 @@ def _register_with_torch() -> None:
     base = getattr(data, "IterableDataset", None)
     if base is not None and not issubclass(RecordStream, base):
         base.register(RecordStream)
-
-
-def _default_all_done(world: World) -> Callable[[bool], bool]:
-    if world.size == 1:
-        return lambda done: done
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        raise ConfigError("eval_batches over several ranks needs all_done=... (a function "
-                          "that is True when every rank is done) or torch.distributed")
-    import torch
-
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-
-    def all_done(done: bool) -> bool:
-        flag = torch.tensor([int(done)], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return bool(flag.item())
-
-    return all_done
-
-
-def _gather_states(world: World, local: dict[str, Any]) -> dict[str, Any]:
-    """Every rank's ``local`` state over torch.distributed, merged. Each rank validates
-    the same gathered list, so a mismatch raises on all of them (none is left waiting)."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        raise ConfigError(f"state_dict(all_ranks=True) with world size {world.size} gathers "
-                          "the ranks' states over torch.distributed, which is not "
-                          "initialised: call torch.distributed.init_process_group first, or "
-                          "save each rank's state_dict() and combine them with "
-                          "shardwise.read.records.stream.merge_states")
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (world.rank, world.size, local))
-    if len(gathered) != world.size:
-        raise ConfigError(f"state_dict(all_ranks=True): this reader's World has size "
-                          f"{world.size}, torch.distributed has {len(gathered)} ranks; "
-                          "save each data-parallel rank's state_dict() and combine them "
-                          "with shardwise.read.records.stream.merge_states")
-    ranks = sorted(int(r) for r, _, _ in gathered)
-    if ranks != list(range(world.size)) or any(n != world.size for _, n, _ in gathered):
-        raise ConfigError(f"state_dict(all_ranks=True): the processes' Worlds are "
-                          f"{[(r, n) for r, n, _ in gathered]} (rank, size), expected ranks "
-                          f"0..{world.size - 1} of {world.size} once each")
-    return merge_states([st for _, _, st in gathered])
-
-
-def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One state holding every stream of several consumers' states (e.g. all ranks'),
-    which restores any world size; the states must come from the same data and config."""
-    if not states:
-        raise StateError("merge_states needs at least one state")
-    parsed = [LoaderState.from_dict(s) for s in states]
-    first = parsed[0]
-    streams: dict[str, Any] = {}
-    for i, st in enumerate(parsed):
-        st.check_matches(first.kind, first.fingerprint, first.config)
-        for k, v in dict(st.extra.get("streams", {})).items():
-            if k in streams and streams[k] != v:
-                raise StateError(f"states 0..{i} disagree on stream {k}: save every rank's "
-                                 "state at the same step")
-            streams[k] = v
-    consumed = sum(int(v.get("consumed", 0)) for v in streams.values())
-    extra = dict(first.extra, streams=dict(sorted(streams.items(), key=lambda kv: int(kv[0]))))
-    return LoaderState(fingerprint=first.fingerprint, consumed=consumed, config=first.config,
-                       extra=extra, kind=first.kind).to_dict()
 
 
 __all__ = ["OnError", "PAD_KEY", "RecordStream", "RecordStreamConfig", "Reject", "is_pad",
