@@ -94,6 +94,24 @@ def test_order_is_pinned(tmp_path: Path) -> None:
                                           206, 182, 854, 819]
 
 
+def test_streams_cross_epochs_together_as_in_the_docstring(tmp_path: Path) -> None:
+    """records/pipeline.py's worked example: stream 0 holds a b c, stream 1 holds x.
+    Version 1 gave a x b x c x a x (x four times before c's epoch ended)."""
+    p = tmp_path / "wk.jsonl"
+    p.write_bytes(b"".join(json.dumps({"id": i, "pad": "x" * 380}).encode() + b"\n"
+                           for i in range(4)))  # ranges [0, 1024) and [1024, 1604)
+    rs = RecordStream([str(p)], streams=2, shuffle=False, range_bytes=1024)
+    assert ids(rs.get_next_batch(8)) == [0, 3, 1, 2, 0, 3, 1, 2]
+    state = rs.state_dict()
+    assert state["extra"]["order_version"] == 2
+    assert {s: (v["epoch"], v["epoch_consumed"]) for s, v in state["extra"]["streams"].items()
+            } == {"0": (1, 3), "1": (1, 1)}
+    old = json.loads(json.dumps(state))
+    old["extra"]["order_version"] = old["config"]["order_version"] = 1
+    with pytest.raises(StateError, match="order_version: state has 1, this reader has 2"):
+        RecordStream([str(p)], streams=2, shuffle=False, range_bytes=1024).load_state_dict(old)
+
+
 def test_arrow_file_format_is_read_too(tmp_path: Path) -> None:
     table = pa.table({"id": list(range(300))})
     with pa.ipc.new_file(str(tmp_path / "f.arrow"), table.schema) as w:
