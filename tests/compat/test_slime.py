@@ -213,3 +213,21 @@ def test_the_reader_underneath_is_a_record_stream(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     child(json.loads(sys.argv[1]))
+
+
+def test_slimes_own_sample_type_when_slime_is_installed(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "site" / "slime" / "utils"
+    pkg.mkdir(parents=True)
+    for d in (pkg.parent, pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "types.py").write_text("from dataclasses import dataclass, field\n\n"
+                                  "@dataclass\nclass Sample:\n    prompt: object = ''\n"
+                                  "    label: object = None\n"
+                                  "    metadata: dict = field(default_factory=dict)\n"
+                                  "    index: object = None\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    for name in ("slime", "slime.utils", "slime.utils.types"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    got = adapter(write_prompts(tmp_path / "p.jsonl", 10), streams=None).get_next_batch(2)
+    assert type(got[0]).__module__ == "slime.utils.types" and got[0].index is None

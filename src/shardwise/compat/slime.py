@@ -43,6 +43,8 @@ first batch or right after ``load_checkpoint_state``.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -61,7 +63,8 @@ STATE_KEY = "shardwise"
 
 @dataclass
 class Sample:
-    """The fields of slime's ``Sample`` the data source fills (``slime.utils.types``)."""
+    """The fields of slime's ``Sample`` the data source fills; where slime is installed the
+    adapter returns ``slime.utils.types.Sample`` itself."""
 
     prompt: str | list[dict[str, Any]]
     label: Any = None
@@ -82,6 +85,7 @@ class Preprocess:
     template_kwargs: tuple[tuple[str, Any], ...]
     tokenizer: Any
     max_length: int | None
+    slime_sample: bool = False  # build slime.utils.types.Sample (slime is installed)
 
     def __call__(self, record: Any) -> Sample | Reject:
         if not isinstance(record, dict):
@@ -103,7 +107,10 @@ class Preprocess:
             ids = self.tokenizer.encode(text, add_special_tokens=False)
             if len(ids) > self.max_length:
                 return Reject("too_long")
-        return Sample(prompt=text, label=label, metadata=metadata)
+        cls: Any = Sample
+        if self.slime_sample:
+            cls = importlib.import_module("slime.utils.types").Sample
+        return cls(prompt=text, label=label, metadata=metadata)  # type: ignore[no-any-return]
 
     def _tools(self, record: dict[str, Any]) -> list[Any] | None:
         if self.tool_key is None or record.get(self.tool_key) is None:
@@ -194,7 +201,8 @@ class HFIterableDatasetAdapter:
         self.map_fn = Preprocess(prompt_key, label_key, metadata_key, tool_key,
                                  apply_chat_template,
                                  tuple(sorted((apply_chat_template_kwargs or {}).items())),
-                                 tokenizer, max_length)
+                                 tokenizer, max_length,
+                                 importlib.util.find_spec("slime") is not None)
         if streams is None:
             streams = fit_streams(path, range_bytes)
         self.stream = RecordStream(path, map_fn=self.map_fn, seed=seed, world=world,
