@@ -85,7 +85,8 @@ def test_max_length_drops_are_counted_and_all_dropped_raises(tmp_path: Path) -> 
     assert len(set(ids(ds.get_next_batch(kept)))) == kept
     assert ds.stream.errors == {"too_long": N - kept}
     none = adapter(path, tokenizer=tok, max_length=1, apply_chat_template=True)
-    with pytest.raises(ConfigError, match=rf"every record was rejected \(too_long: {N}\)"):
+    with pytest.raises(ConfigError, match=rf"read {N} records in epoch 0 and produced no "
+                                          rf"example: every one was rejected \(too_long: {N}\)"):
         none.get_next_batch(4)
 
 
@@ -94,7 +95,7 @@ def test_missing_fields_are_named(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"p.jsonl:\d+:.*no field 'prompt' \(prompt_key"):
         adapter(path, prompt_key="prompt").get_next_batch(1)
     skip = adapter(path, label_key="answer", on_error="skip")
-    with pytest.raises(ConfigError, match="every record was rejected"):
+    with pytest.raises(ConfigError, match=r"every one was rejected \(map_error: 20\)"):
         skip.get_next_batch(1)
     with pytest.raises(ConfigError, match="needs a tokenizer with apply_chat_template"):
         adapter(path, apply_chat_template=True)

@@ -112,6 +112,27 @@ def test_streams_cross_epochs_together_as_in_the_docstring(tmp_path: Path) -> No
         RecordStream([str(p)], streams=2, shuffle=False, range_bytes=1024).load_state_dict(old)
 
 
+def test_unaligned_epochs_keep_order_version_1(tmp_path: Path, corpus: dict[str, Any]) -> None:
+    """align_epochs=False: each stream's epochs its own, the global order independent of
+    the world size across epoch ends too, and an all-rejecting map_fn still raises."""
+    p = tmp_path / "wk.jsonl"
+    p.write_bytes(b"".join(json.dumps({"id": i, "pad": "x" * 380}).encode() + b"\n"
+                           for i in range(4)))
+    rs = RecordStream([str(p)], streams=2, shuffle=False, range_bytes=1024, align_epochs=False)
+    assert ids(rs.get_next_batch(8)) == [0, 3, 1, 3, 2, 3, 0, 3]
+    assert rs.state_dict()["extra"]["order_version"] == 1
+    ref = ids(make(corpus, align_epochs=False).get_next_batch(5000))
+    k = random.Random(3).randrange(2500, 4000)  # past the first stream's epoch end
+    one = make(corpus, align_epochs=False)
+    one.get_next_batch(k)
+    tail, _ = _rank_rows(corpus, 4, 150, one.state_dict(), align_epochs=False)
+    for r in range(4):
+        assert tail[r] == [ref[i] for i in range(k, 5000) if i % 4 == r][:150]
+    with pytest.raises(ConfigError, match="every one was rejected"):
+        RecordStream([str(p)], streams=2, range_bytes=1024, align_epochs=False,
+                     map_fn=lambda rec: rec if rec["id"] == 0 else None).get_next_batch(9)
+
+
 def test_arrow_file_format_is_read_too(tmp_path: Path) -> None:
     table = pa.table({"id": list(range(300))})
     with pa.ipc.new_file(str(tmp_path / "f.arrow"), table.schema) as w:
@@ -289,8 +310,9 @@ def test_a_map_fn_that_rejects_everything_raises_with_counts(
     p = write_jsonl(tmp_path / "r.jsonl", range(300))
     rs = RecordStream([str(p)], streams=4, range_bytes=1000, epochs=epochs,
                       map_fn=lambda rec: Reject("too_long") if rec["id"] % 2 else None)
-    with pytest.raises(ConfigError, match=r"produced no example: every record was rejected "
-                                          r"\(rejected: 150, too_long: 150\)"):
+    with pytest.raises(ConfigError, match=r"streams \[0, 1, 2, 3\] read 300 records in "
+                                          r"epoch 0 and produced no example: every one was "
+                                          r"rejected \(rejected: 150, too_long: 150\)"):
         rs.get_next_batch(4)
     fine = RecordStream([str(p)], streams=4, range_bytes=1000, epochs=epochs,
                         map_fn=lambda rec: rec if rec["id"] == 7 else None)

@@ -34,7 +34,6 @@ until the first worker ends (every example still comes exactly once).
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
@@ -48,8 +47,19 @@ from shardwise.errors import ConfigError, StateError
 from shardwise.read.records.pipeline import FINISHED, PAD_KEY, Pipeline, is_pad, make_pad
 from shardwise.read.records.pool import Processor, Reject
 from shardwise.read.records.ranges import RangeKind, plan_ranges, resolve_files
-from shardwise.read.records.ranks import default_all_done, gather_states, merge_states
-from shardwise.read.records.streams import ORDER_VERSION, StreamOrder, StreamPosition
+from shardwise.read.records.ranks import (
+    default_all_done,
+    gather_states,
+    merge_states,
+    register_with_torch,
+    torch_worker,
+)
+from shardwise.read.records.streams import (
+    ORDER_VERSION,
+    UNALIGNED_ORDER_VERSION,
+    StreamOrder,
+    StreamPosition,
+)
 from shardwise.sources.on_error import OnError
 from shardwise.world import StreamShare, World
 
@@ -66,6 +76,7 @@ class RecordStreamConfig:
     shuffle_buffer: int = 1024
     shuffle: bool = True
     epochs: int | None = None
+    align_epochs: bool = True
     num_workers: int = 0
     text_mode: bool = False
     on_error: OnError = OnError.RAISE
@@ -81,6 +92,8 @@ class RecordStreamConfig:
                                         not isinstance(self.epochs, int) or self.epochs < 1):
             raise ConfigError(f"epochs must be None (forever) or an integer >= 1, got "
                               f"{self.epochs!r}")
+        if not isinstance(self.align_epochs, bool):
+            raise ConfigError(f"align_epochs must be True or False, got {self.align_epochs!r}")
         object.__setattr__(self, "on_error", OnError.parse(self.on_error))
 
 
@@ -100,6 +113,12 @@ class RecordStream:
     ``on_error="skip"`` counts bad records (and ``map_fn`` exceptions, as ``map_error``)
     by reason in :attr:`errors` instead of raising an ``InputError`` naming file and line.
     ``task_size``: records read and processed per task ahead of the consumer.
+    ``align_epochs`` (default): a consumer's streams cross epochs together, so its epoch is
+    every record of its streams once (order version 2); the order then depends on how the
+    streams are split among consumers once a stream runs out in an epoch. ``False``: each
+    stream's epochs are its own (order version 1): the global order never depends on the
+    world size or DataLoader workers, but an epoch boundary repeats some records before
+    others were read.
 
     State keys: ``kind``, ``version``, ``fingerprint``, ``consumed``, ``config``,
     ``extra`` (``order_version``; ``streams``: per stream ``epoch``, ``stop_epoch``,
@@ -113,12 +132,14 @@ class RecordStream:
     def __init__(self, sources: Any, *, map_fn: Callable[[Any], Any] | None = None,
                  seed: int = 0, world: World | None = None, streams: int = 8,
                  range_bytes: int = 64 << 20, shuffle_buffer: int = 1024,
-                 shuffle: bool = True, epochs: int | None = None, num_workers: int = 0,
+                 shuffle: bool = True, epochs: int | None = None, align_epochs: bool = True,
+                 num_workers: int = 0,
                  text_mode: bool = False, on_error: str | OnError = OnError.RAISE,
                  task_size: int = 256) -> None:
         self.config = RecordStreamConfig(
             seed=seed, streams=streams, range_bytes=range_bytes, shuffle_buffer=shuffle_buffer,
-            shuffle=shuffle, epochs=epochs, num_workers=num_workers, text_mode=text_mode,
+            shuffle=shuffle, epochs=epochs, align_epochs=align_epochs,
+            num_workers=num_workers, text_mode=text_mode,
             on_error=on_error, task_size=task_size)  # type: ignore[arg-type]
         self.world = World.resolve(world, reader="RecordStream")
         self.map_fn = map_fn
@@ -138,7 +159,7 @@ class RecordStream:
         self._pipe_key: tuple[int, int] | None = None
         self._share: StreamShare = self.world.stream_share(streams)
         self._pipe_share = self._share  # the share of the current pipeline (or worker)
-        _register_with_torch()
+        register_with_torch(RecordStream)
 
     def bind(self, world: World) -> None:
         """Serve ``world`` from now on: for a reader made before the data-parallel layout
@@ -269,9 +290,9 @@ class RecordStream:
         local = LoaderState(fingerprint=self._fingerprint(), kind=STATE_KIND,
                             consumed=sum(p.consumed for p in self._positions.values()),
                             config=self._state_config(),
-                            extra={"order_version": ORDER_VERSION, "streams": streams}
+                            extra={"order_version": self.order_version, "streams": streams}
                             ).to_dict()
-        if not all_ranks or self.world.size == 1 or _torch_worker() is not None:
+        if not all_ranks or self.world.size == 1 or torch_worker() is not None:
             return local
         return gather_states(self.world, local)
 
@@ -280,9 +301,9 @@ class RecordStream:
         not match (data, configuration, missing streams)."""
         st = LoaderState.from_dict(state)
         st.check_matches(STATE_KIND, self._fingerprint(), self._state_config())
-        if st.extra.get("order_version") != ORDER_VERSION:
+        if st.extra.get("order_version") != self.order_version:
             raise StateError(f"order_version: state has {st.extra.get('order_version')!r}, "
-                             f"this reader has {ORDER_VERSION}")
+                             f"this reader has {self.order_version}")
         saved = st.extra.get("streams")
         if not isinstance(saved, dict):
             raise StateError("extra.streams: expected a dict of stream -> position")
@@ -303,11 +324,17 @@ class RecordStream:
         names = xxhash.xxh3_64()
         for f in plan.files:
             names.update(f"{os.path.basename(f.path)}\0{f.size}\0{f.format}\n".encode())
-        return {"order_version": ORDER_VERSION, "seed": c.seed, "streams": c.streams,
+        return {"order_version": self.order_version, "seed": c.seed, "streams": c.streams,
                 "shuffle": c.shuffle, "shuffle_buffer": self.order.capacity,
                 "range_step": plan.step, "epochs": c.epochs, "n_files": len(plan.files),
                 "n_ranges": plan.n, "total_bytes": sum(f.size for f in plan.files),
                 "files": names.hexdigest()}
+
+    @property
+    def order_version(self) -> int:
+        """2: a consumer's streams cross epochs together; 1 (``align_epochs=False``): each
+        stream's epochs are its own (:mod:`.pipeline`)."""
+        return ORDER_VERSION if self.config.align_epochs else UNALIGNED_ORDER_VERSION
 
     def _fingerprint(self) -> str:
         return xxhash.xxh3_64_hexdigest(orjson.dumps(self._state_config(),
@@ -346,7 +373,7 @@ class RecordStream:
         self._positions = positions
 
     def _pipeline(self) -> Pipeline:
-        worker = _torch_worker()
+        worker = torch_worker()
         key = (os.getpid(), -1 if worker is None else worker[0])
         if self._pipe is not None and self._pipe_key == key:
             return self._pipe
@@ -363,26 +390,10 @@ class RecordStream:
         c = self.config
         processor = Processor(self.map_fn, c.text_mode, tuple(f.path for f in self.plan.files))
         self._pipe = Pipeline(self.order, positions, processor, workers=workers,
-                              raise_errors=c.on_error is OnError.RAISE, task_size=c.task_size)
+                              raise_errors=c.on_error is OnError.RAISE, task_size=c.task_size,
+                              align=c.align_epochs)
         self._pipe_key = key
         return self._pipe
-
-
-def _torch_worker() -> tuple[int, int] | None:
-    """``(id, num_workers)`` inside a torch DataLoader worker; torch is never imported
-    here, only looked up if the program already imported it."""
-    data = sys.modules.get("torch.utils.data")
-    info = data.get_worker_info() if data is not None else None
-    return None if info is None else (int(info.id), int(info.num_workers))
-
-
-def _register_with_torch() -> None:
-    """Make ``DataLoader(record_stream, batch_size=None)`` treat it as an iterable dataset
-    (a virtual subclass of ``IterableDataset``), if the program has imported torch."""
-    data = sys.modules.get("torch.utils.data")
-    base = getattr(data, "IterableDataset", None)
-    if base is not None and not issubclass(RecordStream, base):
-        base.register(RecordStream)
 
 
 __all__ = ["OnError", "PAD_KEY", "RecordStream", "RecordStreamConfig", "Reject", "is_pad",

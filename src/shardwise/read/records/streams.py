@@ -1,8 +1,8 @@
 """One stream of a record stream: its ranges per epoch, its shuffle buffer, its position.
 
-Order, version 2 (``R*`` streams, ``n`` ranges, stream ``s``; version 1 let each stream
-start its next epoch on its own, see :mod:`.pipeline` for how streams now cross epochs
-together):
+Order (``R*`` streams, ``n`` ranges, stream ``s``; how a consumer interleaves its streams
+— version 2 crosses epochs with all of them together, version 1 lets each start its next
+epoch on its own — is in :mod:`.pipeline`):
 
 1. *Ranges.* Epoch ``e`` orders the ranges by ``π_e``, the keyed
    :class:`~shardwise.plan.permutation.Permutation` of ``range(n)`` with seed
@@ -42,6 +42,7 @@ from shardwise.plan.stream import chunks_of_stream
 from shardwise.read.records.ranges import Payload, RangePlan, fetch, iter_range
 
 ORDER_VERSION = 2
+UNALIGNED_ORDER_VERSION = 1  # align_epochs=False: each stream's epochs its own
 EMPTY_EPOCH_LIMIT = 64
 _GAMMA = 0x9E37_79B9_7F4A_7C15
 _BLOCK = 1024
@@ -150,10 +151,11 @@ class StreamPosition:
         if not isinstance(d, dict):
             raise StateError(f"{name}: expected a dict, got {type(d).__name__}")
         fields = ("epoch", "stop_epoch", "range", "pos", "line", "draws", "buffer",
-                  "consumed", "epoch_consumed", "errors", "done")
+                  "consumed", "errors", "done")
         missing = [k for k in fields if k not in d]
         if missing:
             raise StateError(f"{name}: missing {missing}")
+        d = {"epoch_consumed": 0, **d}  # states of order version 1 do not have it
         ints = {k: _int(d[k], f"{name}.{k}", k in ("stop_epoch", "pos"))
                 for k in ("epoch", "stop_epoch", "range", "pos", "line", "draws", "consumed",
                           "epoch_consumed")}
