@@ -37,7 +37,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from shardwise.checkpoint import as_count, check_not_past_end
+from shardwise.checkpoint import Configured, as_count, check_not_past_end, fingerprint
 from shardwise.errors import ConfigError
 from shardwise.plan.permutation import Permutation
 from shardwise.read.drops import Drop, describe_drops
@@ -199,7 +199,7 @@ def _check_lengths(lengths: Sequence[int], n: int) -> list[int]:
     return [int(v) for v in out]
 
 
-class ContiguousShards:
+class ContiguousShards(Configured):
     """Rank ``r``'s contiguous equal slice of the concatenated shards; map-style.
 
     ``make_shard(source)`` builds one shard dataset. Lengths come from ``lengths=`` (one
@@ -229,8 +229,10 @@ class ContiguousShards:
         self._declared = lengths is not None
         lens = (_check_lengths(lengths, len(given)) if lengths is not None
                 else [len(make_shard(s)) for s in given])
-        positions = shard_order([(key or str)(s) for s in given], self.order, seed)
+        keys = [(key or str)(s) for s in given]
+        positions = shard_order(keys, self.order, seed)
         self.sources = [given[p] for p in positions]
+        self._keys = [str(keys[p]) for p in positions]
         self.lengths = np.asarray([lens[p] for p in positions], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
         self.total = int(self.offsets[-1])
@@ -240,6 +242,12 @@ class ContiguousShards:
 
     def __len__(self) -> int:
         return self.stop - self.start
+
+    def state_config(self) -> dict[str, Any]:
+        """The shards in their order (names and lengths) and this rank's slice of them."""
+        return {"order": self.order.value, "seed": self.seed, "total": self.total,
+                "shards": fingerprint({"keys": self._keys, "lengths": self.lengths.tolist()}),
+                "rank": self.world.rank, "world_size": self.world.size}
 
     def __repr__(self) -> str:
         w = self.world

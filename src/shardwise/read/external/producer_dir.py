@@ -59,7 +59,6 @@ plugs into :class:`~shardwise.read.records.consumer.SequentialConsumer`.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import string
@@ -72,7 +71,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from shardwise.checkpoint import LoaderState, as_count
+from shardwise.checkpoint import Configured, LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, InputError, ProducerTimeoutError, StateError
 from shardwise.format.atomic import atomic_write_bytes
 from shardwise.read.external.contiguous import OneAhead
@@ -81,7 +80,6 @@ from shardwise.world import World
 
 EXPECTED = "_EXPECTED"
 DEFAULT_PATTERN = "chunk_{index:05d}.jsonl"
-STATE_KIND = "producer_dir"
 ORDER_VERSION = 1
 
 
@@ -214,7 +212,7 @@ class EndOfData(Exception):
     """Internal: the chunk asked for is past the declared ``num_chunks``."""
 
 
-class ProducerDirDataset:
+class ProducerDirDataset(Configured):
     """This rank's records of a directory a producer fills; map-style (see module doc).
 
     ``encode_fn(record) -> example`` runs once per record when its chunk loads (an error
@@ -260,11 +258,6 @@ class ProducerDirDataset:
     def state_config(self) -> dict[str, Any]:
         return {"pattern": self.pattern, "rank": self.world.rank,
                 "world_size": self.world.size, "order_version": ORDER_VERSION}
-
-    @property
-    def fingerprint(self) -> str:
-        text = orjson.dumps(self.state_config(), option=orjson.OPT_SORT_KEYS)
-        return hashlib.sha256(text).hexdigest()[:16]
 
     def chunk_path(self, index: int) -> Path:
         return _path(self.directory, self.pattern, index)
@@ -464,7 +457,7 @@ class ProducerDirDataset:
         self._chunks = OneAhead(self._load)
 
 
-class ProducerDirStream:
+class ProducerDirStream(Resumable):
     """This rank's records in order, one pass, from a saved position; iterable.
 
     It ends after the last declared chunk (``num_chunks`` may be declared late, in
@@ -477,6 +470,8 @@ class ProducerDirStream:
     global index of the chunk of the next record) and ``extra.record`` (its index in the
     chunk). Saved by one rank, it resumes that rank of the same world size only.
     """
+
+    state_kind = "producer_dir"
 
     def __init__(self, ds: ProducerDirDataset) -> None:
         self.ds = ds
@@ -504,16 +499,14 @@ class ProducerDirStream:
                 self.next_chunk, self.next_record = c + step, 0
             del records  # not alive while the next chunk loads
 
-    def state_dict(self) -> dict[str, Any]:
-        return LoaderState(fingerprint=self.ds.fingerprint, consumed=self.consumed,
-                           config=self.ds.state_config(), kind=STATE_KIND,
-                           extra={"chunk": self.next_chunk, "record": self.next_record}
-                           ).to_dict()
+    def state_config(self) -> dict[str, Any]:
+        return self.ds.state_config()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        st = LoaderState.from_dict(state)
-        st.check_matches(STATE_KIND, self.ds.fingerprint, self.ds.state_config())
-        chunk, record = (as_count(st.extra.get(k), f"extra.{k}") for k in ("chunk", "record"))
+    def _position(self) -> tuple[int, dict[str, Any]]:
+        return self.consumed, {"chunk": self.next_chunk, "record": self.next_record}
+
+    def _seek(self, st: LoaderState) -> None:
+        chunk, record = st.extra_counts("chunk", "record")
         w = self.ds.world
         if chunk % w.size != w.rank:
             raise StateError(f"state position chunk={chunk!r} record={record!r} is not a "

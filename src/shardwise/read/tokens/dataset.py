@@ -13,7 +13,6 @@ Only the chunks holding the requested windows are opened (memory-mapped, lazily)
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
@@ -23,8 +22,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import orjson
 
+from shardwise.checkpoint import Configured
 from shardwise.errors import ConfigError
 from shardwise.plan.block_shuffle import BlockShuffle
 from shardwise.plan.doc_shuffle import (
@@ -36,6 +35,7 @@ from shardwise.plan.doc_shuffle import (
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation
 from shardwise.plan.windows import dropped_tokens, num_windows
 from shardwise.read.drops import Drop, describe_drops
+from shardwise.read.examples import NEXT_TOKEN
 from shardwise.read.tokens.assemble import WindowReader
 from shardwise.storage.cache import Cache, open_cache
 
@@ -102,11 +102,7 @@ class TokenConfig:
         return d
 
 
-def _fingerprint(fields: dict[str, Any]) -> str:
-    return hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
-
-
-class TokenDataset:
+class TokenDataset(Configured):
     """Packed windows of a cache in a seeded global order; map-style.
 
     >>> ds = TokenDataset(open_cache("cache/"), seq_len=2048, seed=1234)  # doctest: +SKIP
@@ -119,6 +115,7 @@ class TokenDataset:
     """
 
     pads = True
+    label_convention = NEXT_TOKEN  # labels are next-token targets: read/examples.py
 
     def __init__(self, cache: Cache | str | os.PathLike[str], *, seq_len: int, seed: int = 0,
                  shuffle: str | Shuffle = Shuffle.WINDOW, drop_last: bool = True,
@@ -159,10 +156,6 @@ class TokenDataset:
         return {**self.config.to_dict(), "cache": self.cache.fingerprint,
                 "cache_tokens": self.cache.num_tokens, "order_version": ORDER_VERSION,
                 "permutation_version": PERMUTATION_VERSION}
-
-    @property
-    def fingerprint(self) -> str:
-        return _fingerprint(self.state_config())
 
     def __len__(self) -> int:
         return self.num_windows
