@@ -21,6 +21,7 @@ from tests.read.test_consumer import ListReader
 import shardwise
 import shardwise as sw
 from shardwise.checkpoint import Configured, Resumable
+from shardwise.compat.llm import DistributedShardedDataset, ResumableSequentialSampler
 from shardwise.errors import StateError
 from shardwise.read.external.producer_dir import (
     ProducerDirDataset,
@@ -129,6 +130,32 @@ def _packed(d: dict[str, Any], other: bool) -> Any:
                         epochs=None)
 
 
+class SamplerRows(Rows):
+    """Rows of ``dataset[i]`` for the indices a resumable sampler hands out."""
+
+    def __init__(self, dataset: Any, sampler: Any) -> None:
+        super().__init__(sampler)
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for i in self.reader:
+            yield {"input_ids": np.asarray(self.dataset[i])}
+
+
+def _llm(d: dict[str, Any], other: bool) -> Any:
+    params = {p.name: ((p,), {}) for p in d["shards"]}
+    ds = DistributedShardedDataset(_ShardFile, params, rank=0, world_size=1, shuffle=True,
+                                   seed=2 if other else 1)
+    return SamplerRows(ds, ResumableSequentialSampler(ds))
+
+
+class _ShardFile(list):  # type: ignore[type-arg]
+    """llm.datasets' dataset_type: built from a shard's parameters."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(_shard(path))
+
+
 # name -> (factory(data, other_config) -> a resumable iterable, the classes it covers)
 READERS: dict[str, tuple[Callable[[dict[str, Any], bool], Any], tuple[type, ...]]] = {
     "TokenDataset+loader": (_tokens, (sw.TokenDataset, ShardwiseLoader)),
@@ -140,6 +167,7 @@ READERS: dict[str, tuple[Callable[[dict[str, Any], bool], Any], tuple[type, ...]
     "Blend(map)+loader": (_blend_map, (sw.Blend,)),
     "Blend(streams)": (_blend_streams, (sw.Blend,)),
     "PackedSFT": (_packed, (sw.PackedSFT,)),
+    "compat.llm": (_llm, (DistributedShardedDataset, ResumableSequentialSampler)),
 }
 
 
