@@ -34,12 +34,12 @@ import sys
 import threading
 import zlib
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from enum import Enum
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
 from shardwise.checkpoint import Configured, as_count, check_not_past_end, fingerprint
+from shardwise.choice import Choice
 from shardwise.errors import ConfigError
 from shardwise.plan.permutation import Permutation
 from shardwise.read.drops import Drop, describe_drops
@@ -160,19 +160,14 @@ class OneAhead(Generic[K, V]):
             pending.wait()
 
 
-class Order(str, Enum):
+class Order(Choice):
     """``sorted``: by ``key``. ``shuffled``: sorted, then permuted by ``seed``."""
+
+    __option__ = "order"
 
     SORTED = "sorted"
     SHUFFLED = "shuffled"
 
-    @classmethod
-    def parse(cls, value: str | Order) -> Order:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(f"order must be one of {[m.value for m in cls]}, "
-                              f"got {value!r}") from None
 
 
 def shard_order(keys: Sequence[Any], order: Order, seed: int, epoch: int = 0) -> list[int]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.checkpoint import Configured
+from shardwise.choice import Choice
 from shardwise.errors import ConfigError
 from shardwise.plan.block_shuffle import BlockShuffle
 from shardwise.plan.doc_shuffle import (
@@ -45,7 +45,7 @@ ORDER_BLOCK = 4096
 ORDER_BLOCKS_KEPT = 8
 
 
-class Shuffle(str, Enum):
+class Shuffle(Choice):
     """How the windows of an epoch are ordered.
 
     ``none``: stored order. ``window``: a keyed permutation of all windows (default).
@@ -54,18 +54,13 @@ class Shuffle(str, Enum):
     style; its per-epoch index is cached as ``.npy`` and memory-mapped).
     """
 
+    __option__ = "shuffle"
+
     NONE = "none"
     WINDOW = "window"
     BLOCK = "block"
     DOCUMENT = "document"
 
-    @classmethod
-    def parse(cls, value: str | Shuffle) -> Shuffle:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(f"shuffle must be one of {[m.value for m in cls]}, "
-                              f"got {value!r}") from None
 
 
 @dataclass(frozen=True)
