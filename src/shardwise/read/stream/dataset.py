@@ -92,7 +92,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.checkpoint import LoaderState, Resumable, as_count, check_not_past_end
-from shardwise.concurrency.poll import Stopped
+from shardwise.concurrency.poll import Stopped, check_wait_args
 from shardwise.errors import (
     ConfigError,
     StateError,
@@ -180,9 +180,7 @@ class StreamDataset(Resumable):
         self.world = World.resolve(world, reader="StreamDataset")
         self.share = self.world.stream_share(streams)
         self.streams = self.share.streams
-        for name, v in (("poll_interval", poll_interval), ("timeout", timeout)):
-            if not v > 0:
-                raise ConfigError(f"{name} must be a positive number of seconds, got {v!r}")
+        check_wait_args(timeout, poll_interval)
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ConfigError(f"batch_size must be None or a positive integer, got "
                               f"{batch_size!r}")
