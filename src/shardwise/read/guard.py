@@ -45,13 +45,25 @@ def sharding_class(obj: object) -> str | None:
     return hit[0] if hit else None
 
 
+def _frame_class(code: object) -> str:
+    """The class part of a frame's qualified name (``BatchSamplerShard.__iter__``)."""
+    qualname = getattr(code, "co_qualname", getattr(code, "co_name", ""))
+    return str(qualname).split(".<locals>")[0].rpartition(".")[0]
+
+
 def refuse_framework_sharding(what: str) -> None:
-    """Raise if a sharding or dispatching wrapper is iterating ``what`` (see module docs)."""
+    """Raise if a sharding or dispatching wrapper is iterating ``what`` (see module docs).
+
+    Frames are matched by their code's qualified name; only a matching frame's ``self``
+    is looked at (reading ``f_locals`` pins a snapshot of a frame's locals on Python <
+    3.13, which would keep e.g. a deleted DataLoader iterator and its workers alive)."""
     frame = sys._getframe(1)
     for _ in range(MAX_FRAMES):
         frame = frame.f_back  # type: ignore[assignment]
         if frame is None:
             return
+        if _frame_class(frame.f_code) not in SHARDING_WRAPPERS:
+            continue
         owner = frame.f_locals.get("self")
         name = None if owner is None else sharding_class(owner)
         if name is not None and _shards(owner):

@@ -39,6 +39,7 @@ import xxhash
 
 from shardwise.checkpoint import LoaderState, as_count
 from shardwise.errors import ConfigError, StateError
+from shardwise.read.guard import refuse_framework_sharding
 from shardwise.read.records.pipeline import FINISHED, PAD_KEY, Pipeline, is_pad, make_pad
 from shardwise.read.records.pool import Processor, Reject
 from shardwise.read.records.ranges import RangeKind, plan_ranges, resolve_files
@@ -133,6 +134,7 @@ class RecordStream:
 
     def __iter__(self) -> Iterator[Any]:
         """This consumer's examples, continuing from the current position."""
+        refuse_framework_sharding("RecordStream")
         pipe = self._pipeline()
         while True:
             if self._pipe is not pipe:  # the position was reset (load_state_dict, shuffle)

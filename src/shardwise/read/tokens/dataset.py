@@ -5,9 +5,10 @@ Example ``i`` of the global order is window ``π_e(i mod n)`` of epoch ``e = i /
 documents (consecutive windows share one token) and ``π_e`` is a keyed permutation
 evaluated per index (:mod:`shardwise.plan.permutation`). Nothing per epoch is
 materialised: ``len(ds)`` is one epoch, and indices past it continue into later epochs,
-each reshuffled, at no cost up front. ``__getitems__`` assembles a whole micro-batch in
-one call (``get_batch``: stacked arrays; ``__getitems__``: the same as a list of
-per-example dicts, torch's protocol); index :data:`PAD` (-1) yields a fully masked example (evaluation padding).
+each reshuffled, at no cost up front. ``get_batch`` assembles a whole micro-batch in one
+call (stacked arrays); ``__getitems__`` returns the same as a list of per-example dicts
+(torch's protocol, :class:`~shardwise.read.rows.Rows`). Index :data:`PAD` (-1) yields a
+fully masked example (evaluation padding).
 
 Only the chunks holding the requested windows are opened (memory-mapped, lazily).
 """
