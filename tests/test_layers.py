@@ -3,7 +3,7 @@
 ::
 
     errors  _version
-    format   world   checkpoint                      (bytes and layout; the world; the protocol)
+    format  world  checkpoint  choice            (bytes; the world; the protocol; option enums)
     storage  sources  plan                           (where caches live; source files; pure plans)
     writer   read                                    (sources -> cache; cache -> examples)
     integrations  compat  testing                    (frameworks; seed systems' names; contracts)
@@ -30,7 +30,7 @@ import shardwise
 
 LAYERS = [
     {"errors", "_version"},
-    {"format", "world", "checkpoint"},
+    {"format", "world", "checkpoint", "choice"},
     {"storage", "sources", "plan"},
     {"writer", "read"},
     {"integrations", "compat", "testing"},
@@ -103,8 +103,8 @@ def test_imports_point_down(path: Path) -> None:
     assert not bad, f"{path.relative_to(PACKAGE)}:\n" + "\n".join(bad)
 
 
-CORE = {"errors", "_version", "format", "world", "checkpoint", "storage", "sources", "plan",
-        "writer", "read"}
+CORE = {"errors", "_version", "choice", "format", "world", "checkpoint", "storage", "sources",
+        "plan", "writer", "read"}
 
 
 def test_the_core_imports_no_optional_extra_at_import_time() -> None:

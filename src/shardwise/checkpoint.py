@@ -1,10 +1,21 @@
-"""Checkpoint state: a frozen, versioned record of *position*, with a JSON round trip.
+"""The one resumable-reader protocol: a state is kind, version, fingerprint and position.
 
 A state says how many examples of the global order the consumer has *received* (never
-what was prefetched), which configuration and data that order belongs to, and the version
-of the order algorithm. It is the same on every rank, so any rank's saved state restores
-any world size. Loading a state that does not match refuses loudly, naming each
-difference; it never silently restarts from zero.
+what was prefetched), which configuration and data that order belongs to (``config`` and
+its ``fingerprint``), and the version of the state layout. Where the global position alone
+does not pin the reader (stream positions, a shuffle buffer's epoch), ``extra`` holds
+the reader's own integers. Loading a state that does not match refuses loudly, naming
+each difference; it never silently restarts from zero. Everything is plain JSON.
+
+Every resumable reader is a :class:`Resumable`: it says what its order depends on
+(``state_config``), where it is (``_position``) and how to continue (``_seek``); the
+state's shape, the checks and the refusal are written once, here. Map-style datasets,
+whose position lives in a sampler or loader, are :class:`Configured`: a fingerprinted
+config, plus optional seek hints a loader stores with its own position (a Blend's
+per-source counts make its seek O(1))::
+
+    reader.state_dict()  ->  {"kind": "stream", "version": 1, "fingerprint": "9f2c…",
+                              "consumed": 81920, "config": {...}, "extra": {...}}
 
 >>> s = LoaderState(fingerprint="9f2c", consumed=81_920, config={"seq_len": 2048})
 >>> LoaderState.from_dict(s.to_dict()) == s
@@ -13,9 +24,13 @@ True
 
 from __future__ import annotations
 
+import hashlib
 import operator
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+import orjson
 
 from shardwise.errors import ShardwiseError, StateError
 
@@ -55,6 +70,12 @@ def check_not_past_end(position: int, end: int | None, unit: str, run: str) -> N
                          f"({end:,} {unit}: {run}); the state was saved by a longer run "
                          "(more epochs or samples?) or another dataset: resume with the "
                          "run length it was saved with")
+
+
+def fingerprint(config: Mapping[str, Any]) -> str:
+    """The fingerprint of a read config: 16 hex digits of SHA-256 over its sorted JSON."""
+    blob = orjson.dumps(dict(config), option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -103,10 +124,83 @@ class LoaderState:
         """Raise :class:`StateError` naming every difference from the current reader."""
         if self.kind != kind:
             raise StateError(f"this state belongs to a {self.kind!r} reader, not {kind!r}")
-        if self.fingerprint == fingerprint:
-            return
+        if self.fingerprint == fingerprint or (self.config and self.config == config):
+            return  # the same config (a state from before a fingerprint change included)
         diffs = _differences(self.config, config) or [
             f"fingerprint: state has {self.fingerprint}, this reader has {fingerprint}"]
         raise StateError("refusing to resume: the state does not match this data and "
                          "configuration:\n  " + "\n  ".join(diffs) + "\nresume with the "
                          "configuration and cache the state was saved with")
+
+    def extra_counts(self, *keys: str) -> tuple[int, ...]:
+        """``extra[key]`` for each key, as integer counts; a :class:`StateError` naming the
+        key when one is missing or not a count."""
+        missing = [k for k in keys if k not in self.extra]
+        if missing:
+            raise StateError(f"a {self.kind!r} state needs extra.{missing[0]} (it has "
+                             f"{sorted(self.extra)}); the state was edited or is not this "
+                             "reader's")
+        return tuple(as_count(self.extra[k], f"extra.{k}") for k in keys)
+
+
+class Configured:
+    """A reader whose order is a function of a plain config: one fingerprint for all.
+
+    Map-style datasets are only this (a sampler or loader holds their position); they may
+    add *seek hints*, integers a loader saves beside its own position so that a restore
+    costs O(1) (:meth:`seek_hints`, :meth:`apply_seek_hints`).
+    """
+
+    def state_config(self) -> dict[str, Any]:
+        """The plain fields the order depends on (fingerprinted; shown on a mismatch)."""
+        raise NotImplementedError
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.state_config())
+
+    def seek_hints(self, consumed: int) -> dict[str, Any]:
+        """What a loader's state adds at position ``consumed`` (default: nothing)."""
+        return {}
+
+    def apply_seek_hints(self, consumed: int, hints: Mapping[str, Any]) -> None:
+        """Take the hints a loader's state saved at ``consumed`` (default: none)."""
+
+
+class Resumable(Configured):
+    """A reader that holds its own position: the one ``state_dict``/``load_state_dict``.
+
+    A subclass sets ``state_kind`` and implements ``state_config``, ``_position`` (examples
+    received so far, and the ``extra`` integers) and ``_seek`` (continue from a state
+    already checked against this reader: kind, version, fingerprint)::
+
+        class Rows(Resumable):
+            state_kind = "rows"
+            def state_config(self): return {"n": self.n, "seed": self.seed}
+            def _position(self): return self.received, {}
+            def _seek(self, state): self.received = state.consumed
+
+    ``shardwise.testing.assert_resumes_exactly`` checks every reader against it.
+    """
+
+    state_kind: ClassVar[str]
+
+    def _position(self) -> tuple[int, dict[str, Any]]:
+        raise NotImplementedError
+
+    def _seek(self, state: LoaderState) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this reader is, as plain JSON (what was received, not prefetched)."""
+        consumed, extra = self._position()
+        return LoaderState(fingerprint=self.fingerprint, consumed=consumed,
+                           config=self.state_config(), extra=extra,
+                           kind=self.state_kind).to_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        """Continue exactly where ``state`` was saved; :class:`StateError` names what does
+        not match (reader kind, data, configuration, position)."""
+        st = LoaderState.from_dict(state)
+        st.check_matches(self.state_kind, self.fingerprint, self.state_config())
+        self._seek(st)

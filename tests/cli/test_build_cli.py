@@ -39,7 +39,9 @@ def test_build_prints_a_json_summary_and_makes_the_cache(cli, tmp_path: Path) ->
     summary = orjson.loads(stdout)
     assert set(summary) == {"root", "sources", "chunks", "documents", "tokens", "bytes_read",
                             "seconds", "errors", "resumed_chunks", "new_chunks",
-                            "checked_chunks", "check_depth", "check_seconds", "rebuilt_chunks"}
+                            "checked_chunks", "check_depth", "check_seconds", "rebuilt_chunks",
+                            "empty_documents", "notes"}
+    assert summary["empty_documents"] == 0 and summary["notes"] == []
     assert summary["root"] == str(out)
     assert (summary["sources"], summary["chunks"], summary["documents"]) == (1, 6, DOCS)
     assert summary["errors"] == {} and summary["new_chunks"] == 6

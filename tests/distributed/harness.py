@@ -163,7 +163,9 @@ class WindowIndex:
             self.by_content[key] = w
 
     def of(self, input_ids: np.ndarray, labels: np.ndarray) -> np.ndarray:
-        rows = np.concatenate([input_ids, labels[:, -1:]], axis=1).astype(np.int64)
+        # a label without loss is -100 (read/examples.py); the stream held padding there
+        last = np.where(labels[:, -1:] == -100, 0, labels[:, -1:])
+        rows = np.concatenate([input_ids, last], axis=1).astype(np.int64)
         out = np.empty(len(rows), dtype=np.int64)
         for i, row in enumerate(rows):
             if not row.any():

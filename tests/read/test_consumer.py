@@ -196,5 +196,5 @@ def test_numpy_counts_are_counts_and_a_damaged_position_is_refused() -> None:
                          ({"epoch": 0.5}, "extra.epoch must be an integer")):
         with make() as c, pytest.raises(StateError, match=match):
             c.load_state_dict(dict(state, extra={**state["extra"], **extra}))
-    with make() as c, pytest.raises(StateError, match="no extra.source"):
+    with make() as c, pytest.raises(StateError, match="needs extra.source"):
         c.load_state_dict(dict(state, extra={"epoch": 0, "window": 0, "offset": 0}))

@@ -52,8 +52,9 @@ def test_each_epoch_packs_every_record_once(seed: int | None) -> None:
                 continue
             rec = recs[int(ids[a]) // 1000]
             assert (ids[a:b] == rec["input_ids"]).all()
-            want = rec["labels"].copy()
-            want[0] = IGNORE_INDEX  # the previous record's last token must not predict it
+            # next-token targets inside the record; its last token predicts nothing (never
+            # the next record's first)
+            want = np.append(rec["labels"][1:], IGNORE_INDEX)
             assert (labels[a:b] == want).all()
         assert (row["loss_mask"] == (labels != IGNORE_INDEX)).all()
     if seed is not None:
@@ -64,7 +65,8 @@ def test_labels_default_to_the_loss_mask_or_all_tokens() -> None:
     recs = [{"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1]}, {"input_ids": [8, 9]}]
     row = next(iter(PackedSFT(recs, seq_len=8)))
     assert row["input_ids"].tolist() == [5, 6, 7, 8, 9, 0, 0, 0]
-    assert row["labels"].tolist() == [-100, 6, 7, -100, 9, -100, -100, -100]
+    # next-token targets: 5 -> 6, 6 -> 7, 7 -> (end of record), 8 -> 9, 9 -> (end)
+    assert row["labels"].tolist() == [6, 7, -100, 9, -100, -100, -100, -100]
     assert row["cu_seqlens"].tolist() == [0, 3, 5, 8]
 
 

@@ -58,7 +58,8 @@ def _reference(ds: sw.TokenDataset, stream: np.ndarray, idx: list[int]) -> dict[
         window = stream[w * L: w * L + L + 1]
         rows[r, : len(window)] = window
         mask[r, : len(window) - 1] = 1.0
-    return {"input_ids": rows[:, :L], "labels": rows[:, 1:], "loss_mask": mask,
+    labels = np.where(mask == 1, rows[:, 1:], -100)  # next-token, -100 without loss
+    return {"input_ids": rows[:, :L], "labels": labels, "loss_mask": mask,
             "position_ids": np.tile(np.arange(L, dtype=np.int64), (len(idx), 1))}
 
 

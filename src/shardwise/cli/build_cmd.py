@@ -20,7 +20,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="files, directories or globs of .jsonl, .jsonl.gz, .jsonl.zst, .parquet")
     p.add_argument("--out", required=True, metavar="DIR", help="cache directory")
     p.add_argument("--tokenizer", required=True, metavar="FILE",
-                   help="a tokenizer.json saved by the tokenizers library")
+                   help="a tokenizer.json saved by the tokenizers library (its truncation and "
+                        "padding, if on, are switched off: a build keeps every token)")
     p.add_argument("--text-key", default="text", help="field holding the text (default: text)")
     p.add_argument("--workers", type=int, default=None,
                    help="worker processes (default: all cores); with --executor ray, tasks "

@@ -111,10 +111,10 @@ def render(s: CacheSummary) -> list[str]:
         state = "finished" if src.finished else "building"
         errs = sum(src.errors.values())
         lines.append(f"  [{i}] {src.path} ({src.format}, {_bytes(src.size)}): {src.chunks:,} "
-                     f"chunks, {src.documents:,} documents, {src.tokens:,} tokens, {state}, "
-                     f"{errs:,} skipped")
+                     f"chunks, {src.documents:,} documents{_empty(src.empty)}, "
+                     f"{src.tokens:,} tokens, {state}, {errs:,} skipped")
     lines.append(f"totals: {len(s.sources)} sources, {s.chunks:,} chunks, {s.documents:,} "
-                 f"documents, {s.tokens:,} tokens")
+                 f"documents{_empty(s.empty_documents)}, {s.tokens:,} tokens")
     if s.errors:
         lines.append("skipped records: " + ", ".join(f"{k} {v:,}" for k, v in s.errors.items()))
     else:
@@ -222,6 +222,10 @@ def write_plot(cache: Cache, s: CacheSummary, path: Path, *, sample_docs: int) -
     right.set_title(f"tokens per source ({s.tokens:,} in all)")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=100)
+
+
+def _empty(n: int) -> str:
+    return f" ({n:,} empty)" if n else ""
 
 
 def _n(v: int | None) -> str:

@@ -24,6 +24,8 @@ from shardwise.format.checksum import bytes_checksum
 from shardwise.format.files import ObjectStore, Root
 from shardwise.format.megatron import idx_bytes
 
+IGNORE_INDEX = -100  # a label that takes no loss (record chunks' ``labels``; Hugging Face's)
+
 
 class ChunkKind(str, Enum):
     TOKENS = "tokens"
@@ -126,7 +128,7 @@ def publish_token_chunk(root: Root, stem: str, tokens: npt.NDArray[np.generic],
                         meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
     """Publish a Megatron ``.bin/.idx`` chunk; returns its metadata and the metadata's checksum."""
     payloads: dict[str, bytes | memoryview] = {
-        ".bin": np.ascontiguousarray(tokens).tobytes(),
+        ".bin": np.ascontiguousarray(tokens).data.cast("B"),  # a view: no copy
         ".idx": idx_bytes(doc_lengths, tokens.dtype)}
     fields = dict(meta_fields, kind=ChunkKind.TOKENS, documents=len(doc_lengths),
                   tokens=int(np.sum(doc_lengths, dtype=np.int64)))

@@ -25,15 +25,21 @@ from shardwise.errors import ManifestError
 from shardwise.format.files import Root, read_file, where, write_file
 
 LEDGER_NAME = "ledger.json"
-LEDGER_VERSION = 1
+LEDGER_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+"""Version 1 had no ``empty`` count per chunk; its chunks read as ``empty=0``."""
 
 
 @dataclass
 class ChunkEntry:
+    """A published chunk: its stem, documents, tokens, the xxh3-64 of its metadata file,
+    and how many of its documents are empty (no token but an appended end-of-document)."""
+
     stem: str
     documents: int
     tokens: int
     meta_xxh3: str
+    empty: int = 0
 
 
 @dataclass
@@ -76,6 +82,9 @@ class SourceProgress:
                 total[k] = total.get(k, 0) + v
         return total
 
+    def empty_documents(self) -> int:
+        return sum(c.empty for seg in self.segments for c in seg.chunks)
+
 
 @dataclass
 class Ledger:
@@ -117,9 +126,10 @@ class Ledger:
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, where: str = LEDGER_NAME) -> Ledger:
         try:
-            if d.get("version") != LEDGER_VERSION:
-                raise ManifestError(f"{where}: ledger version {d.get('version')!r}, "
-                                    f"expected {LEDGER_VERSION}")
+            if d.get("version") not in READABLE_VERSIONS:
+                raise ManifestError(f"{where}: ledger version {d.get('version')!r}, this "
+                                    f"shardwise reads {list(READABLE_VERSIONS)}; upgrade "
+                                    "shardwise or rebuild")
             sources = [SourceProgress([
                 Segment(**{**seg, "chunks": [ChunkEntry(**c) for c in seg["chunks"]]})
                 for seg in src["segments"]]) for src in d["sources"]]

@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-import orjson
 
-from shardwise.checkpoint import LoaderState, as_count
+from shardwise.checkpoint import Configured, LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, MissingExtraError, StateError
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.guard import refuse_framework_sharding
@@ -49,7 +47,6 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
     raise MissingExtraError("shardwise.torch needs PyTorch: pip install 'shardwise[torch]'"
                             ) from e
 
-STATE_KIND = "torch_loader"
 LOOK_AHEAD = 4  # micro-batches whose chunks a remote cache downloads before they are read
 
 
@@ -123,12 +120,14 @@ class _Indices:
         return len(self.sampler)
 
 
-class ShardwiseLoader(DataLoader):  # type: ignore[type-arg]
+class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
     """A DataLoader over this rank's micro-batches; iterate it, checkpoint it, restore it.
 
     Every ``iter()`` continues from the current position (the number of examples of the
     global order consumed so far), so an interrupted loop picks up where it stopped.
     """
+
+    state_kind = "torch_loader"
 
     def __init__(self, dataset: Any, sampler: BatchSampler, *, look_ahead: int = 0,
                  collate_fn: Callable[[Any], Any] | None = None, **kwargs: Any) -> None:
@@ -198,26 +197,18 @@ class ShardwiseLoader(DataLoader):  # type: ignore[type-arg]
         pos.sampler = dataclasses.replace(pos.sampler, consumed=consumed)
         pos.start, pos.received = consumed, 0
 
-    def _state_config(self) -> dict[str, Any]:
-        return state_config(self.dataset, self._indices.sampler)
+    def state_config(self) -> dict[str, Any]:
+        return sampler_state_config(self.dataset, self._indices.sampler)
 
-    def _fingerprint(self) -> str:
-        return fingerprint(self._state_config())
+    def _position(self) -> tuple[int, dict[str, Any]]:
+        hints = (self.dataset.seek_hints(self.consumed)  # e.g. a Blend's counts: O(1) seek
+                 if isinstance(self.dataset, Configured) else {})
+        return self.consumed, hints
 
-    def state_dict(self) -> dict[str, Any]:
-        extra = {}
-        if hasattr(self.dataset, "loader_state_extra"):  # e.g. a Blend's counts: O(1) seek
-            extra = self.dataset.loader_state_extra(self.consumed)
-        return LoaderState(fingerprint=self._fingerprint(), consumed=self.consumed,
-                           config=self._state_config(), extra=extra,
-                           kind=STATE_KIND).to_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a saved position; refuse a state of other data or config, or
-        past the end of this run. The global batch size may differ from the saved run's
-        (see the module docs): the continuation is the same global order."""
-        st = LoaderState.from_dict(state)
-        st.check_matches(STATE_KIND, self._fingerprint(), self._state_config())
+    def _seek(self, st: LoaderState) -> None:
+        """Continue from a saved position; refuse a position past the end of this run. The
+        global batch size may differ from the saved run's (see the module docs): the
+        continuation is the same global order."""
         self._indices.sampler.check_in_run(st.consumed)
         step = self._indices.sampler.step_examples
         if st.consumed % step:
@@ -226,8 +217,8 @@ class ShardwiseLoader(DataLoader):  # type: ignore[type-arg]
                              "that divides it (states saved at global-batch boundaries fit "
                              "every layout whose micro-batch × world size divides the "
                              "global batch)")
-        if hasattr(self.dataset, "restore_loader_state"):
-            self.dataset.restore_loader_state(st.consumed, st.extra)
+        if isinstance(self.dataset, Configured):
+            self.dataset.apply_seek_hints(st.consumed, st.extra)
         self._restart(st.consumed)
 
     def describe(self) -> dict[str, Any]:
@@ -253,9 +244,11 @@ class ShardwiseLoader(DataLoader):  # type: ignore[type-arg]
                 f"{d['world']}, run {run}, at {d['consumed']:,}; {d['summary']}{pad})")
 
 
-def state_config(dataset: Any, s: BatchSampler) -> dict[str, Any]:
-    """What a loader state over ``dataset`` with sampler ``s`` must match."""
-    cfg = dict(dataset.state_config()) if hasattr(dataset, "state_config") else {
+def sampler_state_config(dataset: Any, s: BatchSampler) -> dict[str, Any]:
+    """The dataset's config (its order) and the sampler's (how it is placed): what a
+    state of this loader (or of :mod:`shardwise.integrations.torchdata`'s sampler) must
+    match."""
+    cfg = dict(dataset.state_config()) if isinstance(dataset, Configured) else {
         "dataset": type(dataset).__qualname__, "len": len(dataset)}
     cfg["sampler"] = s.kind.value
     if s.kind is SamplerKind.CYCLIC:
@@ -267,10 +260,6 @@ def state_config(dataset: Any, s: BatchSampler) -> dict[str, Any]:
     if s.kind is SamplerKind.EVAL:
         cfg["world_size"] = s.world.size
     return cfg
-
-
-def fingerprint(config: dict[str, Any]) -> str:
-    return hashlib.sha256(orjson.dumps(config, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
 def _pin(batch: Any) -> Any:

@@ -36,11 +36,11 @@ Worked example, ``seq_len = 8``, lengths ``[3, 6, 2, 5, 2]`` (no seed)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.choice import Choice
 from shardwise.plan._checks import IntArray, check_int
 from shardwise.plan.permutation import Permutation
 
@@ -48,20 +48,15 @@ SFT_PACKING_VERSION: int = 1
 """Recorded in checkpoints; bump whenever the plan for the same lengths changes."""
 
 
-class Overlong(str, Enum):
+class Overlong(Choice):
     """What to do with a record longer than ``seq_len``."""
+
+    __option__ = "overlong"
 
     ERROR = "error"
     TRUNCATE = "truncate"
     DROP = "drop"
 
-    @classmethod
-    def parse(cls, value: str | Overlong) -> Overlong:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"overlong must be one of {[m.value for m in cls]}, "
-                             f"got {value!r}") from None
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from enum import Enum
 
 from shardwise.checkpoint import as_count, check_not_past_end
+from shardwise.choice import Choice
 from shardwise.errors import ConfigError
 from shardwise.plan.batches import (
     cyclic_micro_batch_indices,
@@ -34,18 +34,13 @@ from shardwise.read.drops import Drop
 from shardwise.world import World
 
 
-class SamplerKind(str, Enum):
+class SamplerKind(Choice):
+    __option__ = "sampler"
+
     SINGLE = "single"
     CYCLIC = "cyclic"
     EVAL = "eval"
 
-    @classmethod
-    def parse(cls, value: str | SamplerKind) -> SamplerKind:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(f"sampler must be one of {[m.value for m in cls]}, "
-                              f"got {value!r}") from None
 
 
 def accumulation_steps(global_batch_size: int, micro_batch_size: int, world_size: int) -> int:

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-from enum import Enum
-
-from shardwise.errors import ConfigError
+from shardwise.choice import Choice
 
 
-class OnError(str, Enum):
+class OnError(Choice):
     """What to do with a bad record: stop naming it, or skip it and count it."""
+
+    __option__ = "on_error"
 
     RAISE = "raise"
     SKIP = "skip"
 
-    @classmethod
-    def parse(cls, value: str | OnError) -> OnError:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(f"on_error must be one of {[m.value for m in cls]}, "
-                              f"got {value!r}") from None

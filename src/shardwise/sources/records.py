@@ -114,12 +114,16 @@ def _truncated(info: SourceInfo, seg: Segment, pos: int, line: int, err: Excepti
                       path=info.path, line=line + 1, reason="truncated_file")
 
 
-def iter_lines(info: SourceInfo, seg: Segment, position: int, line: int
+def iter_lines(info: SourceInfo, seg: Segment, position: int, line: int,
+               max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
                ) -> Iterator[tuple[bytes | InputError, int, int]]:
     """``(line_bytes, end, line_no)`` for each line starting in ``[position, seg.stop)``.
 
     ``seg.stop == -1`` means to the end of the (decompressed) stream. A compressed stream
-    is decompressed from its start and the bytes before ``position`` are discarded.
+    is decompressed from its start and the bytes before ``position`` are discarded. A UTF-8
+    byte order mark at the start of the stream is skipped. A line longer than
+    ``max_record_bytes`` comes as a ``too_large`` :class:`InputError`: its bytes are
+    scanned for the newline, never held (see :class:`_LongLine`).
     """
     stop = seg.stop
     compressed = SourceFormat(info.format) is not SourceFormat.JSONL
@@ -138,7 +142,8 @@ def iter_lines(info: SourceInfo, seg: Segment, position: int, line: int
         else:
             f.seek(position)
             pos = position
-        pending = b""
+        pending = _Pending(info.path, max_record_bytes, None if compressed else f)
+        at_start = position == 0
         while stop < 0 or pos < stop:
             try:
                 want = BLOCK if stop < 0 else min(BLOCK, stop - pos)
@@ -149,16 +154,75 @@ def iter_lines(info: SourceInfo, seg: Segment, position: int, line: int
                 return
             if not block:
                 break
-            offset = pos - len(pending)  # where ``pending + block`` starts in the stream
+            if at_start and block.startswith(BOM):
+                block, pos = block[len(BOM):], pos + len(BOM)
+            at_start = False
+            line_start = pos - pending.size  # where the pending line starts in the stream
             pos += len(block)
-            lines = (pending + block).split(b"\n")
-            pending = lines.pop()
-            for ln in lines:
-                offset += len(ln) + 1
-                yield ln, offset, line
+            lines = block.split(b"\n")
+            tail = lines.pop()
+            if lines:
+                first = lines[0]
+                offset = line_start + pending.size + len(first) + 1
+                yield pending.finish(first, line, line_start), offset, line
                 line += 1
-        if pending:
-            yield pending, pos, line
+                for ln in lines[1:]:
+                    offset += len(ln) + 1
+                    yield ln, offset, line
+                    line += 1
+            pending.add(tail)
+        if pending.size:
+            yield pending.finish(b"", line, pos - pending.size), pos, line
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+class _Pending:
+    """The part of a line read so far, held only while it is short.
+
+    In a plain file (``f`` given) a line longer than one read block is not held: its bytes
+    are only counted until its newline, then read again in one piece if it is within
+    ``limit``; rejecting a 300 MB record costs one block of memory. In a compressed stream
+    (no going back) the line is held up to the limit. One byte of slack: a CRLF line's
+    ``\\r`` is not part of the record.
+    """
+
+    def __init__(self, path: str, limit: int, f: BinaryIO | None) -> None:
+        self.path, self.limit, self.f = path, limit, f
+        self.keep = min(BLOCK, limit + 1) if f is not None else limit + 1
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def add(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size <= self.keep:
+            self.parts.append(data)
+        else:
+            self.parts = []
+
+    def finish(self, last: bytes, line: int, start: int) -> bytes | InputError:
+        """The whole line that began at ``start`` and ends with ``last``, or the error
+        that it is longer than the limit."""
+        self.add(last)
+        size, parts = self.size, self.parts
+        self.parts, self.size = [], 0
+        if size > self.limit + 1:
+            return too_large(self.path, line + 1, size, self.limit)
+        if parts:
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+        assert self.f is not None  # parts are dropped only in a plain file
+        here = self.f.tell()
+        self.f.seek(start)
+        data = self.f.read(size)
+        self.f.seek(here)
+        return data
+
+
+def too_large(path: str, line_for_error: int, size: int, limit: int) -> InputError:
+    return InputError(f"{path}:{line_for_error}: record of {size} bytes exceeds "
+                      f"max_record_bytes={limit}", path=path, line=line_for_error,
+                      reason="too_large")
 
 
 def parse_line(raw: bytes, *, path: str, line_for_error: int,
@@ -171,9 +235,7 @@ def parse_line(raw: bytes, *, path: str, line_for_error: int,
         return InputError(f"{where}: empty line", path=path, line=line_for_error,
                           reason="empty_line")
     if len(raw) > max_record_bytes:
-        return InputError(f"{where}: record of {len(raw)} bytes exceeds max_record_bytes="
-                          f"{max_record_bytes}", path=path, line=line_for_error,
-                          reason="too_large")
+        return too_large(path, line_for_error, len(raw), max_record_bytes)
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -231,12 +293,13 @@ def iter_records(info: SourceInfo, seg: Segment, position: int, line: int, *,
     if SourceFormat(info.format) is SourceFormat.PARQUET:
         yield from iter_parquet(info, seg, position, columns)
         return
-    for raw, end, ln in iter_lines(info, seg, position, line):
+    for raw, end, ln in iter_lines(info, seg, position, line, max_record_bytes):
         if isinstance(raw, InputError):
             yield Located(raw, end, ln)
             continue
         value = parse_line(raw, path=info.path, line_for_error=ln + 1,
                            max_record_bytes=max_record_bytes)
+        del raw  # a huge line's bytes go before its record is processed
         yield Located(value, end, ln)
 
 

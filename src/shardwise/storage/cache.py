@@ -19,7 +19,6 @@ missing or damaged object is a :class:`CorruptChunkError` naming its URL.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
@@ -33,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from shardwise.checkpoint import fingerprint
 from shardwise.errors import CacheError, CorruptChunkError, ManifestError
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.chunk import META_SUFFIX, ChunkKind, ChunkMeta
@@ -334,10 +334,6 @@ def _visible_chunks(root: Path, ledger: Ledger,
     return out
 
 
-def _identity_fingerprint(obj: object) -> str:
-    return hashlib.sha256(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
-
-
 def _open_shardwise(root: Path) -> Cache:
     manifest = Manifest.load(root)
     ledger = Ledger.load(root)
@@ -348,7 +344,7 @@ def _open_shardwise(root: Path) -> Cache:
     return Cache(root, manifest=manifest, chunks=chunks, dtype=np.dtype(manifest.dtype),
                  eod_id=manifest.tokenizer.eod_id, vocab_size=manifest.tokenizer.vocab_size,
                  finished=visible_all, errors=ledger.errors(),
-                 fingerprint=_identity_fingerprint(manifest.identity()))
+                 fingerprint=fingerprint(manifest.identity()))
 
 
 def _open_megatron(prefix: Path) -> Cache:
@@ -356,7 +352,7 @@ def _open_megatron(prefix: Path) -> Cache:
     st = os.stat(prefix.with_name(prefix.name + ".bin"))
     stem = prefix.name
     info = ChunkInfo(stem, prefix, ChunkKind.TOKENS, 0, idx.num_sequences, idx.num_tokens)
-    fp = _identity_fingerprint({"megatron": stem, "bin_bytes": st.st_size,
+    fp = fingerprint({"megatron": stem, "bin_bytes": st.st_size,
                                 "sequences": idx.num_sequences, "dtype": idx.dtype.name,
                                 "head": idx.sequence_lengths[:4096].tolist(),
                                 "tail": idx.sequence_lengths[-4096:].tolist()})
@@ -394,7 +390,7 @@ def _local_dir_for(store: RemoteStore, manifest: Manifest,
     differently under the same URL never reuses stale downloads."""
     base = Path(local_dir) if local_dir is not None else (
         Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shardwise" / "remote")
-    key = _identity_fingerprint({"url": store.url, "identity": manifest.identity()})
+    key = fingerprint({"url": store.url, "identity": manifest.identity()})
     return base / key
 
 
@@ -408,7 +404,7 @@ def _open_remote(store: RemoteStore, local_dir: str | os.PathLike[str] | None,
     return Cache(downloads.dir, manifest=manifest, chunks=chunks,
                  dtype=np.dtype(manifest.dtype), eod_id=manifest.tokenizer.eod_id,
                  vocab_size=manifest.tokenizer.vocab_size, finished=ledger.finished,
-                 errors=ledger.errors(), fingerprint=_identity_fingerprint(manifest.identity()),
+                 errors=ledger.errors(), fingerprint=fingerprint(manifest.identity()),
                  store=store, downloads=downloads)
 
 

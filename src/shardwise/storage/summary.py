@@ -1,10 +1,12 @@
 """What a cache holds, for ``shardwise inspect``: sources, totals, build status, lengths.
 
 Everything except the length distribution comes from the manifest and the ledger (no
-chunk file is opened). Document lengths come from the chunks' ``.idx`` files (or the
-``input_ids`` column of Parquet chunks); for a huge cache they are *sampled*: at most
-``MAX_SAMPLE_CHUNKS`` evenly spaced chunks, every ``k``-th document of each, so that about
-``sample_docs`` lengths are read. The histogram says when it is a sample.
+chunk file is opened), including the count of empty documents (zero tokens, or only the
+appended end-of-document), which the ledger keeps per chunk. Document lengths come from
+the chunks' ``.idx`` files (or the ``input_ids`` column of Parquet chunks); for a huge
+cache they are *sampled*: at most ``MAX_SAMPLE_CHUNKS`` evenly spaced chunks, every
+``k``-th document of each, so that about ``sample_docs`` lengths are read. The histogram
+says when it is a sample.
 
 Length buckets are powers of two: bucket ``[2^b, 2^(b+1))``, plus ``[0, 0]`` for empty
 documents. Example: lengths ``[1, 3, 3, 900]`` give ``[1, 1]: 1, [2, 3]: 2,
@@ -41,6 +43,7 @@ class SourceSummary:
     tokens: int
     finished: bool
     errors: dict[str, int] = field(default_factory=dict)
+    empty: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,10 +92,15 @@ class CacheSummary:
     def tokens(self) -> int:
         return sum(s.tokens for s in self.sources)
 
+    @property
+    def empty_documents(self) -> int:
+        return sum(s.empty for s in self.sources)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["totals"] = {"chunks": self.chunks, "documents": self.documents,
-                       "tokens": self.tokens, "skipped": sum(self.errors.values())}
+                       "empty_documents": self.empty_documents, "tokens": self.tokens,
+                       "skipped": sum(self.errors.values())}
         return d
 
 
@@ -114,10 +122,11 @@ def summarize(cache: Cache, *, sample_docs: int = SAMPLE_DOCS) -> CacheSummary:
 
 
 def _sources(cache: Cache) -> list[SourceSummary]:
-    if cache.manifest is None:
+    if cache.manifest is None:  # a Megatron prefix: one file, count its empty sequences
         c = cache.chunks[0]
         size = c.base.with_name(c.base.name + ".bin").stat().st_size
-        return [SourceSummary(str(c.base), "megatron", size, 1, c.documents, c.tokens, True)]
+        return [SourceSummary(str(c.base), "megatron", size, 1, c.documents, c.tokens, True,
+                              empty=_zero_lengths(_with(c.base, ".idx")))]
     ledger = Ledger.load(cache.store or cache.root)
     out = []
     for info, progress in zip(cache.manifest.sources, ledger.sources, strict=False):
@@ -125,7 +134,7 @@ def _sources(cache: Cache) -> list[SourceSummary]:
         out.append(SourceSummary(info.path, info.format, info.size, len(entries),
                                  sum(e.documents for e in entries),
                                  sum(e.tokens for e in entries), progress.finished,
-                                 progress.errors()))
+                                 progress.errors(), progress.empty_documents()))
     return out
 
 
@@ -164,6 +173,13 @@ def _parquet_lengths(path: Path, stride: int) -> npt.NDArray[np.int64]:
     column = pq.read_table(path, columns=["input_ids"]).column("input_ids")
     return np.asarray(pc.list_value_length(column).to_numpy(zero_copy_only=False),
                       dtype=np.int64)[::stride]
+
+
+def _zero_lengths(idx: Path, block: int = 1 << 24) -> int:
+    """Empty sequences of a Megatron ``.idx``, counted block by block over its map."""
+    lengths = read_idx(idx).sequence_lengths
+    return sum(int(np.count_nonzero(lengths[i:i + block] == 0))
+               for i in range(0, len(lengths), block))
 
 
 def _with(base: Path, suffix: str) -> Path:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shardwise._version import __version__
 from shardwise.errors import CacheError, CacheMismatchError, ConfigError
@@ -40,15 +40,23 @@ from shardwise.storage.remote import RemoteStore, open_root
 from shardwise.storage.verify import CheckDepth
 from shardwise.writer.config import ChunkPolicy
 from shardwise.writer.executor import LocalExecutor
-from shardwise.writer.processors import FunctionProcessor, Processor, TokenizerProcessor
+from shardwise.writer.processors import (
+    FunctionProcessor,
+    Processor,
+    TokenizerProcessor,
+    switched_off_notes,
+)
 from shardwise.writer.progress import BuildSummary, ProgressReporter
 from shardwise.writer.repair import Damage, find_damaged, repair_tasks
 from shardwise.writer.worker import ChunkDone, ChunksRebuilt, Job, Progress, SegmentDone, Task
 
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
 LEDGER_SAVE_INTERVAL = 0.25
 
 
-def _make_processor(tokenizer: str | os.PathLike[str] | None,
+def _make_processor(tokenizer: str | os.PathLike[str] | Tokenizer | None,
                     processor: Callable[[dict[str, Any]], Any] | Processor | None, *,
                     text_key: str,
                     append_eod: bool, eod_token: str | None, vocab_size: int | None,
@@ -261,7 +269,7 @@ class _Coordinator:
 
 
 def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLike[str], *,
-          tokenizer: str | os.PathLike[str] | None = None,
+          tokenizer: str | os.PathLike[str] | Tokenizer | None = None,
           processor: Callable[[dict[str, Any]], Any] | Processor | None = None,
           vocab_size: int | None = None, text_key: str = "text", workers: int | None = None,
           chunk_docs: int | None = None, chunk_mb: float | None = None,
@@ -275,6 +283,9 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
           storage_options: dict[str, Any] | None = None,
           verify: bool = True) -> BuildSummary:
     """Tokenize ``sources`` into the cache directory ``out``; resume it if it exists.
+
+    ``tokenizer`` is a tokenizer.json path or a ``tokenizers.Tokenizer``; its truncation
+    and padding are switched off (a build stores every token), which the summary notes.
 
     ``executor`` is ``"local"`` (processes on this machine, the default), ``"ray"``
     (tasks on the Ray cluster at ``address``, or on a local Ray; see
@@ -333,7 +344,8 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
             release()
             coordinator.save(force=True)
             reporter.close()
-        return _summary(root, ledger, check, coordinator, time.monotonic() - started)
+        return _summary(root, ledger, check, coordinator, time.monotonic() - started,
+                        notes=switched_off_notes(getattr(proc, "switched_off", {})))
     finally:
         if lock is not None:
             _unlock(lock)
@@ -378,7 +390,7 @@ def _start(root: Path | RemoteStore, manifest: Manifest, policy: ChunkPolicy, ov
 
 
 def _summary(root: Root, ledger: Ledger, check: _Check, coordinator: _Coordinator,
-             seconds: float) -> BuildSummary:
+             seconds: float, notes: list[str]) -> BuildSummary:
     missing = sorted({d.stem for d in check.damaged} - coordinator.rebuilt)
     if missing:  # every repair task republishes its chunks or raises: this is a bug
         raise CacheError(f"{root}: damaged chunks {missing[:5]} were not rebuilt")
@@ -392,7 +404,8 @@ def _summary(root: Root, ledger: Ledger, check: _Check, coordinator: _Coordinato
         checked_chunks=check.checked,
         check_depth=check.depth.name.lower() if check.depth is not None else "",
         check_seconds=check.seconds,
-        rebuilt_chunks={d.stem: d.reason(root) for d in check.damaged})
+        rebuilt_chunks={d.stem: d.reason(root) for d in check.damaged},
+        empty_documents=sum(c.empty for _, c in order), notes=notes)
 
 
 __all__ = ["build"]

@@ -57,9 +57,8 @@ import numpy as np
 import xxhash
 
 from shardwise.errors import ConfigError, InputError
-from shardwise.writer.processors import Document, find_eod
-
-IGNORE_INDEX = -100
+from shardwise.format.chunk import IGNORE_INDEX
+from shardwise.writer.processors import Document, find_eod, load_tokenizer, parse_tokenizer
 
 BUILTIN_TEMPLATE = (
     r"{% for message in messages %}"
@@ -211,7 +210,8 @@ class ChatProcessor:
         self.config = ChatConfig(messages_key, input_key, label_key, tuple(metadata_keys),
                                  max_length, overflow, tuple(train_on), bos_token, eos_token,
                                  dict(template_vars or {}))
-        self.tokenizer_json = _tokenizer_json(tokenizer)
+        loaded = load_tokenizer(tokenizer)  # truncation and padding off, as every build
+        self.tokenizer_json, self.switched_off = loaded.json, loaded.switched_off
         self.template_source = load_template(template)
         self.check_alignment = check_alignment
         self._tok: Any = None
@@ -243,8 +243,10 @@ class ChatProcessor:
         return find_eod(self.tokenizer, self.config.eos_token)
 
     def settings(self) -> dict[str, Any]:
-        return {"kind": "chat", "template_sha256": self.template_sha(),
-                **self.config.to_dict()}
+        out = {"kind": "chat", "template_sha256": self.template_sha(), **self.config.to_dict()}
+        if self.switched_off:  # only then: caches built before keep their identity
+            out["switched_off"] = self.switched_off
+        return out
 
     def columns(self) -> list[str] | None:
         c = self.config
@@ -255,9 +257,7 @@ class ChatProcessor:
     @property
     def tokenizer(self) -> Any:
         if self._tok is None:
-            from tokenizers import Tokenizer
-
-            self._tok = Tokenizer.from_str(self.tokenizer_json)
+            self._tok = parse_tokenizer(self.tokenizer_json)
         return self._tok
 
     @property
@@ -412,20 +412,6 @@ def _check_messages(value: Any, key: str) -> list[dict[str, Any]]:
             raise InputError(f"{key}[{i}] must be a dict with a string 'role' and a string "
                              f"(or null) 'content', got {str(m)[:80]!r}", reason="bad_messages")
     return value
-
-
-def _tokenizer_json(tokenizer: Any) -> str:
-    """The tokenizer's JSON, from a ``tokenizers.Tokenizer`` or a tokenizer.json path."""
-    if hasattr(tokenizer, "to_str"):
-        return str(tokenizer.to_str())
-    if isinstance(tokenizer, str | os.PathLike):
-        path = Path(tokenizer)
-        if not path.is_file():
-            raise ConfigError(f"tokenizer file {path} does not exist; pass a tokenizer.json "
-                              "saved by the tokenizers library or a tokenizers.Tokenizer")
-        return path.read_text(encoding="utf-8")
-    raise ConfigError(f"tokenizer must be a tokenizers.Tokenizer or a path to tokenizer.json, "
-                      f"got {type(tokenizer).__name__}")
 
 
 __all__ = ["BUILTIN_TEMPLATE", "IGNORE_INDEX", "ChatConfig", "ChatProcessor", "Overflow",

@@ -12,8 +12,8 @@ DEFAULT_CHUNK_BYTES = 64 << 20
 @dataclass(frozen=True)
 class ChunkPolicy:
     """When a chunk is cut: after ``max_docs`` documents or ``max_bytes`` of token data,
-    whichever comes first. ``segment_bytes`` overrides the automatic split of large JSONL
-    files (see :mod:`shardwise.sources.discovery`)."""
+    whichever comes first, once it holds a token. ``segment_bytes`` overrides the
+    automatic split of large JSONL files (see :mod:`shardwise.sources.discovery`)."""
 
     max_docs: int | None = None
     max_bytes: int | None = DEFAULT_CHUNK_BYTES
@@ -38,5 +38,8 @@ class ChunkPolicy:
         return cls(max_docs=None, max_bytes=max_bytes, segment_bytes=segment_bytes)
 
     def full(self, docs: int, nbytes: int) -> bool:
-        return ((self.max_docs is not None and docs >= self.max_docs)
-                or (self.max_bytes is not None and nbytes >= self.max_bytes))
+        """Whether to cut the chunk now. Never before its first token: a run of empty
+        documents joins the next chunk with a token, because Megatron-Core cannot map an
+        empty ``.bin`` (only a segment of nothing but empty documents makes one)."""
+        return nbytes > 0 and ((self.max_docs is not None and docs >= self.max_docs)
+                               or (self.max_bytes is not None and nbytes >= self.max_bytes))

@@ -282,7 +282,8 @@ def _publish_range(out: Path, prefix: Path, index: MegatronIndex, bin_file: Bina
             raise ConfigError(f"{_with(prefix, '.bin')}: negative token id in documents "
                               f"[{a}, {b}); not a token dataset")
         top = int(part.max())
-    entry = ChunkEntry(meta.stem, meta.documents, meta.tokens, digest)
+    entry = ChunkEntry(meta.stem, meta.documents, meta.tokens, digest,
+                       empty=int(np.count_nonzero(lengths == 0)))
     seg = Segment(start=a, stop=b, position=b, line=b - a, finished=True, chunks=[entry])
     return seg, top
 

@@ -37,15 +37,20 @@ class BuildSummary:
     check_depth: str = ""  # "checksums" (size + xxh3 of every file), "sizes", "" (none)
     check_seconds: float = 0.0
     rebuilt_chunks: dict[str, str] = field(default_factory=dict)  # stem -> what was wrong
+    empty_documents: int = 0
+    """Documents with no token (an empty text), counted in ``documents`` too."""
+    notes: list[str] = field(default_factory=list)
+    """Things the build changed on its own, said once (e.g. tokenizer truncation off)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
     def __str__(self) -> str:
         s = max(self.seconds, 1e-9)
+        empty = f" ({self.empty_documents:,} empty)" if self.empty_documents else ""
         lines = [
             f"built {self.root}: {self.sources} sources, {self.chunks} chunks, "
-            f"{self.documents:,} documents, {self.tokens:,} tokens",
+            f"{self.documents:,} documents{empty}, {self.tokens:,} tokens",
             f"  {self.seconds:.1f} s  {_rate(self.tokens / s, ' tok/s')}  "
             f"{_rate(self.bytes_read / s, 'B/s')} read  ({self.new_chunks} chunks new, "
             f"{self.resumed_chunks} kept from an earlier run"
@@ -68,6 +73,7 @@ class BuildSummary:
             total = sum(self.errors.values())
             detail = ", ".join(f"{k}: {v}" for k, v in sorted(self.errors.items()))
             lines.append(f"  skipped {total:,} bad records ({detail})")
+        lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 
 

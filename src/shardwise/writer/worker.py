@@ -31,6 +31,9 @@ from shardwise.writer.config import ChunkPolicy
 from shardwise.writer.processors import Processor
 
 BATCH_RECORDS = 1024
+BATCH_BYTES = 32 << 20
+"""A batch of records goes to the processor after 1024 records or 32 MB of source,
+whichever comes first: memory follows the text held, not the number of records."""
 
 
 @dataclass(frozen=True)
@@ -108,8 +111,12 @@ class _Pending:
     lines: list[int] = field(default_factory=list)
     nbytes: int = 0
     tokens: int = 0
+    empty: int = 0
     start: int = 0
     line_start: int = 0
+    end: int = 0  # after the last document: where the chunk ends if it is cut lazily
+    line_end: int = 0
+    errors: dict[str, int] = field(default_factory=dict)  # skipped records up to ``end``
 
 
 Emit = Callable[[object], None]
@@ -129,6 +136,8 @@ class SegmentBuilder:
         self.pending = _Pending(start=task.segment.position, line_start=task.segment.line)
         self.last_end = task.segment.position
         self.last_line = task.segment.line
+        # a document of this many tokens is empty: only the appended end-of-document
+        self.empty_length = int(getattr(job.processor, "appended_tokens", 0))
 
     def _check_ids(self, ids: Any, line: int) -> None:
         if len(ids) and (int(np.max(ids)) >= self.job.vocab_size or int(np.min(ids)) < 0):
@@ -138,20 +147,36 @@ class SegmentBuilder:
                               f"{self.job.vocab_size}")
 
     def add(self, doc: Any, end: int, line: int) -> None:
+        """Add a document; a full chunk is published first, when this document has tokens.
+
+        Cutting *before* the next document with tokens (not right after the document
+        that filled the chunk) lets empty documents that follow join the chunk: a chunk
+        without tokens has an empty ``.bin``, which Megatron-Core cannot map."""
         ids = doc["input_ids"] if isinstance(doc, dict) else doc
         n = len(ids)
         if isinstance(doc, dict):
             self._check_ids(ids, line)  # token chunks are checked once per chunk instead
+        if n:
+            self.publish_if_full()
         p = self.pending
         p.docs.append(doc)
         p.lines.append(line)
         p.tokens += n
+        p.empty += n <= self.empty_length
         p.nbytes += n * self.itemsize
+        p.end, p.line_end, p.errors = end, line + 1, dict(self.errors)
+
+    def publish_if_full(self) -> None:
+        """Publish the pending chunk if the policy says it is full. It ends after its last
+        document, as if it had been cut right then (records skipped since belong to the
+        next chunk), so a cache without empty documents is cut as it always was."""
+        p = self.pending
         if self.job.policy.full(len(p.docs), p.nbytes):
-            self.publish(end, line + 1)
+            self.publish(p.end, p.line_end, p.errors)
 
     def count(self, err: InputError, located: Located) -> None:
         if self.job.on_error is OnError.RAISE:
+            self.publish_if_full()  # the work before a bad record is kept
             err = relocate(err, self.t.info, self.t.segment.start, located.line)
             raise err
         self.errors[err.reason] = self.errors.get(err.reason, 0) + 1
@@ -161,7 +186,9 @@ class SegmentBuilder:
         """A repair task has republished all its chunks."""
         return self.limit is not None and self.next_index >= self.limit
 
-    def publish(self, end: int, line: int) -> None:
+    def publish(self, end: int, line: int, errors: dict[str, int] | None = None) -> None:
+        """Publish the pending chunk as ending at ``end`` (line ``line``), with ``errors``
+        (default: every record skipped so far) as the segment's count up to there."""
         p = self.pending
         if not p.docs or self.done:
             return
@@ -177,15 +204,15 @@ class SegmentBuilder:
                                                   p.tokens, fields)
         else:
             lengths = np.fromiter((len(d) for d in p.docs), dtype=np.int64, count=len(p.docs))
-            ids = np.concatenate(p.docs)
+            ids = p.docs[0] if len(p.docs) == 1 else np.concatenate(p.docs)
             if ids.size and (int(ids.max()) >= job.vocab_size or int(ids.min()) < 0):
                 for doc, line in zip(p.docs, p.lines, strict=True):  # name the record
                     self._check_ids(doc, line)
             tokens = ids.astype(job.dtype, copy=False)
             meta, meta_sum = publish_token_chunk(root, stem, tokens, lengths, fields)
         self.emit(ChunkDone(t.source, t.seg_index,
-                            ChunkEntry(stem, meta.documents, meta.tokens, meta_sum),
-                            end, line, dict(self.errors)))
+                            ChunkEntry(stem, meta.documents, meta.tokens, meta_sum, p.empty),
+                            end, line, dict(self.errors if errors is None else errors)))
         self.next_index += 1
         self.pending = _Pending(start=end, line_start=line)
 
@@ -203,17 +230,7 @@ def _records_table(docs: list[dict[str, Any]]) -> Any:
 def run_task(job: Job, task: Task, emit: Emit) -> None:
     """Build one segment from its recorded position to its end."""
     builder = SegmentBuilder(job, task, emit)
-    batch: list[Located] = []
-    for located in iter_records(task.info, task.segment, task.segment.position,
-                                task.segment.line, columns=job.processor.columns(),
-                                max_record_bytes=job.max_record_bytes):
-        batch.append(located)
-        if len(batch) >= BATCH_RECORDS:
-            _flush(builder, batch)
-            batch = []
-            if builder.done:
-                break
-    _flush(builder, batch)
+    _add_records(builder)
     stop = task.segment.stop if task.segment.stop >= 0 else builder.last_end
     builder.publish(stop, builder.last_line)
     if task.rebuild:
@@ -221,6 +238,24 @@ def run_task(job: Job, task: Task, emit: Emit) -> None:
         return
     emit(SegmentDone(task.source, task.seg_index, stop, builder.last_line,
                      dict(builder.errors)))
+
+
+def _add_records(builder: SegmentBuilder) -> None:
+    """Read, process and add every record, in batches of ``BATCH_RECORDS`` records or
+    ``BATCH_BYTES`` of source; the records' texts are gone when this returns."""
+    job, task = builder.job, builder.t
+    batch: list[Located] = []
+    batch_start = task.segment.position
+    for located in iter_records(task.info, task.segment, task.segment.position,
+                                task.segment.line, columns=job.processor.columns(),
+                                max_record_bytes=job.max_record_bytes):
+        batch.append(located)
+        if len(batch) >= BATCH_RECORDS or located.end - batch_start >= BATCH_BYTES:
+            _flush(builder, batch)
+            batch, batch_start = [], located.end
+            if builder.done:
+                break
+    _flush(builder, batch)
 
 
 def _flush(builder: SegmentBuilder, batch: list[Located]) -> None:

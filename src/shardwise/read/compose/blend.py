@@ -32,24 +32,22 @@ source's own state (None for map-style ones, whose position is their count)}``.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import orjson
 
-from shardwise.checkpoint import LoaderState, as_count
+from shardwise.checkpoint import LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, StateError
 from shardwise.plan.blend import BLEND_VERSION, BlendSchedule, normalize_weights
 from shardwise.plan.permutation import Permutation, derive_seed
 from shardwise.read.compose.sft_pack import source_identity
 from shardwise.read.drops import Drop, describe_drops
+from shardwise.read.examples import NEXT_TOKEN, check_same_layout
 from shardwise.read.rows import ROW_FREE, Rows, stacked
 from shardwise.read.tokens.dataset import PAD, TokenDataset
 
-STATE_KIND = "blend"
 _PLAN_AHEAD = 1024
 Batch = dict[str, npt.NDArray[Any]]
 
@@ -62,13 +60,16 @@ def _is_stream(ds: Any) -> bool:
     return all(hasattr(ds, a) for a in ("__iter__", "state_dict", "load_state_dict"))
 
 
-class Blend:
+class Blend(Resumable):
     """Sources mixed with ``weights``; map-style when every source is, else iterable.
 
     >>> mix = Blend([web, code], weights=[0.7, 0.3], names=["web", "code"])  # doctest: +SKIP
     >>> dl = loader(mix, global_batch_size=64, micro_batch_size=8)           # doctest: +SKIP
     >>> mix.report(dl.consumed)["sources"][1]["count"]                      # doctest: +SKIP
     """
+
+    state_kind = "blend"
+    label_convention = NEXT_TOKEN  # every part agrees (checked): read/examples.py
 
     def __init__(self, datasets: Sequence[Any], weights: Sequence[float], *, seed: int = 0,
                  names: Sequence[str] | None = None, length: int | None = None) -> None:
@@ -90,6 +91,7 @@ class Blend:
         if bad:
             raise ConfigError(f"sources {bad} are neither map-style (len and [i]) nor "
                               "streams (iterable with state_dict / load_state_dict)")
+        check_same_layout(self.sources, self.names)
         if not isinstance(seed, int) or seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
         self.seed = seed
@@ -144,13 +146,13 @@ class Blend:
             raise StateError(f"blend counts {list(counts)} do not fit this blend at {t} "
                              f"examples: {e}") from None
 
-    def loader_state_extra(self, consumed: int) -> dict[str, Any]:
+    def seek_hints(self, consumed: int) -> dict[str, Any]:
         """What a loader checkpoint adds so a restore seeks in O(1): the counts at
         ``consumed``."""
         return {"blend_counts": self.counts_at(consumed).tolist()}
 
-    def restore_loader_state(self, consumed: int, extra: dict[str, Any]) -> None:
-        counts = extra.get("blend_counts")
+    def apply_seek_hints(self, consumed: int, hints: Mapping[str, Any]) -> None:
+        counts = hints.get("blend_counts")
         if counts is not None:
             self.seed_counts(consumed, counts)
 
@@ -174,11 +176,6 @@ class Blend:
         for n, d in zip(self.names, self.sources, strict=True):
             cfg[f"source.{n}"] = source_identity(d)
         return cfg
-
-    @property
-    def fingerprint(self) -> str:
-        cfg = orjson.dumps(self.state_config(), option=orjson.OPT_SORT_KEYS)
-        return hashlib.sha256(cfg).hexdigest()[:16]
 
     def __repr__(self) -> str:
         mix = ", ".join(f"{n}={w:.3g}" for n, w in zip(self.names, self.weights, strict=True))
@@ -271,17 +268,13 @@ class Blend:
             self._consumed += 1
             yield example
 
-    def state_dict(self) -> dict[str, Any]:
+    def _position(self) -> tuple[int, dict[str, Any]]:
         streams = [None if _is_map(d) else d.state_dict() for d in self.sources]
-        return LoaderState(fingerprint=self.fingerprint, consumed=self._consumed,
-                           config=self.state_config(), kind=STATE_KIND,
-                           extra={"counts": self.counts_at(self._consumed).tolist(),
-                                  "sources": streams}).to_dict()
+        return self._consumed, {"counts": self.counts_at(self._consumed).tolist(),
+                                "sources": streams}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue where the state was saved; refuse other data, weights or positions."""
-        st = LoaderState.from_dict(state)
-        st.check_matches(STATE_KIND, self.fingerprint, self.state_config())
+    def _seek(self, st: LoaderState) -> None:
+        """Continue where the state was saved (per-source counts and source states)."""
         saved = st.extra.get("counts")
         if not isinstance(saved, list) or len(saved) != len(self.sources):
             raise StateError(f"the state has no per-source counts for {self.names}")

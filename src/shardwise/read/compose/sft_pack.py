@@ -6,18 +6,20 @@ dataset with ``len()`` and ``[i]`` — e.g. the output of
 :func:`~shardwise.plan.sft_packing.pack_window` and yields one row per bin::
 
     input_ids     [seq_len] int64   records back to back, then ``pad_id``
-    labels        [seq_len] int64   the records' labels; -100 on padding and on the first
-                                    token of each record (see below)
+    labels        [seq_len] int64   next-token targets (read/examples.py): labels[t] is the
+                                    record's label of token t + 1; -100 on padding and on
+                                    each record's last token (see below)
     loss_mask     [seq_len] float32 1.0 where labels != -100
     position_ids  [seq_len] int64   restart at 0 at each record (and at the padding)
     cu_seqlens    [k + 1]   int32   record boundaries, then ``seq_len`` (the padding is one
                                     more segment, so rows stack like TokenDataset's)
 
-Labels are *unshifted* (Hugging Face's convention: the model predicts ``labels[t + 1]``
-from position ``t``). In a packed row the last token of one record would then predict
-the first label of the next, so that label is set to -100 — as
-``DataCollatorWithFlattening`` does. A record without ``labels`` trains on every token
-(or on ``loss_mask`` when it has one).
+A *record's* labels are per token (Hugging Face's convention: ``labels[t]`` is token
+``t``'s own label, -100 for no loss); a *row's* are next-token targets, like every
+shardwise example (:mod:`shardwise.read.examples`): ``row["labels"][t]`` is the label of
+the token after ``t`` in the same record. A record's last token never predicts the next
+record's first, so its target is -100 — as ``DataCollatorWithFlattening`` does. A record
+without ``labels`` trains on every token (or on ``loss_mask`` when it has one).
 
 With ``seed``, records are read in a keyed random order per epoch and each window's bins
 are shuffled; without it, in source order with bins in first-fit-decreasing order.
@@ -30,15 +32,13 @@ never a replay of consumed data.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import orjson
 
-from shardwise.checkpoint import LoaderState, as_count
+from shardwise.checkpoint import LoaderState, Resumable, fingerprint
 from shardwise.errors import ConfigError, InputError, StateError
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation, derive_seed
 from shardwise.plan.sft_packing import (
@@ -50,9 +50,8 @@ from shardwise.plan.sft_packing import (
     window_range,
 )
 from shardwise.read.drops import Drop, describe_drops
+from shardwise.read.examples import IGNORE_INDEX, NEXT_TOKEN
 
-IGNORE_INDEX = -100
-STATE_KIND = "sft_pack"
 Example = dict[str, npt.NDArray[Any]]
 
 
@@ -62,8 +61,7 @@ def source_identity(source: Any) -> str:
     if isinstance(fp, str):
         return fp
     if hasattr(source, "state_config"):
-        cfg = orjson.dumps(source.state_config(), option=orjson.OPT_SORT_KEYS)
-        return hashlib.sha256(cfg).hexdigest()[:16]
+        return fingerprint(source.state_config())
     state = source.state_dict() if hasattr(source, "state_dict") else None
     if isinstance(state, dict) and isinstance(state.get("fingerprint"), str):
         return str(state["fingerprint"])  # a shardwise stream's state names its config
@@ -79,13 +77,16 @@ def _labels(rec: dict[str, Any], ids: npt.NDArray[np.int64]) -> npt.NDArray[np.i
     return ids
 
 
-class PackedSFT:
+class PackedSFT(Resumable):
     """Rows of packed SFT records; an iterable with exact, O(window) resume.
 
     >>> rows = PackedSFT(records, seq_len=2048, window=1024, seed=1)  # doctest: +SKIP
     >>> row = next(iter(rows)); rows.state_dict()["extra"]            # doctest: +SKIP
     {'epoch': 0, 'window': 0, 'bin': 1}
     """
+
+    state_kind = "sft_pack"
+    label_convention = NEXT_TOKEN  # labels are next-token targets: read/examples.py
 
     def __init__(self, records: Sequence[dict[str, Any]], *, seq_len: int, window: int = 1024,
                  seed: int | None = None, epochs: int | None = 1,
@@ -137,11 +138,6 @@ class PackedSFT:
                 "records": len(self.records), "source": source_identity(self.records),
                 "sft_packing_version": SFT_PACKING_VERSION,
                 "permutation_version": PERMUTATION_VERSION}
-
-    @property
-    def fingerprint(self) -> str:
-        cfg = orjson.dumps(self.state_config(), option=orjson.OPT_SORT_KEYS)
-        return hashlib.sha256(cfg).hexdigest()[:16]
 
     # -- plan -------------------------------------------------------------------------------
     def _positions(self, epoch: int, w: int) -> npt.NDArray[np.int64]:
@@ -196,8 +192,9 @@ class PackedSFT:
         for r, n in zip(plan.bin(b).tolist(), plan.bin_lengths(b).tolist(), strict=True):
             rec_ids = np.asarray(recs[r]["input_ids"], dtype=np.int64)[:n]
             ids[at: at + n] = rec_ids
-            labels[at: at + n] = _labels(recs[r], rec_ids)[:n]
-            labels[at] = IGNORE_INDEX
+            # a record's labels are per token (HF); a row's are next-token targets, and a
+            # record's last token has no target inside the record
+            labels[at: at + n - 1] = _labels(recs[r], rec_ids)[1:n]
             at += n
         cu = plan.cu_seqlens(b)
         positions = np.zeros(L, dtype=np.int64)
@@ -229,21 +226,12 @@ class PackedSFT:
                 self._epoch, self._win = self._epoch + 1, 0
 
     # -- state --------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return LoaderState(fingerprint=self.fingerprint, consumed=self._consumed,
-                           config=self.state_config(), kind=STATE_KIND,
-                           extra={"epoch": self._epoch, "window": self._win,
-                                  "bin": self._bin}).to_dict()
+    def _position(self) -> tuple[int, dict[str, Any]]:
+        return self._consumed, {"epoch": self._epoch, "window": self._win, "bin": self._bin}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue at the saved (epoch, window, bin); refuse a state of other data."""
-        st = LoaderState.from_dict(state)
-        st.check_matches(STATE_KIND, self.fingerprint, self.state_config())
-        missing = [k for k in ("epoch", "window", "bin") if k not in st.extra]
-        if missing:
-            raise StateError(f"a {STATE_KIND} state needs extra epoch/window/bin, missing "
-                             f"{missing} in {st.extra!r}")
-        epoch, w, b = (as_count(st.extra[k], f"extra.{k}") for k in ("epoch", "window", "bin"))
+    def _seek(self, st: LoaderState) -> None:
+        """Continue at the saved (epoch, window, bin)."""
+        epoch, w, b = st.extra_counts("epoch", "window", "bin")
         if w >= self.num_windows:
             raise StateError(f"state position epoch={epoch} window={w} bin={b} is outside "
                              f"this reader's {self.num_windows} windows")

@@ -30,14 +30,16 @@ rank read ``1/R`` of its own share. :func:`check_sampler` refuses such samplers;
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import zlib
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from enum import Enum
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from shardwise.checkpoint import as_count, check_not_past_end
+from shardwise.checkpoint import Configured, as_count, check_not_past_end, fingerprint
+from shardwise.choice import Choice
 from shardwise.errors import ConfigError
 from shardwise.plan.permutation import Permutation
 from shardwise.read.drops import Drop, describe_drops
@@ -156,23 +158,19 @@ class OneAhead(Generic[K, V]):
             pending.wait()
 
 
-class Order(str, Enum):
+class Order(Choice):
     """``sorted``: by ``key``. ``shuffled``: sorted, then permuted by ``seed``."""
+
+    __option__ = "order"
 
     SORTED = "sorted"
     SHUFFLED = "shuffled"
 
-    @classmethod
-    def parse(cls, value: str | Order) -> Order:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(f"order must be one of {[m.value for m in cls]}, "
-                              f"got {value!r}") from None
 
 
-def shard_order(keys: Sequence[Any], order: Order, seed: int) -> list[int]:
-    """Positions into ``keys`` in reading order; independent of the order of ``keys``."""
+def shard_order(keys: Sequence[Any], order: Order, seed: int, epoch: int = 0) -> list[int]:
+    """Positions into ``keys`` in reading order (``epoch``'s order when shuffled);
+    independent of the order of ``keys``."""
     ranked = sorted(range(len(keys)), key=lambda i: keys[i])
     for a, b in zip(ranked, ranked[1:], strict=False):
         if keys[a] == keys[b]:
@@ -181,7 +179,7 @@ def shard_order(keys: Sequence[Any], order: Order, seed: int) -> list[int]:
                               "sources or a key= that tells them apart")
     if order is Order.SORTED or len(ranked) < 2:
         return ranked
-    perm = Permutation(len(ranked), seed, 0)(np.arange(len(ranked)))
+    perm = Permutation(len(ranked), seed, epoch)(np.arange(len(ranked)))
     return [ranked[int(p)] for p in perm]
 
 
@@ -197,7 +195,7 @@ def _check_lengths(lengths: Sequence[int], n: int) -> list[int]:
     return [int(v) for v in out]
 
 
-class ContiguousShards:
+class ContiguousShards(Configured):
     """Rank ``r``'s contiguous equal slice of the concatenated shards; map-style.
 
     ``make_shard(source)`` builds one shard dataset. Lengths come from ``lengths=`` (one
@@ -205,6 +203,11 @@ class ContiguousShards:
     built once at construction just to read its ``len`` (one at a time, on every rank: the
     start-up cost is one ``make_shard`` per source — pass ``lengths`` for large
     collections). ``key`` sorts the sources (default ``str``).
+
+    ``set_epoch(e)`` re-permutes the shard order with ``(seed, e)`` (``order="shuffled"``)
+    and, with ``shuffle_within=True``, the examples inside each shard by a keyed
+    permutation of the shard's key (O(1) per index, nothing materialised); a rank's slice
+    follows the new order. ``prefetch=False`` keeps exactly one shard in memory.
 
     >>> ds = ContiguousShards(sorted(glob("shards/*.arrow")), load_arrow,      # doctest: +SKIP
     ...                       world=World(1, 4), order="shuffled", seed=7)
@@ -216,33 +219,68 @@ class ContiguousShards:
     def __init__(self, sources: Sequence[Any], make_shard: Callable[[Any], SizedDataset], *,
                  world: World | None = None, order: str | Order = "sorted", seed: int = 0,
                  key: Callable[[Any], Any] | None = None,
-                 lengths: Sequence[int] | None = None) -> None:
+                 lengths: Sequence[int] | None = None, shuffle_within: bool = False,
+                 prefetch: bool = True) -> None:
         given = list(sources)
         if not given:
             raise ConfigError("ContiguousShards needs at least one source")
         self.world = World.resolve(world, reader="ContiguousShards")
         self.order = Order.parse(order)
-        self.seed = seed
+        self.seed, self.shuffle_within, self.prefetch_next = seed, shuffle_within, prefetch
         self._make_shard = make_shard
         self._declared = lengths is not None
         lens = (_check_lengths(lengths, len(given)) if lengths is not None
                 else [len(make_shard(s)) for s in given])
-        positions = shard_order([(key or str)(s) for s in given], self.order, seed)
-        self.sources = [given[p] for p in positions]
-        self.lengths = np.asarray([lens[p] for p in positions], dtype=np.int64)
+        self._given = list(zip(given, lens, [(key or str)(s) for s in given], strict=True))
+        self._perm: tuple[int, Permutation] | None = None
+        self._arrange(0)
+        self._shards: OneAhead[int, SizedDataset] = OneAhead(self._open)
+
+    def _arrange(self, epoch: int) -> None:
+        positions = shard_order([k for _, _, k in self._given], self.order, self.seed, epoch)
+        self.epoch = epoch
+        self.sources = [self._given[p][0] for p in positions]
+        self.keys = [self._given[p][2] for p in positions]
+        self.lengths = np.asarray([self._given[p][1] for p in positions], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
         self.total = int(self.offsets[-1])
         mine, self.dropped = self.world.contiguous(self.total)
         self.start, self.stop = mine.start, mine.stop
-        self._shards: OneAhead[int, SizedDataset] = OneAhead(self._open)
+        self._perm = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read in epoch ``epoch``'s order (see the class docstring); releases the shards
+        held, whose positions change."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
+        if epoch != self.epoch:
+            self._shards.close()
+            self._shards = OneAhead(self._open)
+            self._arrange(epoch)
+
+    def within(self, s: int, local: int) -> int:
+        """The stored index inside shard ``s`` of its ``local``-th example this epoch."""
+        if not self.shuffle_within:
+            return local
+        if self._perm is None or self._perm[0] != s:
+            key = zlib.crc32(f"{self.seed}:{self.keys[s]}".encode())
+            self._perm = (s, Permutation(int(self.lengths[s]), key, self.epoch))
+        return int(self._perm[1](local))
 
     def __len__(self) -> int:
         return self.stop - self.start
 
+    def state_config(self) -> dict[str, Any]:
+        """The shards in their order (names and lengths) and this rank's slice of them."""
+        return {"order": self.order.value, "seed": self.seed, "total": self.total,
+                "shards": fingerprint({"keys": [str(k) for _, _, k in self._given],
+                                       "lengths": [n for _, n, _ in self._given]}),
+                "rank": self.world.rank, "world_size": self.world.size}
+
     def __repr__(self) -> str:
         w = self.world
         return (f"ContiguousShards({len(self.sources)} shards, {self.total} examples, "
-                f"order={self.order.value!r}, rank {w.rank} of {w.size}: "
+                f"order={self.order.value!r}, epoch {self.epoch}, rank {w.rank} of {w.size}: "
                 f"[{self.start}, {self.stop}), {describe_drops(self.drops())})")
 
     def drops(self) -> list[Drop]:
@@ -266,7 +304,7 @@ class ContiguousShards:
         """This rank's ``index`` → ``(shard position, index inside the shard)``; O(log n)."""
         if isinstance(index, bool) or not isinstance(index, int | np.integer):
             raise TypeError(f"index must be an integer, got {type(index).__name__}")
-        n = len(self)
+        n = self.stop - self.start
         i = int(index) + n if index < 0 else int(index)
         if not 0 <= i < n:
             raise IndexError(f"index {index} out of range for rank {self.world.rank}'s "
@@ -281,9 +319,9 @@ class ContiguousShards:
         nxt = s + 1
         while nxt < len(self.lengths) and self.lengths[nxt] == 0:
             nxt += 1
-        if nxt < len(self.lengths) and self.offsets[nxt] < self.stop:
+        if self.prefetch_next and nxt < len(self.lengths) and self.offsets[nxt] < self.stop:
             self._shards.prefetch(nxt)
-        return shard[local]
+        return shard[self.within(s, local)]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         return [self[i] for i in indices]
@@ -360,3 +398,46 @@ def check_sampler(sampler_or_loader: Any) -> None:
                               "per-rank sampler (ContiguousSampler, SequentialSampler or "
                               "RandomSampler); with accelerate / HF Trainer, build the "
                               "DataLoader yourself and do not pass it through prepare()")
+
+
+def _draws_from(obj: Any, dataset: Any) -> bool:
+    """Whether ``dataset`` is reached from sampler ``obj`` through the attributes samplers
+    keep (a BatchSamplerShard's batch sampler's sampler's data source, ...)."""
+    level = [obj]
+    for _ in range(4):
+        nxt = []
+        for o in level:
+            for attr in ("dataset", "data_source", "sampler", "batch_sampler"):
+                inner = getattr(o, attr, None)
+                if inner is dataset:
+                    return True
+                if inner is not None:
+                    nxt.append(inner)
+        level = nxt
+    return False
+
+
+def sampler_over(dataset: Any, names: Sequence[str], depth: int = 12
+                 ) -> tuple[Any, dict[str, Any]] | None:
+    """The nearest caller that is a sampler drawing from ``dataset`` whose class (anywhere
+    in its MRO) is named in ``names``, with the locals of that call (a sampler asking
+    ``len`` from its ``__init__`` has not set all its attributes yet), or None.
+
+    Why: a dataset never sees the sampler a framework wraps around it, but every sampler
+    asks the dataset's ``len``: torch's ``DistributedSampler`` in ``__init__``,
+    accelerate's ``BatchSamplerShard`` in ``__len__``/``__iter__`` through its batch
+    sampler's ``SequentialSampler``. So a dataset's ``__len__`` calls this to see, among
+    its callers' ``self``, which sampler is about to deal its indices.
+    """
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            return None
+        local = frame.f_locals
+        obj = local.get("self")
+        if (obj is not None and obj is not dataset
+                and any(c.__name__ in names for c in type(obj).__mro__)
+                and _draws_from(obj, dataset)):
+            return obj, dict(local)
+    return None

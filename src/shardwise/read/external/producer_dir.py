@@ -59,10 +59,8 @@ plugs into :class:`~shardwise.read.records.consumer.SequentialConsumer`.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-import string
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -72,67 +70,63 @@ from typing import Any
 import numpy as np
 import orjson
 
-from shardwise.checkpoint import LoaderState, as_count
+from shardwise.checkpoint import Configured, LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, InputError, ProducerTimeoutError, StateError
 from shardwise.format.atomic import atomic_write_bytes
 from shardwise.read.external.contiguous import OneAhead
+from shardwise.read.external.names import DEFAULT_PATTERN, ChunkNames
 from shardwise.read.guard import refuse_framework_sharding
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES, parse_line
 from shardwise.world import World
 
 EXPECTED = "_EXPECTED"
-DEFAULT_PATTERN = "chunk_{index:05d}.jsonl"
-STATE_KIND = "producer_dir"
+DEFAULT_MARKER = ".done.{rank}"  # appended to a chunk's name; ".completed" for ms-swift
 ORDER_VERSION = 1
 
 
-def _path(directory: str | os.PathLike[str], pattern: str, index: int) -> Path:
-    return Path(directory) / pattern.format(index=index)
+Pattern = str | re.Pattern[str]
+
+
+def _path(directory: str | os.PathLike[str], pattern: Pattern, index: int) -> Path:
+    name = ChunkNames(pattern).name(directory, index)
+    if name is None:
+        raise ConfigError(f"{directory}: no file of chunk {index} matches {pattern!r}; a "
+                          "producer helper needs a format pattern such as "
+                          f"{DEFAULT_PATTERN!r} to name a chunk that does not exist yet")
+    return Path(directory) / name
 
 
 def done_marker(directory: str | os.PathLike[str], index: int, rank: int,
-                pattern: str = DEFAULT_PATTERN) -> Path:
+                pattern: Pattern = DEFAULT_PATTERN, marker: str = DEFAULT_MARKER) -> Path:
     """``chunk_NNNNN.jsonl.done.<rank>``: written by ``rank`` when it finished the chunk."""
     p = _path(directory, pattern, index)
-    return p.with_name(f"{p.name}.done.{rank}")
+    return p.with_name(p.name + marker.format(rank=rank))
 
 
 def finished_by_all(directory: str | os.PathLike[str], index: int, world_size: int,
-                    pattern: str = DEFAULT_PATTERN) -> bool:
+                    pattern: Pattern = DEFAULT_PATTERN, marker: str = DEFAULT_MARKER) -> bool:
     """True once every reader of chunk ``index`` (rank ``index % world_size``) is done."""
-    return done_marker(directory, index, index % world_size, pattern).exists()
+    return done_marker(directory, index, index % world_size, pattern, marker).exists()
 
 
-def chunk_indices(directory: str | os.PathLike[str], pattern: str = DEFAULT_PATTERN
+def chunk_indices(directory: str | os.PathLike[str], pattern: Pattern = DEFAULT_PATTERN
                   ) -> list[int]:
     """The indices of the chunks published in ``directory`` now, ascending."""
-    regex = _pattern_regex(pattern)
-    found = []
-    for name in os.listdir(directory):
-        m = regex.fullmatch(name)
-        if m and pattern.format(index=int(m.group(1))) == name:
-            found.append(int(m.group(1)))
-    return sorted(found)
-
-
-def _pattern_regex(pattern: str) -> re.Pattern[str]:
-    parts = []
-    for literal, field, _spec, _conv in string.Formatter().parse(pattern):
-        parts.append(re.escape(literal))
-        if field is not None:
-            parts.append(r"(\d+)")
-    return re.compile("".join(parts))
+    return ChunkNames(pattern).indices(directory)
 
 
 def delete_finished(directory: str | os.PathLike[str], world_size: int,
-                    pattern: str = DEFAULT_PATTERN) -> list[int]:
+                    pattern: Pattern = DEFAULT_PATTERN, marker: str = DEFAULT_MARKER
+                    ) -> list[int]:
     """Delete every published chunk its reader has finished, and its done marker; returns
     the indices deleted. For the producer side."""
-    deleted = []
-    for index in chunk_indices(directory, pattern):
-        if finished_by_all(directory, index, world_size, pattern):
-            _path(directory, pattern, index).unlink(missing_ok=True)
-            done_marker(directory, index, index % world_size, pattern).unlink(missing_ok=True)
+    deleted, names = [], ChunkNames(pattern)
+    for index in names.indices(directory):
+        chunk = Path(directory) / str(names.name(directory, index))
+        done = chunk.with_name(chunk.name + marker.format(rank=index % world_size))
+        if done.exists():
+            chunk.unlink(missing_ok=True)
+            done.unlink(missing_ok=True)
             deleted.append(index)
     return deleted
 
@@ -151,7 +145,7 @@ def write_expected(directory: str | os.PathLike[str], *, num_chunks: int,
 
 
 def publish_chunk(directory: str | os.PathLike[str], index: int, records: Sequence[Any],
-                  pattern: str = DEFAULT_PATTERN) -> Path:
+                  pattern: Pattern = DEFAULT_PATTERN) -> Path:
     """Write one chunk under a temporary name, fsync, rename (for Python producers)."""
     path = _path(directory, pattern, index)
     atomic_write_bytes(path, b"".join(orjson.dumps(r) + b"\n" for r in records))
@@ -215,13 +209,18 @@ class EndOfData(Exception):
     """Internal: the chunk asked for is past the declared ``num_chunks``."""
 
 
-class ProducerDirDataset:
+class ProducerDirDataset(Configured):
     """This rank's records of a directory a producer fills; map-style (see module doc).
 
     ``encode_fn(record) -> example`` runs once per record when its chunk loads (an error
     in it is an :class:`InputError` naming file and line). ``timeout`` is how long one
-    wait (for a chunk, or for ``_EXPECTED``) may last; polls start every
-    ``poll_interval`` seconds and back off to four times that.
+    wait (for a chunk, or for ``_EXPECTED``) may last (``math.inf``: wait for ever); polls
+    start every ``poll_interval`` seconds and back off to four times that. ``pattern`` is
+    a format string (``chunk_{index:05d}.jsonl``) or a regex with one capture group
+    (``r"chunk_(\\d+)\\.jsonl"``, see :mod:`~shardwise.read.external.names`); ``marker`` is
+    the done marker's suffix (``{rank}`` is filled in). A chunk that is gone while this
+    rank's marker of it exists was consumed and deleted: asking for it again raises
+    :class:`InputError` instead of waiting for a file that will not come back.
 
     >>> ds = ProducerDirDataset("/shared/sft", encode_fn=chat_template,     # doctest: +SKIP
     ...                         world=World.detect(), timeout=1800)
@@ -232,13 +231,15 @@ class ProducerDirDataset:
 
     def __init__(self, directory: str | os.PathLike[str], *,
                  encode_fn: Callable[[dict[str, Any]], Any] | None = None,
-                 world: World | None = None, pattern: str = DEFAULT_PATTERN,
+                 world: World | None = None, pattern: Pattern = DEFAULT_PATTERN,
                  num_chunks: int | None = None, records_per_chunk: int | None = None,
                  timeout: float = 600.0, poll_interval: float = 0.5, done_marker: bool = True,
-                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
-        if "{index" not in pattern or pattern.format(index=0) == pattern.format(index=1):
-            raise ConfigError(f"pattern must contain an {{index}} field such as "
-                              f"{DEFAULT_PATTERN!r}, got {pattern!r}")
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+                 marker: str = DEFAULT_MARKER) -> None:
+        self.names = ChunkNames(pattern)
+        if not marker or "/" in marker:
+            raise ConfigError(f"marker must be a non-empty file-name suffix such as "
+                              f"{DEFAULT_MARKER!r}, got {marker!r}")
         if not timeout > 0 or not poll_interval > 0:
             raise ConfigError(f"timeout and poll_interval must be positive, got {timeout!r} "
                               f"and {poll_interval!r}")
@@ -248,7 +249,8 @@ class ProducerDirDataset:
                                                           "records_per_chunk", 1))
         self.directory = Path(directory)
         self.world = World.resolve(world, reader="ProducerDirDataset")
-        self.pattern, self.encode_fn = pattern, encode_fn
+        self.pattern, self.encode_fn = self.names.text, encode_fn
+        self.marker = marker.format(rank=self.world.rank)
         self.timeout, self.poll_interval = float(timeout), float(poll_interval)
         self.done_marker, self.max_record_bytes = done_marker, max_record_bytes
         self._declared = self._given
@@ -262,13 +264,19 @@ class ProducerDirDataset:
         return {"pattern": self.pattern, "rank": self.world.rank,
                 "world_size": self.world.size, "order_version": ORDER_VERSION}
 
-    @property
-    def fingerprint(self) -> str:
-        text = orjson.dumps(self.state_config(), option=orjson.OPT_SORT_KEYS)
-        return hashlib.sha256(text).hexdigest()[:16]
+    def chunk_path(self, index: int) -> Path | None:
+        """Where chunk ``index`` is (or will be); ``None`` while a regex pattern has not
+        seen it."""
+        name = self.names.name(self.directory, index, self.marker)
+        return None if name is None else self.directory / name
 
-    def chunk_path(self, index: int) -> Path:
-        return _path(self.directory, self.pattern, index)
+    def marker_path(self, index: int) -> Path | None:
+        """This rank's done marker of chunk ``index``."""
+        path = self.chunk_path(index)
+        return None if path is None else path.with_name(path.name + self.marker)
+
+    def _where(self, index: int) -> Path:
+        return self.chunk_path(index) or self.directory / self.names.describe(index)
 
     def declared(self) -> Declared:
         """The totals from the arguments and ``_EXPECTED`` (re-read until complete)."""
@@ -330,7 +338,7 @@ class ProducerDirDataset:
             delay = min(delay * 1.5, 4 * self.poll_interval)
 
     def _progress(self) -> str:
-        published = chunk_indices(self.directory, self.pattern)
+        published = self.names.indices(self.directory, self.marker)
         mine = [c for c in published if self.world.owns(c)]
         if not published:
             return "no chunk is published"
@@ -338,17 +346,28 @@ class ProducerDirDataset:
                 f"{len(mine)} of this rank's)")
 
     def _available(self, index: int) -> bool:
-        """Published now? Raises EndOfData past the declared end."""
-        if self.chunk_path(index).exists():
+        """Published now? Raises EndOfData past the declared end, InputError when this
+        rank consumed the chunk and the producer deleted it."""
+        path = self.chunk_path(index)
+        if path is not None and path.exists():
             return True
+        marker = self.marker_path(index)
+        if marker is not None and marker.exists():
+            raise InputError(f"{path}: rank {self.world.rank} already consumed this chunk "
+                             f"(its marker {marker.name} exists) and the producer deleted "
+                             "it, so its samples cannot be served again. A resume from a "
+                             "checkpoint taken before the marker, or a sampler that wraps "
+                             "around, needs the chunk back (or a producer that keeps it)",
+                             path=str(path), reason="chunk_deleted")
         n = self.declared().num_chunks
         if n is not None and index >= n:
             raise EndOfData(index)
         return False
 
     def _load(self, index: int) -> Chunk:
-        path = self.chunk_path(index)
-        self._wait(lambda: self._available(index), path, "this chunk to be published")
+        self._wait(lambda: self._available(index), self._where(index),
+                   "this chunk to be published")
+        path = self._where(index)
         lines = path.read_bytes().split(b"\n")
         if lines and not lines[-1]:
             lines.pop()
@@ -384,7 +403,8 @@ class ProducerDirDataset:
         now = time.monotonic()  # probe for the next chunk at most once per poll interval
         if (n is None or nxt < n) and now >= self._next_probe and len(self.loaded_chunks()) < 2:
             self._next_probe = now + self.poll_interval
-            if self.chunk_path(nxt).exists():
+            path = self.chunk_path(nxt)
+            if path is not None and path.exists():
                 self._chunks.prefetch(nxt)
         return got
 
@@ -393,8 +413,8 @@ class ProducerDirDataset:
         self._chunks.evict(index)
         self._served.pop(index, None)
         self._next_probe = 0.0
-        if self.done_marker:
-            marker = done_marker(self.directory, index, self.world.rank, self.pattern)
+        marker = self.marker_path(index)
+        if self.done_marker and marker is not None:
             atomic_write_bytes(marker, b"")
 
     @property
@@ -412,7 +432,16 @@ class ProducerDirDataset:
 
     # -- map-style ----------------------------------------------------------------------
     def position(self, index: int) -> tuple[int, int]:
-        """This rank's ``index`` → ``(global chunk index, record in the chunk)``."""
+        """This rank's ``index`` → ``(global chunk index, record in the chunk)``. With one
+        ``records_per_chunk`` for every chunk this needs no ``num_chunks`` (an endless
+        producer): ``(rank + (index // K) · R, index % K)``."""
+        d = self.declared()
+        if d.num_chunks is None and d.records is None and d.records_per_chunk is not None:
+            if index < 0:
+                raise IndexError(f"index {index}: a negative index needs the length, and "
+                                 "the producer has not declared num_chunks")
+            j, r = divmod(index, d.records_per_chunk)
+            return self.world.rank + j * self.world.size, r
         offsets = self._rank_offsets()
         n = int(offsets[-1])
         i = index + n if index < 0 else index
@@ -465,7 +494,7 @@ class ProducerDirDataset:
         self._chunks = OneAhead(self._load)
 
 
-class ProducerDirStream:
+class ProducerDirStream(Resumable):
     """This rank's records in order, one pass, from a saved position; iterable.
 
     It ends after the last declared chunk (``num_chunks`` may be declared late, in
@@ -478,6 +507,8 @@ class ProducerDirStream:
     global index of the chunk of the next record) and ``extra.record`` (its index in the
     chunk). Saved by one rank, it resumes that rank of the same world size only.
     """
+
+    state_kind = "producer_dir"
 
     def __init__(self, ds: ProducerDirDataset) -> None:
         self.ds = ds
@@ -506,16 +537,14 @@ class ProducerDirStream:
                 self.next_chunk, self.next_record = c + step, 0
             del records  # not alive while the next chunk loads
 
-    def state_dict(self) -> dict[str, Any]:
-        return LoaderState(fingerprint=self.ds.fingerprint, consumed=self.consumed,
-                           config=self.ds.state_config(), kind=STATE_KIND,
-                           extra={"chunk": self.next_chunk, "record": self.next_record}
-                           ).to_dict()
+    def state_config(self) -> dict[str, Any]:
+        return self.ds.state_config()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        st = LoaderState.from_dict(state)
-        st.check_matches(STATE_KIND, self.ds.fingerprint, self.ds.state_config())
-        chunk, record = (as_count(st.extra.get(k), f"extra.{k}") for k in ("chunk", "record"))
+    def _position(self) -> tuple[int, dict[str, Any]]:
+        return self.consumed, {"chunk": self.next_chunk, "record": self.next_record}
+
+    def _seek(self, st: LoaderState) -> None:
+        chunk, record = st.extra_counts("chunk", "record")
         w = self.ds.world
         if chunk % w.size != w.rank:
             raise StateError(f"state position chunk={chunk!r} record={record!r} is not a "

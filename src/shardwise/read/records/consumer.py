@@ -33,7 +33,6 @@ State keys (``LoaderState``): ``consumed`` (examples received, all epochs) and
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -41,13 +40,10 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Protocol, runtime_checkable
 
-import orjson
-
-from shardwise.checkpoint import LoaderState, as_count
+from shardwise.checkpoint import LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, StateError
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation, derive_seed
 
-STATE_KIND = "sequential_consumer"
 ORDER_VERSION = 1
 DEFAULT_BATCH = 32
 
@@ -93,7 +89,7 @@ class Position:
 _END = object()
 
 
-class SequentialConsumer:
+class SequentialConsumer(Resumable):
     """Batches of examples in a seeded order, prefetched, exactly resumable.
 
     ``prefetch`` (examples held ahead) defaults to ``2 × consumers × batch_size``: two
@@ -105,6 +101,8 @@ class SequentialConsumer:
     ...                         shuffle_window=4096, seed=1) as c:
     ...     prompts = c.get_next_batch(32); state = c.state_dict()
     """
+
+    state_kind = "sequential_consumer"
 
     def __init__(self, source: ResumableSource | Callable[[], ResumableSource], *,
                  batch_size: int | None = None, consumers: int = 1,
@@ -141,11 +139,6 @@ class SequentialConsumer:
         return self.order.to_dict()
 
     @property
-    def fingerprint(self) -> str:
-        text = orjson.dumps(self.state_config(), option=orjson.OPT_SORT_KEYS)
-        return hashlib.sha256(text).hexdigest()[:16]
-
-    @property
     def epoch(self) -> int:
         return self._pos.epoch
 
@@ -180,23 +173,17 @@ class SequentialConsumer:
                               "shuffle_window > 1, or a reader with set_epoch()")
         self._restart(Position(epoch=epoch))
 
-    def state_dict(self) -> dict[str, Any]:
+    def _position(self) -> tuple[int, dict[str, Any]]:
         p = self._pos
-        return LoaderState(fingerprint=self.fingerprint, consumed=self.consumed,
-                           config=self.state_config(), kind=STATE_KIND,
-                           extra={"epoch": p.epoch, "window": p.window, "offset": p.offset,
-                                  "source": p.source}).to_dict()
+        return self.consumed, {"epoch": p.epoch, "window": p.window, "offset": p.offset,
+                               "source": p.source}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def _seek(self, st: LoaderState) -> None:
         """Continue exactly after the last example the saved consumer returned."""
-        st = LoaderState.from_dict(state)
-        st.check_matches(STATE_KIND, self.fingerprint, self.state_config())
+        if "source" not in st.extra:
+            st.extra_counts("source")  # names the missing key
+        epoch, window, offset = st.extra_counts("epoch", "window", "offset")
         e = st.extra
-        missing = [k for k in ("epoch", "window", "offset", "source") if k not in e]
-        if missing:
-            raise StateError(f"consumer state has no extra.{missing[0]}")
-        epoch, window, offset = (as_count(e[k], f"extra.{k}")
-                                 for k in ("epoch", "window", "offset"))
         if offset >= max(1, self.shuffle_window):
             raise StateError(f"extra.offset={offset} is past the end of a shuffle window of "
                              f"{self.shuffle_window} examples; the state was edited or saved "

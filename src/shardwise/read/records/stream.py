@@ -34,10 +34,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import xxhash
 
-from shardwise.checkpoint import LoaderState, as_count
+from shardwise.checkpoint import LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, StateError
 from shardwise.read.guard import refuse_framework_sharding
 from shardwise.read.records.pipeline import FINISHED, PAD_KEY, Pipeline, is_pad, make_pad
@@ -46,8 +45,6 @@ from shardwise.read.records.ranges import RangeKind, plan_ranges, resolve_files
 from shardwise.read.records.streams import ORDER_VERSION, StreamOrder, StreamPosition
 from shardwise.sources.on_error import OnError
 from shardwise.world import World
-
-STATE_KIND = "record_stream"
 
 
 @dataclass(frozen=True)
@@ -78,7 +75,7 @@ class RecordStreamConfig:
         object.__setattr__(self, "on_error", OnError.parse(self.on_error))
 
 
-class RecordStream:
+class RecordStream(Resumable):
     """Records of ``sources``, processed by ``map_fn``, in a deterministic global order.
 
     >>> rs = RecordStream(["prompts/*.jsonl"], map_fn=fn, seed=1234,  # doctest: +SKIP
@@ -102,6 +99,8 @@ class RecordStream:
     ``state_dict(all_ranks=True)`` (a collective over torch.distributed) returns that
     merged state on every rank.
     """
+
+    state_kind = "record_stream"
 
     def __init__(self, sources: Any, *, map_fn: Callable[[Any], Any] | None = None,
                  seed: int = 0, world: World | None = None, streams: int = 8,
@@ -215,21 +214,18 @@ class RecordStream:
         deadlocks a job where only rank 0 saves. World size 1 and DataLoader workers
         (whose state is only their share anyway) get the local state.
         """
-        streams = {str(s): p.to_dict() for s, p in sorted(self._positions.items())}
-        local = LoaderState(fingerprint=self._fingerprint(), kind=STATE_KIND,
-                            consumed=sum(p.consumed for p in self._positions.values()),
-                            config=self._state_config(),
-                            extra={"order_version": ORDER_VERSION, "streams": streams}
-                            ).to_dict()
+        local = super().state_dict()
         if not all_ranks or self.world.size == 1 or _torch_worker() is not None:
             return local
         return _gather_states(self.world, local)
 
-    def load_state_dict(self, state: Any) -> None:
-        """Continue exactly where ``state`` stopped; :class:`StateError` names what does
-        not match (data, configuration, missing streams)."""
-        st = LoaderState.from_dict(state)
-        st.check_matches(STATE_KIND, self._fingerprint(), self._state_config())
+    def _position(self) -> tuple[int, dict[str, Any]]:
+        streams = {str(s): p.to_dict() for s, p in sorted(self._positions.items())}
+        return (sum(p.consumed for p in self._positions.values()),
+                {"order_version": ORDER_VERSION, "streams": streams})
+
+    def _seek(self, st: LoaderState) -> None:
+        """Continue exactly where the state stopped (its streams must cover this rank's)."""
         if st.extra.get("order_version") != ORDER_VERSION:
             raise StateError(f"order_version: state has {st.extra.get('order_version')!r}, "
                              f"this reader has {ORDER_VERSION}")
@@ -247,7 +243,7 @@ class RecordStream:
                                                  self.plan.n) for s in local}
         self._reset(positions)
 
-    def _state_config(self) -> dict[str, Any]:
+    def state_config(self) -> dict[str, Any]:
         c, plan = self.config, self.plan
         names = xxhash.xxh3_64()
         for f in plan.files:
@@ -257,10 +253,6 @@ class RecordStream:
                 "range_step": plan.step, "epochs": c.epochs, "n_files": len(plan.files),
                 "n_ranges": plan.n, "total_bytes": sum(f.size for f in plan.files),
                 "files": names.hexdigest()}
-
-    def _fingerprint(self) -> str:
-        return xxhash.xxh3_64_hexdigest(orjson.dumps(self._state_config(),
-                                                     option=orjson.OPT_SORT_KEYS))
 
     # -- internals ---------------------------------------------------------------------
 

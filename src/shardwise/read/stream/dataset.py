@@ -72,7 +72,6 @@ see — a checkpoint would silently restart.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import threading
@@ -85,9 +84,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import orjson
 
-from shardwise.checkpoint import LoaderState, as_count, check_not_past_end
+from shardwise.checkpoint import LoaderState, Resumable, as_count, check_not_past_end
 from shardwise.errors import (
     ConfigError,
     StateError,
@@ -101,6 +99,7 @@ from shardwise.plan.stream import (
     windows_per_block,
 )
 from shardwise.read.drops import Drop, describe_drops
+from shardwise.read.examples import NEXT_TOKEN, ignore_unmasked
 from shardwise.read.guard import refuse_framework_sharding
 from shardwise.read.stream.chunk_cache import ChunkCache, Tokens, read_chunk
 from shardwise.read.stream.schedule import (
@@ -116,7 +115,6 @@ from shardwise.read.stream.schedule import (
 from shardwise.storage.cache import Cache, open_cache
 from shardwise.world import World
 
-STATE_KIND = "stream"
 STREAM_ORDER_VERSION = 1
 Example = dict[str, npt.NDArray[Any]]
 
@@ -146,7 +144,7 @@ def first_example(consumed: int, s: int, n_streams: int) -> int:
     return max(0, -(-(consumed - s) // n_streams))
 
 
-class StreamDataset:
+class StreamDataset(Resumable):
     """This rank's examples under stream placement; iterable (see the module docs).
 
     >>> ds = StreamDataset("cache/", seq_len=2048, streams=8, seed=1234,  # doctest: +SKIP
@@ -161,6 +159,9 @@ class StreamDataset:
     (whole blocks; the next block is always read ahead). ``stats()`` reports the seconds
     waited on the producer and on the prefetch thread, and the chunk cache's figures.
     """
+
+    state_kind = "stream"
+    label_convention = NEXT_TOKEN  # labels are next-token targets: read/examples.py
 
     def __init__(self, cache: Cache | str | os.PathLike[str], *, seq_len: int, streams: int,
                  seed: int = 0, world: World | None = None, follow: bool = False,
@@ -241,28 +242,17 @@ class StreamDataset:
                 "permutation_version": PERMUTATION_VERSION}
 
     @property
-    def fingerprint(self) -> str:
-        blob = orjson.dumps(self.state_config(), option=orjson.OPT_SORT_KEYS)
-        return hashlib.sha256(blob).hexdigest()[:16]
-
-    @property
     def consumed(self) -> int:
         """Examples of the global order received by all ranks together."""
         return self._start + self._received * self.world.size
 
-    def state_dict(self) -> dict[str, Any]:
+    def _position(self) -> tuple[int, dict[str, Any]]:
         c = self.consumed
-        positions = [first_example(c, s, self.config.streams)
-                     for s in range(self.config.streams)]
-        return LoaderState(fingerprint=self.fingerprint, consumed=c,
-                           config=self.state_config(), kind=STATE_KIND,
-                           extra={"stream_examples": positions}).to_dict()
+        return c, {"stream_examples": [first_example(c, s, self.config.streams)
+                                       for s in range(self.config.streams)]}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a saved position (any world size dividing ``streams``); refuse a
-        state of another cache or config, naming the fields that differ."""
-        st = LoaderState.from_dict(state)
-        st.check_matches(STATE_KIND, self.fingerprint, self.state_config())
+    def _seek(self, st: LoaderState) -> None:
+        """Continue from a saved position (any world size dividing ``streams``)."""
         c = self.config
         if c.epochs is not None and self.cache.finished:  # every stream padded to the longest
             end = c.streams * c.epochs * longest_stream_windows(self.cache.cum_tokens, c)
@@ -427,9 +417,10 @@ class _Run:
 def _finish(rows: npt.NDArray[np.int64], valid: npt.NDArray[np.int64], L: int) -> Example:
     """The example dict (TokenDataset's layout): inputs, labels, loss mask, positions."""
     n = len(rows)
+    loss_mask = (np.arange(L)[None, :] + 1 < valid[:, None]).astype(np.float32)
     return {"input_ids": np.ascontiguousarray(rows[:, :L]),
-            "labels": np.ascontiguousarray(rows[:, 1:]),
-            "loss_mask": (np.arange(L)[None, :] + 1 < valid[:, None]).astype(np.float32),
+            "labels": ignore_unmasked(np.array(rows[:, 1:]), loss_mask),
+            "loss_mask": loss_mask,
             "position_ids": np.broadcast_to(np.arange(L, dtype=np.int64), (n, L)).copy()}
 
 

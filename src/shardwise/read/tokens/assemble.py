@@ -6,7 +6,7 @@ that crosses a chunk edge is stitched), so a rank touches only the bytes of its 
 Example layout for ``seq_len = 4`` and a window ``[7 8 9 | 3 4]`` where a document starts
 at the 4th token::
 
-    input_ids     7 8 9 3        labels        8 9 3 4
+    input_ids     7 8 9 3        labels        8 9 3 4   (next-token: read/examples.py)
     position_ids  0 1 2 0        (reset_position_ids)
     cu_seqlens    [0, 3, 4]      (per row, offset by row * seq_len in a batch)
 """
@@ -24,6 +24,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from shardwise.format.atomic import save_npy
 from shardwise.plan.doc_shuffle import plan_fingerprint
+from shardwise.read.examples import ignore_unmasked
 from shardwise.storage.cache import MAX_OPEN_CHUNKS, Cache
 
 MAX_CACHED_DOC_STARTS = 64
@@ -83,7 +84,10 @@ class WindowReader:
         parts = [self._chunk_doc_starts(c) for c in self.chunks_of([(start, stop)])]
         starts = parts[0] if len(parts) == 1 else np.concatenate(parts)
         lo, hi = np.searchsorted(starts, [start + 1, start + self.cfg.seq_len])
-        return starts[lo:hi] - start
+        inside = starts[lo:hi] - start
+        if len(inside) > 1:  # empty documents start where the next one does: one boundary
+            inside = inside[np.concatenate(([True], inside[1:] != inside[:-1]))]
+        return inside
 
     def all_doc_lengths(self, plan_root: Path) -> npt.NDArray[np.int64]:
         starts = self.stored_doc_starts(plan_root)
@@ -232,6 +236,8 @@ class WindowReader:
                          < np.asarray(valid, dtype=np.int64)[:, None]).astype(np.float32)
         if self.cfg.eod_mask_loss:
             loss_mask[input_ids == self.cache.eod_id] = 0.0
+        if self.cfg.eod_mask_loss or valid.count(L + 1) != B:
+            ignore_unmasked(labels, loss_mask)  # one label convention: read/examples.py
         position_ids = self._position_rows(B).copy()
         out: dict[str, npt.NDArray[Any]] = {"input_ids": input_ids, "labels": labels,
                                               "loss_mask": loss_mask,

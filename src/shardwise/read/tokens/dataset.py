@@ -15,18 +15,17 @@ Only the chunks holding the requested windows are opened (memory-mapped, lazily)
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import orjson
 
+from shardwise.checkpoint import Configured
+from shardwise.choice import Choice
 from shardwise.errors import ConfigError
 from shardwise.plan.block_shuffle import BlockShuffle
 from shardwise.plan.doc_shuffle import (
@@ -38,6 +37,7 @@ from shardwise.plan.doc_shuffle import (
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation
 from shardwise.plan.windows import dropped_tokens, num_windows
 from shardwise.read.drops import Drop, describe_drops
+from shardwise.read.examples import NEXT_TOKEN
 from shardwise.read.rows import ROW_FREE, Rows
 from shardwise.read.tokens.assemble import WindowReader
 from shardwise.storage.cache import Cache, open_cache
@@ -48,7 +48,7 @@ ORDER_BLOCK = 4096
 ORDER_BLOCKS_KEPT = 8
 
 
-class Shuffle(str, Enum):
+class Shuffle(Choice):
     """How the windows of an epoch are ordered.
 
     ``none``: stored order. ``window``: a keyed permutation of all windows (default).
@@ -57,18 +57,13 @@ class Shuffle(str, Enum):
     style; its per-epoch index is cached as ``.npy`` and memory-mapped).
     """
 
+    __option__ = "shuffle"
+
     NONE = "none"
     WINDOW = "window"
     BLOCK = "block"
     DOCUMENT = "document"
 
-    @classmethod
-    def parse(cls, value: str | Shuffle) -> Shuffle:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(f"shuffle must be one of {[m.value for m in cls]}, "
-                              f"got {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -105,11 +100,7 @@ class TokenConfig:
         return d
 
 
-def _fingerprint(fields: dict[str, Any]) -> str:
-    return hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
-
-
-class TokenDataset:
+class TokenDataset(Configured):
     """Packed windows of a cache in a seeded global order; map-style.
 
     >>> ds = TokenDataset(open_cache("cache/"), seq_len=2048, seed=1234)  # doctest: +SKIP
@@ -122,6 +113,7 @@ class TokenDataset:
     """
 
     pads = True
+    label_convention = NEXT_TOKEN  # labels are next-token targets: read/examples.py
 
     def __init__(self, cache: Cache | str | os.PathLike[str], *, seq_len: int, seed: int = 0,
                  shuffle: str | Shuffle = Shuffle.WINDOW, drop_last: bool = True,
@@ -162,10 +154,6 @@ class TokenDataset:
         return {**self.config.to_dict(), "cache": self.cache.fingerprint,
                 "cache_tokens": self.cache.num_tokens, "order_version": ORDER_VERSION,
                 "permutation_version": PERMUTATION_VERSION}
-
-    @property
-    def fingerprint(self) -> str:
-        return _fingerprint(self.state_config())
 
     def __len__(self) -> int:
         return self.num_windows
