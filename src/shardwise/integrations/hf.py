@@ -27,6 +27,9 @@ take any shardwise dataset as ``train_dataset`` / ``eval_dataset``, under torchr
   the checkpoint's ``global_step``. The state is global, so another number of processes
   continues exactly when the global batch size is kept (e.g. 2 ranks → 1 rank with twice
   the accumulation).
+* **Records** (a RecordStream's, a producer directory's, a foreign dataset's: anything
+  without ``label_convention = "next_token"``) keep HF's own per-token labels and go to
+  ``default_data_collator`` unchanged.
 * **Iterable readers** (StreamDataset, RecordStream, a ProducerDirDataset's ``stream()``)
   are already per-rank: they get a plain per-rank DataLoader, never accelerate's
   dispatcher; their own ``state_dict()`` is saved per rank (``shardwise_rank{r}.json``).
@@ -48,12 +51,13 @@ from shardwise.errors import ConfigError, MissingExtraError, StateError
 from shardwise.format.atomic import atomic_write_bytes
 from shardwise.integrations.torch import ShardwiseLoader, loader
 from shardwise.integrations.torch import collate as torch_collate
+from shardwise.read.examples import NEXT_TOKEN
 from shardwise.world import World
 
 try:
     import torch
     from torch.utils.data import DataLoader
-    from transformers import Trainer
+    from transformers import Trainer, default_data_collator
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise MissingExtraError("shardwise.hf needs transformers and accelerate: "
                             "pip install 'shardwise[hf]'") from e
@@ -128,13 +132,23 @@ class ShardwiseTrainerMixin:
                  shardwise_seed: int = 0, **kwargs: Any) -> None:
         given = kwargs.get("data_collator") or (args[2] if len(args) > 2 else None)
         super().__init__(*args, **kwargs)
-        self._sw_collate = given or collate
+        self._sw_given = given
         self._sw_sampler, self._sw_seed = shardwise_sampler, shardwise_seed
         self._sw_resume: str | None = None
         self._sw_train: Any = None
         self.args.ignore_data_skip = True  # type: ignore[attr-defined]  # the state resumes
 
     # -- the loaders ---------------------------------------------------------------------
+    def _sw_collate_for(self, ds: Any) -> Any:
+        """Your ``data_collator``; else :func:`collate` for shardwise's next-token examples;
+        else (records in HF's own per-token convention, a foreign dataset) HF's
+        ``default_data_collator``, labels untouched."""
+        if self._sw_given is not None:
+            return self._sw_given
+        if getattr(ds, "label_convention", None) == NEXT_TOKEN:
+            return collate
+        return default_data_collator
+
     def _sw_world(self) -> World:
         a = self.args  # type: ignore[attr-defined]
         return World(a.process_index, a.world_size)
@@ -169,12 +183,12 @@ class ShardwiseTrainerMixin:
                     sampler=sampler, seed=self._sw_seed, data_sharding=False,
                     num_workers=workers, pin_memory=a.dataloader_pin_memory,
                     persistent_workers=a.dataloader_persistent_workers and workers > 0,
-                    collate_fn=self._sw_collate)
+                    collate_fn=self._sw_collate_for(ds))
         return _Epochs(dl, per_epoch)
 
     def _iterable_loader(self, ds: Any, batch_size: int) -> DataLoader:  # type: ignore[type-arg]
         """A per-rank DataLoader over a reader that is already this rank's share."""
-        return DataLoader(ds, batch_size=batch_size, collate_fn=self._sw_collate,
+        return DataLoader(ds, batch_size=batch_size, collate_fn=self._sw_collate_for(ds),
                           num_workers=0)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
@@ -188,7 +202,7 @@ class ShardwiseTrainerMixin:
             return self._iterable_loader(ds, m)
         world = World.single() if getattr(ds, "is_sharded", False) else self._sw_world()
         return loader(ds, global_batch_size=m * world.size, micro_batch_size=m,
-                      world=world, sampler="eval", collate_fn=self._sw_collate)
+                      world=world, sampler="eval", collate_fn=self._sw_collate_for(ds))
 
     # -- checkpoints ---------------------------------------------------------------------
     def _inner_training_loop(self, *args: Any, **kwargs: Any) -> Any:

@@ -28,26 +28,24 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from shardwise.checkpoint import LoaderState
+from shardwise.checkpoint import Configured, LoaderState, Resumable
 from shardwise.errors import StateError
-from shardwise.integrations.torch import fingerprint, state_config
+from shardwise.integrations.torch import sampler_state_config
 from shardwise.read.guard import refuse_framework_sharding
 from shardwise.read.sampler import BatchSampler, SamplerKind
 from shardwise.world import World
 
-STATE_KIND = "torchdata_batch_sampler"
 
-
-class _Position:
-    """One pass of a :class:`StatefulBatchSampler`: yields index lists and knows how many
-    examples of the global order all ranks have taken."""
+class _Pass:
+    """One pass of a :class:`StatefulBatchSampler`: yields index lists and counts them;
+    its state is the sampler's at this pass's position (torchdata's iterator protocol)."""
 
     def __init__(self, owner: StatefulBatchSampler) -> None:
         self.owner = owner
         self.start, self.taken = owner.sampler.consumed, 0
         self._it = iter(owner.sampler)
 
-    def __iter__(self) -> _Position:
+    def __iter__(self) -> _Pass:
         return self
 
     def __next__(self) -> list[int]:
@@ -60,52 +58,53 @@ class _Position:
         return self.start + self.taken * self.owner.sampler.step_examples
 
     def state_dict(self) -> dict[str, Any]:
-        return self.owner.state_at(self.consumed)
+        return self.owner.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.owner.load_state_dict(state)
         self.__init__(self.owner)  # type: ignore[misc]
 
 
-class StatefulBatchSampler:
+class StatefulBatchSampler(Resumable):
     """shardwise's :class:`~shardwise.read.sampler.BatchSampler` with torchdata's
     ``Stateful`` protocol on itself (the position of the next ``iter()``) and on each
     iterator (the position of that pass). State keys: ``kind``, ``version``,
-    ``fingerprint``, ``consumed``, ``config``, ``extra``."""
+    ``fingerprint``, ``consumed``, ``config``, ``extra`` (the dataset's seek hints)."""
+
+    state_kind = "torchdata_batch_sampler"
 
     def __init__(self, dataset: Any, sampler: BatchSampler) -> None:
         self.dataset, self.sampler = dataset, sampler
-        self._last: _Position | None = None
+        self._last: _Pass | None = None
 
     def __iter__(self) -> Iterator[list[int]]:
         refuse_framework_sharding("a shardwise batch sampler")
         if self._last is not None:  # a new pass continues where the last one stopped
             self.sampler = dataclasses.replace(self.sampler, consumed=self._last.consumed)
-        self._last = _Position(self)
+        self._last = _Pass(self)
         return self._last
 
     def __len__(self) -> int:
         return len(self.sampler)
 
-    def state_at(self, consumed: int) -> dict[str, Any]:
-        cfg = state_config(self.dataset, self.sampler)
-        return LoaderState(fingerprint=fingerprint(cfg), consumed=consumed, config=cfg,
-                           kind=STATE_KIND).to_dict()
+    def state_config(self) -> dict[str, Any]:
+        return sampler_state_config(self.dataset, self.sampler)
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.state_at(self.sampler.consumed if self._last is None
-                             else self._last.consumed)
+    def _position(self) -> tuple[int, dict[str, Any]]:
+        consumed = self.sampler.consumed if self._last is None else self._last.consumed
+        hints = (self.dataset.seek_hints(consumed) if isinstance(self.dataset, Configured)
+                 else {})
+        return consumed, hints
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        st = LoaderState.from_dict(state)
-        cfg = state_config(self.dataset, self.sampler)
-        st.check_matches(STATE_KIND, fingerprint(cfg), cfg)
+    def _seek(self, st: LoaderState) -> None:
         step = self.sampler.step_examples
         if st.consumed % step:
             raise StateError(f"the state is at {st.consumed} examples, not a multiple of "
                              f"micro_batch_size × world size = {step}; resume with a layout "
                              "that divides it")
         self.sampler.check_in_run(st.consumed)
+        if isinstance(self.dataset, Configured):
+            self.dataset.apply_seek_hints(st.consumed, st.extra)
         self.sampler = dataclasses.replace(self.sampler, consumed=st.consumed)
         self._last = None
 
