@@ -53,11 +53,13 @@ LOOK_AHEAD = 4  # micro-batches whose chunks a remote cache downloads before the
 def _register_iterables() -> None:
     """Streams are plain iterables (the core never imports torch); make DataLoader accept
     them as IterableDatasets even when torch was imported after they were created."""
+    from shardwise.read.compose.sft_pack import PackedSFT
+    from shardwise.read.external.producer_dir import ProducerDirStream
     from shardwise.read.records.stream import RecordStream
     from shardwise.read.stream.dataset import StreamDataset
 
-    IterableDataset.register(StreamDataset)
-    IterableDataset.register(RecordStream)
+    for reader in (StreamDataset, RecordStream, PackedSFT, ProducerDirStream):
+        IterableDataset.register(reader)
 
 
 _register_iterables()

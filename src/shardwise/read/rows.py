@@ -80,11 +80,36 @@ def _row_bounds(cu: npt.NDArray[Any], n: int, L: int) -> list[npt.NDArray[np.int
     return out
 
 
+def stack_rows(rows: list[dict[str, Any]]) -> Batch:
+    """The inverse of :class:`Rows`: per-example dicts (e.g. PackedSFT's rows, each with its
+    own ``cu_seqlens``) → one stacked dict, boundaries flattened over the rows::
+
+        rows cu_seqlens [0, 3, 4], [0, 4]  (L = 4)  ->  [0, 3, 4, 8], max_seqlen 4
+    """
+    keys = [k for k in rows[0] if k not in ROW_FREE]
+    out: Batch = {k: np.stack([np.asarray(r[k]) for r in rows]) for k in keys}
+    if "cu_seqlens" in rows[0]:
+        L = out[keys[0]].shape[1]
+        parts = [np.asarray(r["cu_seqlens"], dtype=np.int64)[1:] + i * L
+                 for i, r in enumerate(rows)]
+        flat = np.concatenate([np.zeros(1, np.int64), *parts]).astype(np.int32)
+        out["cu_seqlens"] = flat
+        out["max_seqlen"] = np.asarray(int(np.diff(flat).max()) if len(flat) > 1 else 0,
+                                       np.int32)
+    return out
+
+
 def stacked(data: Any) -> Batch | None:
-    """The stacked dict of a :class:`Rows` or of a plain batched dict; None otherwise."""
+    """The stacked dict of a :class:`Rows`, a plain batched dict, or a list of per-example
+    dicts with ``cu_seqlens`` (which stock collators cannot stack); None otherwise."""
     if isinstance(data, Rows):
         return data.batch
-    return data if isinstance(data, dict) else None
+    if isinstance(data, dict):
+        return data
+    if isinstance(data, list) and data and isinstance(data[0], dict) and (
+            "cu_seqlens" in data[0]):
+        return stack_rows(data)
+    return None
 
 
-__all__ = ["ROW_FREE", "Rows", "stacked"]
+__all__ = ["ROW_FREE", "Rows", "stack_rows", "stacked"]
