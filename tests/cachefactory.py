@@ -26,7 +26,7 @@ from shardwise.format.chunk import (
     publish_token_chunk,
 )
 from shardwise.format.ledger import ChunkEntry, Ledger, Segment, SourceProgress
-from shardwise.format.manifest import Manifest, SourceInfo, TokenizerInfo
+from shardwise.format.manifest import Manifest, SourceInfo, TokenizerInfo, manifest_checksum
 
 Docs = Sequence[Sequence[int]]
 
@@ -64,8 +64,8 @@ def make_cache(root: Path, sources: Sequence[Docs], *, chunk_docs: int = 3,
         seg.finished = False
         seg.position = seg.stop - dropped.documents
         seg.line = seg.position - seg.start
-    Ledger(progress).save(root)
     _manifest(sources, kind, dtype, vocab_size, eod_id).save(root)
+    Ledger(progress, manifest_xxh3=manifest_checksum(root)).save(root)
     return root
 
 

@@ -23,7 +23,8 @@ from shardwise.cli import main as cli_main
 
 TINY = ("--tokens", "200000", "--seq-len", "128", "--batches", "3", "--repeat", "1",
         "--rss-batches", "4", "--seed", "7", "--chunks", "5", "--json")
-PATHS = ("numpy", "getitem", "getitems", "loader", "getitems_chunked", "loader_chunked")
+PATHS = ("numpy", "getitem", "getitems", "loader", "getitems_chunked", "loader_chunked",
+         "getitems_chunked_trusted", "loader_chunked_trusted")
 
 
 def run_bench(*argv: object) -> tuple[int, dict[str, Any]]:
@@ -50,7 +51,14 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path
 def test_json_report_structure(tiny: tuple[dict[str, Any], Path]) -> None:
     report, work = tiny
     assert set(report) >= {"config", "data", "notes", "megatron", "identical", "throughput",
-                           "seek", "startup", "rss", "rows", "targets"}
+                           "seek", "startup", "rss", "rows", "targets", "verify_once",
+                           "first_epoch"}
+    once = report["verify_once"]
+    assert once["ok"] and once["chunks"] == report["data"]["chunked"]["chunks"]
+    assert once["bytes"] > 2 * 200_000 and once["mb_per_s"] > 0
+    first = report["first_epoch"]
+    assert first["hashed_chunks"] == once["chunks"] and first["examples"] > 0
+    assert first["checks"] > 0 and first["trusted"] > 0
     cfg = report["config"]
     assert (cfg["tokens"], cfg["large_tokens"], cfg["seq_len"]) == (200_000, 800_000, 128)
     for name, tokens in (("small", 200_000), ("large", 800_000)):
@@ -85,7 +93,7 @@ def test_json_report_structure(tiny: tuple[dict[str, Any], Path]) -> None:
         assert report["rss"][key]["peak_mb"] > 0
     for row in report["rows"]:
         assert set(row) == {"what", "value", "unit", "baseline_what", "baseline", "ratio"}
-    assert [t["want"] for t in report["targets"]] == [5.0, 0.5, 0.05, 0.3, 0.01]
+    assert [t["want"] for t in report["targets"]] == [5.0, 0.5, 0.05, 0.3, 0.01, 0.9]
     megatron_target = report["targets"][0]
     assert megatron_target["got"] is None and megatron_target["ok"] is None
     assert all(isinstance(t["ok"], bool) for t in report["targets"][1:])
@@ -96,7 +104,8 @@ def test_shardwise_and_plain_numpy_batches_are_identical(
     report, work = tiny
     assert report["identical"] == {"getitem": True, "getitems": True, "loader": True,
                                    "getitems_chunked": True, "loader_chunked": True,
-                                   "batches": 3, "all": True}
+                                   "getitems_chunked_trusted": True,
+                                   "loader_chunked_trusted": True, "batches": 3, "all": True}
     # the same check, independently, on the data the bench kept
     prefix = work / "tokens-200000"
     ds = TokenDataset(open_cache(prefix), seq_len=128, seed=7)
@@ -117,7 +126,9 @@ def test_human_report(tiny: tuple[dict[str, Any], Path]) -> None:
     assert "identical to plain numpy (3 micro-batches): getitem yes" in text
     assert "loader, cache of 5 chunks" in text and "loader_chunked yes" in text
     assert "doc shuffle, cold plan, 0.2M" in text and "doc shuffle, cached plan, 0.8M" in text
-    assert text.count("target ") == 5 and "not measured" in text
+    assert text.count("target ") == 6 and "not measured" in text
+    assert "loader, 5 chunks, checks on" in text and "the same, verify=False" in text
+    assert "first epoch, 5 chunks, checks on + hashing" in text
 
 
 def test_data_is_reused(tiny: tuple[dict[str, Any], Path]) -> None:

@@ -131,6 +131,18 @@ def test_examples_decoded_with_a_tokenizer(cli, cache: Path, tmp_path: Path,
     assert example["text"] == " ".join(f"w{t}" for t in stream[:5])
 
 
+def test_examples_from_a_damaged_chunk_are_refused_unless_trusted(cli, cache: Path) -> None:
+    path = cache / "chunks/00000/00000-00000.bin"
+    data = bytearray(path.read_bytes())
+    data[4] ^= 0x01  # an id that stays inside the vocabulary: only the checksum can tell
+    path.write_bytes(bytes(data))
+    code, out, err = cli("inspect", cache, "--examples", "2", "--seq-len", "5")
+    assert code != 0 and "example 0" not in out
+    assert f"{path}: xxh3_64" in err
+    code, out, _ = cli("inspect", cache, "--examples", "2", "--seq-len", "5", "--no-verify")
+    assert code == 0 and "example 1 (tokens 5..11)" in out
+
+
 def test_examples_need_seq_len(cli, cache: Path) -> None:
     code, _, err = cli("inspect", cache, "--examples", "2")
     assert code == 2 and "--seq-len" in err

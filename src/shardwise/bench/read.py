@@ -14,7 +14,17 @@ another's page faults::
     __getitems__     TokenDataset.__getitems__, one micro-batch per call
     loader           shardwise.torch.loader(num_workers=0)
     *_chunked        the same on the chunked cache (a micro-batch's windows in many files)
+    *_chunked_trusted  the same with ``open_cache(..., verify=False)``: without the per-batch
+                     id check and the background checksum verification, so the report shows
+                     what the checks cost on the default path (target: at most 10%)
     megatron         megatron.core GPTDataset + torch DataLoader(batch_size=m, num_workers=0)
+
+The background verification hashes each chunk once per node; the untimed warm-up round
+starts it and the timed rounds begin once it is done: they show the steady state of a long
+run. What a node pays once is shown on its own: a first epoch of the chunked cache from an
+empty verified-chunks log (per-batch id checks, and every chunk hashed by the background
+thread, waited for) beside the same epoch with ``verify=False``, and the hashing
+throughput of the per-chunk check.
 
 The plain-numpy windows are the dataset's own (``ds.windows``), so its rows must equal the
 shardwise ``input_ids``/``labels`` on every path; that is checked before timing. Start-up
@@ -30,6 +40,7 @@ import contextlib
 import functools
 import itertools
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -54,8 +65,9 @@ from shardwise.errors import ConfigError
 RSS_NOTE = ("peak RSS counts mapped page-cache pages (the kernel maps up to 64 KB around each "
             "touched page), for plain numpy too; the reader's own memory is the heap row")
 TARGETS = {"loader_vs_megatron": 5.0, "loader_vs_numpy": 0.5, "first_example_s": 0.050,
-           "import_s": 0.3, "seek_s": 0.010}
+           "import_s": 0.3, "seek_s": 0.010, "checks_vs_trusted": 0.9}
 CHUNKED = "_chunked"
+TRUSTED = "_chunked_trusted"
 
 
 def add_read_parser(which: Any) -> argparse.ArgumentParser:
@@ -173,6 +185,8 @@ def measure_throughput(readers: dict[str, Any], mm: npt.NDArray[Any],
     n = args.batches * args.micro_batch
     runs: dict[str, list[float]] = {}
     one_round(readers, mm, args, loaders, meg)  # warm-up: map the pages every path reads
+    for reader in readers.values():  # the one-time checksums: measured on their own
+        reader.cache.wait_for_verify()
     for r in range(args.repeat):
         for k, v in one_round(readers, mm, args, loaders, meg).items():
             runs.setdefault(k, []).append(v)
@@ -185,6 +199,47 @@ def measure_throughput(readers: dict[str, Any], mm: npt.NDArray[Any],
                   "batches_per_s": args.batches / best, "seconds": best, "runs": secs,
                   "examples": n}
     return out
+
+
+def measure_verify_once(cache_dir: Path, clock: str) -> dict[str, Any]:
+    """The per-chunk checksum check the background verification runs once per node, over
+    the whole chunked cache (``verify_cache`` runs the same ``check_chunk``)."""
+    from shardwise.storage.verify import verify_cache
+
+    now = getattr(time, CLOCKS[clock])
+    started = now()
+    report = verify_cache(cache_dir)
+    seconds = now() - started
+    return {"seconds": seconds, "bytes": report.bytes_checked, "ok": report.ok,
+            "chunks": report.chunks_checked, "mb_per_s": report.bytes_checked / 1e6 / seconds}
+
+
+def measure_first_epoch(cache_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One epoch of ``cache_dir`` through ``__getitems__`` on a node that has verified
+    nothing yet (its log removed), the background hashing included (waited for), beside
+    the same epoch with ``verify=False``; best of ``--repeat``."""
+    from shardwise import TokenDataset, open_cache
+    from shardwise.format.paths import READER_DIR
+    from shardwise.storage.integrity import LOG_DIR
+
+    now, m = getattr(time, CLOCKS[args.clock]), args.micro_batch
+    best = {"checks": float("inf"), "trusted": float("inf")}
+    n = hashed = 0
+    for _ in range(args.repeat):
+        for name, verify in (("checks", True), ("trusted", False)):
+            shutil.rmtree(cache_dir / READER_DIR / LOG_DIR, ignore_errors=True)
+            ds = TokenDataset(open_cache(cache_dir, verify=verify), seq_len=args.seq_len,
+                              seed=args.seed)
+            n = len(ds) // m * m
+            started = now()
+            for k in range(0, n, m):
+                ds.__getitems__(list(range(k, k + m)))
+            ds.cache.wait_for_verify()
+            ds.cache.raise_if_damaged()
+            best[name] = min(best[name], now() - started)
+            hashed = max(hashed, ds.cache.verify_stats()["hashed"])
+            ds.cache.close()
+    return {**best, "examples": n, "hashed_chunks": hashed}
 
 
 def measure_seek(prefix: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -239,6 +294,19 @@ def figure_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
         if path + CHUNKED in eps:
             rows.append(_row(f"{path}, cache of {chunks} chunks", eps[path + CHUNKED], "ex/s",
                              f"{path}, one .bin", eps[path]))
+    for path in ("getitems", "loader"):
+        if path + TRUSTED in eps:
+            rows.append(_row(f"{path}, {chunks} chunks, checks on", eps[path + CHUNKED],
+                             "ex/s", "the same, verify=False", eps[path + TRUSTED]))
+    if "first_epoch" in rep:
+        fe = rep["first_epoch"]
+        rows.append(_row(f"first epoch, {chunks} chunks, checks on + hashing", fe["examples"]
+                         / fe["checks"], "ex/s", "the same, verify=False",
+                         fe["examples"] / fe["trusted"]))
+    if "verify_once" in rep:
+        v = rep["verify_once"]
+        rows.append(_row(f"checksum check, {v['chunks']} chunks, {v['bytes'] / 1e6:,.0f} MB",
+                         v["mb_per_s"], "MB/s", "once per node, background thread", None))
     if meg is not None:
         rows.append(_row("Megatron GPTDataset + DataLoader", meg, "ex/s", np_name, eps["numpy"]))
     small, large = f"{cfg['tokens'] / 1e6:g}M", f"{cfg['large_tokens'] / 1e6:g}M"
@@ -279,6 +347,8 @@ def targets(rep: dict[str, Any]) -> list[dict[str, Any]]:
     tp, st = rep["throughput"], rep["startup"]
     loader = tp.get("loader", {}).get("examples_per_s")
     meg = tp.get("megatron", {}).get("examples_per_s")
+    checked = tp.get("loader" + CHUNKED, {}).get("examples_per_s")
+    trusted = tp.get("loader" + TRUSTED, {}).get("examples_per_s")
     first = max(st[k]["seconds"] for k in ("first_small", "first_large", "doc_cached_small",
                                            "doc_cached_large"))
     t = TARGETS
@@ -295,6 +365,9 @@ def targets(rep: dict[str, Any]) -> list[dict[str, Any]]:
          "got": st["import"]["seconds"]},
         {"what": f"seek < {t['seek_s'] * 1e3:g} ms", "op": "<", "want": t["seek_s"],
          "got": rep["seek"]["deep"] if "seek" in rep else None},
+        {"what": f"loader with checks >= {t['checks_vs_trusted']:.0%} of verify=False "
+                 "(chunked cache)", "op": ">=", "want": t["checks_vs_trusted"],
+         "got": checked / trusted if checked and trusted else None},
     ]
     for x in out:
         got = x["got"]
@@ -396,8 +469,10 @@ def run_read_bench(args: argparse.Namespace) -> int:
                                "data": data, "notes": [RSS_NOTE]}
         from shardwise import TokenDataset, open_cache
 
-        readers = {suffix: TokenDataset(open_cache(path), seq_len=args.seq_len, seed=args.seed)
-                   for suffix, path in (("", small), (CHUNKED, chunked))}
+        readers = {suffix: TokenDataset(open_cache(path, verify=verify), seq_len=args.seq_len,
+                                        seed=args.seed)
+                   for suffix, path, verify in (("", small, True), (CHUNKED, chunked, True),
+                                                (TRUSTED, chunked, False))}
         mm = np.memmap(small.with_name(small.name + ".bin"), dtype=np.uint16, mode="r")
         loaders, note = _torch_loaders(readers, args.micro_batch)
         meg = None
@@ -414,6 +489,8 @@ def run_read_bench(args: argparse.Namespace) -> int:
         rep["identical"] = check_identical(readers, mm, args, loaders)
         log("  measuring throughput")
         rep["throughput"] = measure_throughput(readers, mm, args, loaders, meg, log)
+        rep["verify_once"] = measure_verify_once(chunked, args.clock)
+        rep["first_epoch"] = measure_first_epoch(chunked, args)
         if loaders:
             rep["seek"] = measure_seek(small, args)
         log("  measuring start-up and RSS in fresh processes")

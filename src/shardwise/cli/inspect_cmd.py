@@ -8,7 +8,9 @@ status, skipped records and a histogram of document lengths; ``--json`` for mach
 from __future__ import annotations
 
 import argparse
+import operator
 import textwrap
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="tokenizer.json to decode --examples (default: print token ids)")
     p.add_argument("--sample-docs", metavar="N", type=_positive, default=1_000_000,
                    help="read at most about N document lengths (default: %(default)s)")
+    p.add_argument("--no-verify", action="store_true",
+                   help="trust the cache: do not checksum the chunks --examples reads nor "
+                        "check their token ids against the vocabulary")
     return p
 
 
@@ -73,7 +78,7 @@ def _non_negative(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.examples and args.seq_len is None:
         raise ConfigError("--examples N needs --seq-len L (windows of L+1 tokens)")
-    cache = open_cache(args.path)
+    cache = open_cache(args.path, verify=not args.no_verify)
     summary = summarize(cache, sample_docs=args.sample_docs)
     examples = packed_examples(cache, args.examples, args.seq_len or 0, args.tokenizer)
     windows = window_report(cache, args.seq_len)
@@ -169,7 +174,9 @@ def histogram_lines(s: CacheSummary) -> list[str]:
 def packed_examples(cache: Cache, n: int, seq_len: int, tokenizer: Path | None
                     ) -> list[dict[str, Any]]:
     """The first ``n`` windows of ``seq_len + 1`` tokens (consecutive windows share one
-    token), decoded with ``tokenizer`` if given."""
+    token), decoded with ``tokenizer`` if given; the chunks they come from are checked
+    first (ids, and checksums once per node) unless the cache was opened with
+    ``verify=False``."""
     if n == 0:
         return []
     decode = _decoder(tokenizer)
@@ -178,9 +185,13 @@ def packed_examples(cache: Cache, n: int, seq_len: int, tokenizer: Path | None
         start, stop = i * seq_len, i * seq_len + seq_len + 1
         if stop > cache.num_tokens:
             break
-        ids = [int(t) for t in cache.read_tokens(start, stop)]
+        window = cache.read_tokens(start, stop)
+        cache.checks.ids(window, partial(operator.add, start))
+        ids = [int(t) for t in window]
         out.append({"start": start, "stop": stop, "ids": ids,
                     "text": decode(ids) if decode else " ".join(map(str, ids))})
+    cache.wait_for_verify()  # the chunks read: checksummed before anything is shown
+    cache.raise_if_damaged()
     return out
 
 

@@ -27,7 +27,8 @@ from shardwise.format.files import Root, read_file, where, write_file
 LEDGER_NAME = "ledger.json"
 LEDGER_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-"""Version 1 had no ``empty`` count per chunk; its chunks read as ``empty=0``."""
+"""Version 1 had no ``empty`` count per chunk (read as 0) and no ``manifest_xxh3`` (its
+manifest is not covered by a checksum)."""
 
 
 @dataclass
@@ -88,8 +89,12 @@ class SourceProgress:
 
 @dataclass
 class Ledger:
+    """``manifest_xxh3``: the xxh3-64 of ``manifest.json``'s bytes, so an edited manifest
+    (``eod_id``, ``vocab_size``) is caught; ``""`` in a version 1 ledger (not covered)."""
+
     sources: list[SourceProgress]
     version: int = LEDGER_VERSION
+    manifest_xxh3: str = ""
 
     @property
     def finished(self) -> bool:
@@ -133,9 +138,12 @@ class Ledger:
             sources = [SourceProgress([
                 Segment(**{**seg, "chunks": [ChunkEntry(**c) for c in seg["chunks"]]})
                 for seg in src["segments"]]) for src in d["sources"]]
+            manifest_xxh3 = d.get("manifest_xxh3", "") if d["version"] >= 2 else ""
+            if not isinstance(manifest_xxh3, str):
+                raise TypeError(f"manifest_xxh3 is {manifest_xxh3!r}, expected a string")
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise ManifestError(f"{where}: not a valid shardwise ledger ({e})") from e
-        return cls(sources=sources)
+        return cls(sources=sources, manifest_xxh3=manifest_xxh3)
 
     def save(self, root: Root) -> None:
         write_file(root, LEDGER_NAME, self.to_json())

@@ -2,7 +2,9 @@
 
 Written once when a build starts and never changed after; a build against an existing
 cache compares its own manifest with the stored one and refuses on any difference in
-:meth:`Manifest.identity`.
+:meth:`Manifest.identity`. The ledger records the xxh3-64 of the manifest's bytes
+(:func:`manifest_checksum`), so an edited ``eod_id`` or ``vocab_size`` is refused by
+:meth:`Manifest.load` and reported by ``verify``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import orjson
 
 from shardwise.errors import ManifestError
+from shardwise.format.checksum import bytes_checksum
 from shardwise.format.files import Root, read_file, where, write_file
 
 FORMAT_VERSION = 1
@@ -77,17 +80,30 @@ class Manifest:
         write_file(root, MANIFEST_NAME, self.to_json())
 
     @classmethod
-    def load(cls, root: Root) -> Manifest:
+    def load(cls, root: Root, *, xxh3: str = "") -> Manifest:
+        """The manifest of ``root``; with ``xxh3`` (the ledger's ``manifest_xxh3``) its
+        bytes must have that checksum."""
         path = where(root, MANIFEST_NAME)
         try:
-            data = orjson.loads(read_file(root, MANIFEST_NAME))
+            raw = read_file(root, MANIFEST_NAME)
         except FileNotFoundError:
             raise ManifestError(f"{root}: no {MANIFEST_NAME}; not a shardwise cache "
                                 "(for a Megatron dataset pass its prefix, without .bin/.idx)"
                                 ) from None
+        if xxh3 and bytes_checksum(raw) != xxh3:
+            raise ManifestError(f"{path}: xxh3_64 {bytes_checksum(raw)}, the ledger says "
+                                f"{xxh3}: the manifest was edited or damaged after the build "
+                                "(it never changes); restore it from a copy or rebuild")
+        try:
+            data = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
             raise ManifestError(f"{path}: invalid JSON ({e})") from e
         return cls.from_dict(data, where=path)
+
+
+def manifest_checksum(root: Root) -> str:
+    """The xxh3-64 of ``root``'s manifest bytes, as the ledger records it."""
+    return bytes_checksum(read_file(root, MANIFEST_NAME))
 
 
 def describe_differences(stored: dict[str, Any], wanted: dict[str, Any], prefix: str = ""

@@ -25,6 +25,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +35,7 @@ from shardwise.errors import ConfigError, CorruptChunkError
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER_SIZE = len(MAGIC) + 8 + 1 + 8 + 8
+_CHECK_BLOCK = 1 << 20
 
 DTYPE_CODES: dict[int, type[np.generic]] = {
     1: np.uint8,
@@ -62,6 +64,21 @@ def token_dtype(vocab_size: int) -> np.dtype:
     if vocab_size <= 0:
         raise ConfigError(f"vocab_size must be positive, got {vocab_size}")
     return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.int32)
+
+
+def first_bad_id(ids: npt.NDArray[Any], vocab_size: int | None) -> int:
+    """Flat index of the first id outside ``[0, vocab_size)``, or -1.
+
+    One reduction: signed ids are viewed as unsigned, so a negative id becomes huge and
+    fails the same ``max < vocab_size`` test. ``vocab_size`` None (a Megatron dataset)
+    or above the dtype's range: nothing to check."""
+    if (vocab_size is None or ids.size == 0 or ids.dtype.kind not in "iu"
+            or vocab_size >> (8 * ids.dtype.itemsize)):  # every value of the dtype is valid
+        return -1
+    unsigned = ids if ids.dtype.kind == "u" else ids.view(f"u{ids.dtype.itemsize}")
+    if unsigned.max() < vocab_size:
+        return -1
+    return int(np.flatnonzero(unsigned.reshape(-1) >= vocab_size)[0])
 
 
 def idx_bytes(sequence_lengths: npt.ArrayLike, dtype: npt.DTypeLike,
@@ -101,6 +118,25 @@ class MegatronIndex:
     def num_tokens(self) -> int:
         return int(self.sequence_lengths.sum(dtype=np.int64))
 
+    @property
+    def num_documents(self) -> int:
+        """Megatron's documents (``document_indices`` minus its closing entry); a document
+        may hold several sequences (``preprocess_data.py --split-sentences``)."""
+        return len(self.document_indices) - 1
+
+    @property
+    def document_lengths(self) -> npt.NDArray[np.integer]:
+        """Tokens per document: the sequence lengths themselves when every document is one
+        sequence (a view, nothing read), else the sum of each document's sequences::
+
+            sequence_lengths [3, 1, 2]  document_indices [0, 2, 3]  →  [4, 2]
+        """
+        if self.num_documents == self.num_sequences:
+            return self.sequence_lengths
+        cum = np.zeros(self.num_sequences + 1, dtype=np.int64)
+        np.cumsum(self.sequence_lengths, dtype=np.int64, out=cum[1:])
+        return np.diff(cum[self.document_indices])
+
 
 def _corrupt(path: Path, what: str) -> CorruptChunkError:
     return CorruptChunkError(f"{path}: {what}; run 'shardwise verify' on the cache "
@@ -137,29 +173,44 @@ def read_idx(path: str | os.PathLike[str]) -> MegatronIndex:
     return MegatronIndex(path, np.dtype(DTYPE_CODES[code]), lengths, pointers, docs)
 
 
-def check_index(index: MegatronIndex, bin_path: Path) -> None:
-    """Structural checks tying an index to its ``.bin``: lengths, pointers, document indices."""
+def check_index(index: MegatronIndex, bin_path: Path | str, bin_size: int | None = None
+                ) -> None:
+    """Structural checks tying an index to its ``.bin``: lengths, pointers, document indices,
+    and ``sum(lengths) × itemsize`` equal to the ``.bin``'s size (``bin_size``, or its
+    ``stat``). Vectorised in blocks of ``_CHECK_BLOCK`` sequences (memory stays flat for a
+    billion-sequence index); a reader runs it when it opens a chunk's index."""
     lengths, pointers, docs = (index.sequence_lengths, index.sequence_pointers,
                                index.document_indices)
-    itemsize = index.dtype.itemsize
-    if (lengths < 0).any():
-        raise _corrupt(index.path, "negative sequence length")
-    expected_ptr = np.zeros(len(lengths), dtype=np.int64)
-    if len(lengths) > 1:
-        np.cumsum(lengths[:-1], dtype=np.int64, out=expected_ptr[1:])
-    if not np.array_equal(pointers, expected_ptr * itemsize):
-        raise _corrupt(index.path, "sequence pointers do not match the sequence lengths")
-    if len(docs) == 0 or docs[0] != 0 or docs[-1] != len(lengths) or (np.diff(docs) < 0).any():
+    itemsize, total = index.dtype.itemsize, 0
+    for a in range(0, len(lengths), _CHECK_BLOCK):
+        part = lengths[a: a + _CHECK_BLOCK].astype(np.int64)
+        if (part < 0).any():
+            raise _corrupt(index.path, "negative sequence length")
+        starts = np.cumsum(part) - part + total  # exclusive prefix sums
+        if not np.array_equal(pointers[a: a + _CHECK_BLOCK], starts * itemsize):
+            raise _corrupt(index.path, "sequence pointers do not match the sequence lengths")
+        total += int(part.sum())
+    if len(docs) == 0 or docs[0] != 0 or docs[-1] != len(lengths):
         raise _corrupt(index.path, "document indices are not a non-decreasing 0..S sequence")
-    bin_size = bin_path.stat().st_size
-    want = index.num_tokens * itemsize
-    if bin_size != want:
-        raise _corrupt(bin_path, f"size {bin_size} bytes, index promises {want}")
+    for a in range(0, len(docs), _CHECK_BLOCK):
+        if (np.diff(docs[max(a - 1, 0): a + _CHECK_BLOCK]) < 0).any():
+            raise _corrupt(index.path, "document indices are not a non-decreasing 0..S "
+                           "sequence")
+    if bin_size is None:
+        bin_size = Path(bin_path).stat().st_size
+    if bin_size != total * itemsize:
+        raise _corrupt(Path(bin_path), f"size {bin_size} bytes, index promises "
+                       f"{total * itemsize}")
 
 
 def open_bin(path: str | os.PathLike[str], dtype: npt.DTypeLike) -> npt.NDArray[np.generic]:
-    """Memory-map a ``.bin`` read-only as a flat token array (empty files allowed)."""
+    """Memory-map a ``.bin`` read-only as a flat token array (empty files allowed); a size
+    that is not a whole number of tokens is a :class:`CorruptChunkError` naming the file."""
     path = Path(path)
-    if path.stat().st_size == 0:
+    size, itemsize = path.stat().st_size, np.dtype(dtype).itemsize
+    if size % itemsize:
+        raise _corrupt(path, f"size {size} bytes is not a whole number of "
+                       f"{np.dtype(dtype).name} tokens ({itemsize} bytes each)")
+    if size == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r")

@@ -14,6 +14,10 @@ downloaded on first use into a node-local :class:`~shardwise.storage.download.Do
 (shared by the node's processes, bounded in bytes), checked against the chunk's metadata
 (size, xxh3; the metadata against the ledger) and then memory-mapped like a local file. A
 missing or damaged object is a :class:`CorruptChunkError` naming its URL.
+
+What a cache checks as it is read (structure on open, ids per batch, checksums once per
+node: in the background for local chunks) is described in
+:mod:`shardwise.storage.integrity`; ``open_cache(..., verify=False)`` trusts the cache.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Callable, Iterable
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,21 +38,21 @@ import numpy.typing as npt
 import orjson
 
 from shardwise.checkpoint import fingerprint
-from shardwise.errors import CacheError, CorruptChunkError, ManifestError
+from shardwise.errors import CacheError, ConfigError, CorruptChunkError, ManifestError
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.chunk import META_SUFFIX, ChunkKind, ChunkMeta
 from shardwise.format.ledger import Ledger
 from shardwise.format.manifest import MANIFEST_NAME, Manifest
 from shardwise.format.megatron import MegatronIndex, open_bin, read_idx
-from shardwise.format.paths import safe_join
-from shardwise.storage.download import DownloadDir
+from shardwise.format.paths import safe_join, user_cache_dir
+from shardwise.storage.download import DownloadDir, get_checked
+from shardwise.storage.integrity import CacheChecks
 from shardwise.storage.remote import RemoteStore, is_url
 
 _T = TypeVar("_T")
 
 MAX_OPEN_CHUNKS = 64
 DEFAULT_LOCAL_BYTES = 8 << 30
-_BLOCK = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -69,14 +74,16 @@ class Cache:
     def __init__(self, root: Path, *, manifest: Manifest | None, chunks: list[ChunkInfo],
                  dtype: np.dtype, eod_id: int | None, vocab_size: int | None,
                  finished: bool, errors: dict[str, int], fingerprint: str,
-                 store: RemoteStore | None = None, downloads: DownloadDir | None = None
-                 ) -> None:
+                 store: RemoteStore | None = None, downloads: DownloadDir | None = None,
+                 verify: bool = True) -> None:
         self.root = root
         self.store, self.downloads = store, downloads
+        self.verify = verify
         self._metas: dict[str, ChunkMeta] = {}
-        self._prefetch: ThreadPoolExecutor | None = None
+        self._threads: ThreadPoolExecutor | None = None  # downloads and verification
         self._pending: dict[str, Future[Path]] = {}
-        self._prefetch_pid = os.getpid()  # the process whose threads run the downloads
+        self._threads_pid = os.getpid()  # the process whose threads run the jobs
+        self._inside: set[str] = set()  # chunk files known to resolve inside the cache
         self.manifest = manifest
         self.dtype = dtype
         self.eod_id = eod_id
@@ -91,7 +98,9 @@ class Cache:
         self.opened_index: Counter[str] = Counter()
         self._maps: OrderedDict[int, npt.NDArray[np.generic]] = OrderedDict()
         self._indexes: OrderedDict[int, MegatronIndex] = OrderedDict()
+        self._checked_index: set[int] = set()
         self._extend(chunks)
+        self.checks = CacheChecks(self)
 
     def __repr__(self) -> str:
         state = "finished" if self.finished else "building"
@@ -152,21 +161,28 @@ class Cache:
                              "read it with the records reader")
         bin_path = info.base.with_name(info.base.name + ".bin")
         try:
-            # a plain ndarray view of the map: slicing an np.memmap subclass costs ~3 us
-            # of Python per slice on the hot path; the view keeps the map alive
-            tokens = self._local(info, ".bin",
-                                 lambda p: open_bin(p, self.dtype).view(np.ndarray))
+            tokens = self._local(info, ".bin", lambda p: self._map_bin(info, p))
         except FileNotFoundError:
             raise CorruptChunkError(f"{bin_path}: named by the ledger but missing; run "
                                     f"'shardwise verify {self.location}'") from None
-        if len(tokens) != info.tokens:
-            raise CorruptChunkError(f"{bin_path}: holds {len(tokens)} tokens, the ledger says "
-                                    f"{info.tokens}; run 'shardwise verify {self.location}'")
         self.opened[info.stem] += 1
         self._maps[i] = tokens
         if len(self._maps) > MAX_OPEN_CHUNKS:
             self._maps.popitem(last=False)
+        self.checks.opened(i, (".bin", ".idx"))
         return tokens
+
+    def _map_bin(self, info: ChunkInfo, path: Path) -> npt.NDArray[np.generic]:
+        """The ``.bin`` memory-mapped, after checking it holds exactly the ledger's tokens
+        (a short file must be named, not fail inside numpy)."""
+        size, want = path.stat().st_size, info.tokens * self.dtype.itemsize
+        if size != want:
+            raise CorruptChunkError(f"{path}: {size} bytes, the ledger's {info.tokens} tokens "
+                                    f"of {self.dtype.itemsize} bytes are {want}; run "
+                                    f"'shardwise verify {self.location}'")
+        # a plain ndarray view of the map: slicing an np.memmap subclass costs ~3 us of
+        # Python per slice on the hot path; the view keeps the map alive
+        return open_bin(path, self.dtype).view(np.ndarray)
 
     def tokens(self, i: int) -> npt.NDArray[np.generic]:
         """Chunk ``i``'s token ids (all its documents concatenated), memory-mapped."""
@@ -185,14 +201,14 @@ class Cache:
         except FileNotFoundError:
             raise CorruptChunkError(f"{info.base}.idx: named by the ledger but missing; run "
                                     f"'shardwise verify {self.location}'") from None
-        if idx.num_sequences != info.documents:
-            raise CorruptChunkError(f"{idx.path}: holds {idx.num_sequences} documents, the "
-                                    f"ledger says {info.documents}; run 'shardwise verify "
-                                    f"{self.location}'")
+        if i not in self._checked_index:
+            self.checks.index(i, idx)
+            self._checked_index.add(i)
         self.opened_index[info.stem] += 1
         self._indexes[i] = idx
         if len(self._indexes) > MAX_OPEN_CHUNKS:
             self._indexes.popitem(last=False)
+        self.checks.opened(i, (".idx",))
         return idx
 
     # -- files on an object store ----------------------------------------------------------
@@ -206,7 +222,12 @@ class Cache:
         download; retried if another process evicted the download before ``use`` opened
         it."""
         if self.store is None:
-            return use(info.base.with_name(info.base.name + suffix))
+            path = info.base.with_name(info.base.name + suffix)
+            key = info.stem + suffix
+            if self.manifest is not None and key not in self._inside:  # not a Megatron prefix
+                safe_join(self.root, key, where=str(path))  # a symlink out is refused
+                self._inside.add(key)
+            return use(path)
         for attempt in range(3):
             try:
                 return use(self._download(info, suffix))
@@ -234,42 +255,79 @@ class Cache:
             raise CorruptChunkError(f"{self.store.url_of(info.stem + META_SUFFIX)}: lists no "
                                     f"{suffix} file; run 'shardwise verify {self.location}'")
         key = info.stem + suffix
+        store = self.store
         return self.downloads.fetch(key, int(spec["bytes"]),
-                                    lambda tmp: _get_checked(self.store, key, spec, tmp))
+                                    lambda tmp: get_checked(store, key, spec, tmp))
+
+    def meta(self, i: int) -> ChunkMeta:
+        """Chunk ``i``'s metadata (its files' sizes and checksums), checked against the
+        ledger."""
+        return self._meta(self.chunks[i])
 
     def _meta(self, info: ChunkInfo) -> ChunkMeta:
-        """A chunk's metadata, fetched once per process and checked against the ledger."""
+        """A chunk's metadata, read once per process and checked against the ledger."""
         meta = self._metas.get(info.stem)
         if meta is None:
-            assert self.store is not None
-            url = self.store.url_of(info.stem + META_SUFFIX)
+            if self.store is not None:
+                name = self.store.url_of(info.stem + META_SUFFIX)
+                read: Callable[[], bytes] = partial(self.store.get, info.stem + META_SUFFIX)
+            else:
+                name = str(info.base.with_name(info.base.name + META_SUFFIX))
+                read = partial(self._local, info, META_SUFFIX, Path.read_bytes)
+            advice = f"run 'shardwise verify {self.location}'"
             try:
-                data = self.store.get(info.stem + META_SUFFIX)
+                data = read()
             except FileNotFoundError:
-                raise CorruptChunkError(f"{url}: named by the ledger but missing; run "
-                                        f"'shardwise verify {self.location}'") from None
+                raise CorruptChunkError(f"{name}: named by the ledger but missing; "
+                                        f"{advice}") from None
             if bytes_checksum(data) != info.meta_xxh3:
-                raise CorruptChunkError(f"{url}: xxh3_64 {bytes_checksum(data)}, the ledger "
-                                        f"says {info.meta_xxh3}; run 'shardwise verify "
-                                        f"{self.location}'")
-            meta = self._metas[info.stem] = ChunkMeta.from_dict(orjson.loads(data))
+                raise CorruptChunkError(f"{name}: xxh3_64 {bytes_checksum(data)}, the ledger "
+                                        f"says {info.meta_xxh3}; {advice}")
+            try:
+                meta = self._metas[info.stem] = ChunkMeta.from_dict(orjson.loads(data))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                raise CorruptChunkError(f"{name}: not valid chunk metadata ({e}); "
+                                        f"{advice}") from e
         return meta
+
+    # -- checks as chunks are read (shardwise.storage.integrity) -------------------------
+    def raise_if_damaged(self) -> None:
+        """Raise the damage background verification found in a chunk this process read
+        (a reader calls this once per batch)."""
+        if self.checks.verifier is not None:
+            self.checks.verifier.raise_if_damaged()
+
+    def wait_for_verify(self) -> None:
+        """Block until the chunks read so far are verified; their damage is then raised
+        by :meth:`raise_if_damaged`."""
+        if self.checks.verifier is not None:
+            self.checks.verifier.wait()
+
+    def verify_stats(self) -> dict[str, int]:
+        """Background verification so far: chunk checks that ``hashed`` data, that were
+        ``skipped`` (verified before on this node), and ``queued``."""
+        return self.checks.stats()
 
     def prefetch(self, chunks: Iterable[int]) -> None:
         """Start downloading chunks ``chunks`` (global indices) in the background; no-op
         for a local cache. Errors surface when the chunk is used."""
         if self.store is None:
             return
-        self._forget_inherited_downloads()
-        if self._prefetch is None:
-            self._prefetch = ThreadPoolExecutor(2, thread_name_prefix="shardwise-download")
         for c in chunks:
             if c in self._maps:  # already mapped: its file is here
                 continue
             info = self.chunks[c]
             key = info.stem + ".bin"
             if key not in self._pending:
-                self._pending[key] = self._prefetch.submit(self._fetch, info, ".bin")
+                self._pending[key] = self._submit(partial(self._fetch, info, ".bin"))
+
+    def _submit(self, job: Callable[[], _T]) -> Future[_T]:
+        """Run ``job`` on this process's two background threads (downloads and
+        verification share them), started on first use."""
+        self._forget_inherited_downloads()
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(2, thread_name_prefix="shardwise-io")
+        return self._threads.submit(job)
 
     def wait_for_prefetch(self) -> None:
         """Block until every download :meth:`prefetch` started has finished (e.g. to warm a
@@ -281,16 +339,19 @@ class Cache:
         """A forked child (a DataLoader worker) inherits its parent's pending downloads but
         not the threads that finish them: waiting on one would hang forever. It forgets
         them and fetches what it reads (the parent's finished files are on disk)."""
-        if self._prefetch_pid != os.getpid():
-            self._prefetch, self._pending = None, {}
-            self._prefetch_pid = os.getpid()
+        if self._threads_pid != os.getpid():
+            self._threads, self._pending = None, {}
+            self._threads_pid = os.getpid()
 
     def close(self) -> None:
-        """Stop background downloads (queued ones are dropped) and drop memory maps."""
+        """Stop background downloads and verification (queued ones are dropped; a chunk
+        being hashed is finished) and drop memory maps."""
         self._forget_inherited_downloads()
-        if self._prefetch is not None:
-            self._prefetch.shutdown(wait=True, cancel_futures=True)
-            self._prefetch = None
+        if self.checks.verifier is not None:
+            self.checks.verifier.stop()
+        if self._threads is not None:
+            self._threads.shutdown(wait=True, cancel_futures=True)
+            self._threads = None
         self._pending.clear()
         self._maps.clear()
         self._indexes.clear()
@@ -300,12 +361,12 @@ class Cache:
         and no memory maps (a map pickles as a copy of its whole chunk); the copy maps
         what it reads."""
         d = dict(self.__dict__)
-        d["_prefetch"], d["_pending"] = None, {}
+        d["_threads"], d["_pending"] = None, {}
         d["_maps"], d["_indexes"] = OrderedDict(), OrderedDict()
         return d
 
-    def doc_lengths(self, i: int) -> npt.NDArray[np.int32]:
-        return self.index(i).sequence_lengths
+    def doc_lengths(self, i: int) -> npt.NDArray[np.integer]:
+        return self.index(i).document_lengths
 
     def read_tokens(self, start: int, stop: int) -> npt.NDArray[np.generic]:
         """Tokens ``[start, stop)`` of the concatenated stream (may span chunks)."""
@@ -334,9 +395,9 @@ def _visible_chunks(root: Path, ledger: Ledger,
     return out
 
 
-def _open_shardwise(root: Path) -> Cache:
-    manifest = Manifest.load(root)
+def _open_shardwise(root: Path, verify: bool) -> Cache:
     ledger = Ledger.load(root)
+    manifest = Manifest.load(root, xxh3=ledger.manifest_xxh3)
     kind = ChunkKind(manifest.chunk_kind)
     chunks = [ChunkInfo(c.stem, c.base, kind, c.source, c.documents, c.tokens, c.meta_xxh3)
               for c in _visible_chunks(root, ledger)]
@@ -344,60 +405,43 @@ def _open_shardwise(root: Path) -> Cache:
     return Cache(root, manifest=manifest, chunks=chunks, dtype=np.dtype(manifest.dtype),
                  eod_id=manifest.tokenizer.eod_id, vocab_size=manifest.tokenizer.vocab_size,
                  finished=visible_all, errors=ledger.errors(),
-                 fingerprint=fingerprint(manifest.identity()))
+                 fingerprint=fingerprint(manifest.identity()), verify=verify)
 
 
-def _open_megatron(prefix: Path) -> Cache:
+def _open_megatron(prefix: Path, verify: bool) -> Cache:
     idx = read_idx(prefix.with_name(prefix.name + ".idx"))
     st = os.stat(prefix.with_name(prefix.name + ".bin"))
+    if st.st_size != idx.num_tokens * idx.dtype.itemsize:  # the full check: Cache.index
+        raise CorruptChunkError(f"{prefix}.bin: size {st.st_size} bytes, {prefix.name}.idx "
+                                f"promises {idx.num_tokens * idx.dtype.itemsize}; run "
+                                f"'shardwise verify {prefix}'")
     stem = prefix.name
-    info = ChunkInfo(stem, prefix, ChunkKind.TOKENS, 0, idx.num_sequences, idx.num_tokens)
-    fp = fingerprint({"megatron": stem, "bin_bytes": st.st_size,
-                                "sequences": idx.num_sequences, "dtype": idx.dtype.name,
-                                "head": idx.sequence_lengths[:4096].tolist(),
-                                "tail": idx.sequence_lengths[-4096:].tolist()})
+    # a document of several sequences stays one document (Megatron's document_indices)
+    info = ChunkInfo(stem, prefix, ChunkKind.TOKENS, 0, idx.num_documents, idx.num_tokens)
+    identity = {"megatron": stem, "bin_bytes": st.st_size,
+                "sequences": idx.num_sequences, "dtype": idx.dtype.name,
+                "head": idx.sequence_lengths[:4096].tolist(),
+                "tail": idx.sequence_lengths[-4096:].tolist()}
+    if idx.num_documents != idx.num_sequences:  # its documents (and their order) changed
+        identity["documents"] = idx.num_documents
+    fp = fingerprint(identity)
     return Cache(prefix.parent, manifest=None, chunks=[info], dtype=idx.dtype, eod_id=None,
-                 vocab_size=None, finished=True, errors={}, fingerprint=fp)
-
-
-def _get_checked(store: RemoteStore | None, key: str, spec: dict[str, object],
-                 tmp: Path) -> None:
-    """Download ``key`` into ``tmp`` in blocks, checking size and xxh3 as it streams."""
-    import xxhash
-
-    assert store is not None
-    url, want = store.url_of(key), int(spec["bytes"])  # type: ignore[call-overload]
-    h, got = xxhash.xxh3_64(), 0
-    try:
-        with store.open(key) as src, open(tmp, "wb") as dst:
-            while got <= want and (block := src.read(_BLOCK)):
-                h.update(block)
-                dst.write(block)
-                got += len(block)
-    except FileNotFoundError:
-        raise CorruptChunkError(f"{url}: named by the ledger but missing; run 'shardwise "
-                                f"verify {store.url}'") from None
-    if got != want or h.hexdigest() != spec["xxh3_64"]:
-        what = (f"{got}{'+' if got > want else ''} bytes, the metadata says {want}"
-                if got != want else
-                f"xxh3_64 {h.hexdigest()}, the metadata says {spec['xxh3_64']}")
-        raise CorruptChunkError(f"{url}: {what}; run 'shardwise verify {store.url}'")
+                 vocab_size=None, finished=True, errors={}, fingerprint=fp, verify=verify)
 
 
 def _local_dir_for(store: RemoteStore, manifest: Manifest,
                    local_dir: str | os.PathLike[str] | None) -> Path:
     """``local_dir/<key>``: one subdirectory per (URL, cache identity), so a cache rebuilt
     differently under the same URL never reuses stale downloads."""
-    base = Path(local_dir) if local_dir is not None else (
-        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shardwise" / "remote")
+    base = Path(local_dir) if local_dir is not None else user_cache_dir() / "remote"
     key = fingerprint({"url": store.url, "identity": manifest.identity()})
     return base / key
 
 
 def _open_remote(store: RemoteStore, local_dir: str | os.PathLike[str] | None,
-                 local_bytes: int) -> Cache:
-    manifest = Manifest.load(store)
+                 local_bytes: int, verify: bool) -> Cache:
     ledger = Ledger.load(store)
+    manifest = Manifest.load(store, xxh3=ledger.manifest_xxh3)
     kind = ChunkKind(manifest.chunk_kind)
     downloads = DownloadDir(_local_dir_for(store, manifest, local_dir), local_bytes)
     chunks = _visible_chunks(downloads.dir, ledger, kind)
@@ -405,12 +449,25 @@ def _open_remote(store: RemoteStore, local_dir: str | os.PathLike[str] | None,
                  dtype=np.dtype(manifest.dtype), eod_id=manifest.tokenizer.eod_id,
                  vocab_size=manifest.tokenizer.vocab_size, finished=ledger.finished,
                  errors=ledger.errors(), fingerprint=fingerprint(manifest.identity()),
-                 store=store, downloads=downloads)
+                 store=store, downloads=downloads, verify=verify)
+
+
+def reader_cache(cache: Cache | str | os.PathLike[str], verify: bool | None) -> Cache:
+    """The cache a reader reads: ``cache`` itself, or opened from its path. ``verify``
+    None follows the cache (opened here: on); an explicit value must agree with an open
+    cache's, whose checks other readers may share."""
+    if not isinstance(cache, Cache):
+        return open_cache(cache, verify=verify is not False)
+    if verify is not None and verify != cache.verify:
+        raise ConfigError(f"verify={verify}, but {cache.location} was opened with "
+                          f"verify={cache.verify}; pass verify={verify} to open_cache (the "
+                          "checks belong to the open cache), or pass its path instead")
+    return cache
 
 
 def open_cache(path: str | os.PathLike[str], *, local_dir: str | os.PathLike[str] | None = None,
                local_bytes: int = DEFAULT_LOCAL_BYTES,
-               storage_options: dict[str, Any] | None = None) -> Cache:
+               storage_options: dict[str, Any] | None = None, verify: bool = True) -> Cache:
     """Open a shardwise cache directory, a Megatron dataset by its prefix, or a cache on
     an object store by its URL.
 
@@ -419,19 +476,23 @@ def open_cache(path: str | os.PathLike[str], *, local_dir: str | os.PathLike[str
     ``local_bytes`` per cache; the ranks of a node share it. Credentials come from the
     environment or ``storage_options`` (passed to fsspec), never from the cache.
 
+    ``verify`` (default on): refuse token ids outside the vocabulary, and checksum every
+    chunk this node reads, once (:mod:`shardwise.storage.integrity`); ``False`` trusts the
+    cache. Structure (sizes, ``.idx`` against ``.bin``) is always checked.
+
     >>> cache = open_cache("cache/")                            # doctest: +SKIP
     >>> cache = open_cache("data/corpus_text_document")         # .bin/.idx beside it
     >>> cache = open_cache("s3://bucket/cache", local_dir="/nvme/sw", local_bytes=50 << 30)
     """
     if is_url(path):
         return _open_remote(RemoteStore(os.fspath(path), storage_options), local_dir,
-                            local_bytes)
+                            local_bytes, verify)
     p = Path(path)
     if (p / MANIFEST_NAME).is_file():
-        return _open_shardwise(p)
+        return _open_shardwise(p, verify)
     if p.with_name(p.name + ".idx").is_file() and p.with_name(p.name + ".bin").is_file():
-        return _open_megatron(p)
+        return _open_megatron(p, verify)
     if p.suffix in (".bin", ".idx") and p.with_suffix(".idx").is_file():
-        return _open_megatron(p.with_suffix(""))
+        return _open_megatron(p.with_suffix(""), verify)
     raise ManifestError(f"{p}: neither a shardwise cache (no {MANIFEST_NAME}) nor a Megatron "
                         f"prefix (no {p.name}.bin / {p.name}.idx)")

@@ -36,12 +36,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from shardwise.errors import CacheError, ConfigError
+from shardwise.errors import CacheError, ConfigError, CorruptChunkError
 from shardwise.format.atomic import TMP_PREFIX, temp_path
 from shardwise.format.files import check_key
+from shardwise.storage.remote import RemoteStore
 
 CLAIM_PREFIX = ".claim-"
 LOCK_NAME = ".lock"
+_BLOCK = 8 << 20
 
 
 def _start_time(pid: int) -> str:
@@ -211,3 +213,26 @@ class DownloadDir:
             used -= s
             self.evicted += 1
         return used + size <= self.max_bytes
+
+
+def get_checked(store: RemoteStore, key: str, spec: dict[str, object], tmp: Path) -> None:
+    """Download ``key`` into ``tmp`` in blocks, checking size and xxh3 (``spec``: the
+    chunk metadata's entry for the file) as it streams."""
+    import xxhash
+
+    url, want = store.url_of(key), int(spec["bytes"])  # type: ignore[call-overload]
+    h, got = xxhash.xxh3_64(), 0
+    try:
+        with store.open(key) as src, open(tmp, "wb") as dst:
+            while got <= want and (block := src.read(_BLOCK)):
+                h.update(block)
+                dst.write(block)
+                got += len(block)
+    except FileNotFoundError:
+        raise CorruptChunkError(f"{url}: named by the ledger but missing; run 'shardwise "
+                                f"verify {store.url}'") from None
+    if got != want or h.hexdigest() != spec["xxh3_64"]:
+        what = (f"{got}{'+' if got > want else ''} bytes, the metadata says {want}"
+                if got != want else
+                f"xxh3_64 {h.hexdigest()}, the metadata says {spec['xxh3_64']}")
+        raise CorruptChunkError(f"{url}: {what}; run 'shardwise verify {store.url}'")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -41,7 +41,14 @@ from shardwise.format.checksum import bytes_checksum, file_checksum
 from shardwise.format.chunk import DATA_SUFFIXES, META_SUFFIX, ChunkKind, ChunkMeta, chunk_stem
 from shardwise.format.ledger import LEDGER_NAME, ChunkEntry, Ledger, Segment
 from shardwise.format.manifest import MANIFEST_NAME, Manifest
-from shardwise.format.megatron import MegatronIndex, check_index, dtype_code, read_idx
+from shardwise.format.megatron import (
+    MegatronIndex,
+    check_index,
+    dtype_code,
+    first_bad_id,
+    open_bin,
+    read_idx,
+)
 from shardwise.format.paths import safe_join
 from shardwise.storage.remote import RemoteStore, is_url
 
@@ -98,8 +105,10 @@ class CheckDepth(int, Enum):
 
 @dataclass(frozen=True)
 class ChunkExpect:
-    """What the manifest and the ledger say one chunk must be (``kind``/``dtype`` None:
-    unknown, a damaged manifest)."""
+    """What the manifest and the ledger say one chunk must be. ``segment`` / ``index``
+    None: not compared (a reader knows a chunk by its ledger entry, not its position);
+    ``kind`` / ``dtype`` None: unknown (a damaged manifest); ``vocab_size``: token ids
+    must be below it (None: not checked)."""
 
     root: Path
     source: int
@@ -108,6 +117,7 @@ class ChunkExpect:
     dtype: np.dtype | None
     segment: int | None = None
     index: int | None = None
+    vocab_size: int | None = None  # token ids must be below it (None: not checked)
 
     @property
     def base(self) -> Path:
@@ -129,10 +139,12 @@ def verify_cache(root: str | Path, *, storage_options: dict[str, Any] | None = N
         if manifest is not None and len(manifest.sources) != len(ledger.sources):
             report.bad(root / LEDGER_NAME, f"{len(ledger.sources)} sources, the manifest "
                        f"lists {len(manifest.sources)}")
+        trusted = _check_manifest_checksum(root, ledger, report)
+        vocab = manifest.tokenizer.vocab_size if manifest is not None and trusted else None
         expects = list(_check_ledger(root, ledger, kind, dtype, report))
         for exp in expects:
             with _fetch(exp) if _fetch is not None else nullcontext():
-                chunk = check_chunk(exp)
+                chunk = check_chunk(replace(exp, vocab_size=vocab))
             report.problems += chunk.problems
             report.bytes_checked += chunk.bytes_checked
             report.chunks_checked += 1
@@ -169,6 +181,7 @@ def verify_remote(url: str, *, storage_options: dict[str, Any] | None = None
         return Problem(path, p.what)
 
     report = VerifyReport(store.url, problems=sorted(named(p) for p in inner.problems),
+                          notes=[named(n) for n in inner.notes],
                           chunks_checked=inner.chunks_checked,
                           bytes_checked=inner.bytes_checked)
     named_stems: set[str] = set()
@@ -309,13 +322,24 @@ def _segment_problems(seg: Segment, previous: Segment | None) -> list[str]:
     return out
 
 
-def check_chunk(exp: ChunkExpect, *, depth: CheckDepth = CheckDepth.STRUCTURE
-                ) -> VerifyReport:
-    """Is one chunk intact, to ``depth``? Metadata first; data files against it only if
-    its checksum matched the ledger (a damaged ``.json`` must not get intact data files
-    blamed). Returns this chunk's findings, each naming its file (``.ok``: intact).
-    Constant memory: data files are hashed in blocks."""
+def check_chunk(exp: ChunkExpect, *, depth: CheckDepth = CheckDepth.STRUCTURE,
+                suffixes: Collection[str] | None = None) -> VerifyReport:
+    """Is one chunk intact, to ``depth``? Its files resolve inside the cache; its metadata
+    has the ledger's checksum and agrees with it (data files are judged against it only
+    if so: a damaged ``.json`` must not get intact data files blamed); each data file has
+    the size (and, from ``CHECKSUMS``, the xxh3_64) the metadata records; at
+    ``STRUCTURE``, a token chunk's ``.idx`` agrees with its ``.bin`` and the ledger and
+    (with ``vocab_size``) its ids lie below the vocabulary, a record chunk's Parquet
+    decodes. The one per-chunk check of ``verify``, of the readers' background
+    verification and of a build deciding what to rebuild.
+
+    ``suffixes``: hash only these data files (a reader that used only a chunk's ``.idx``
+    must not read its whole ``.bin``); the others are still checked for presence and
+    size. Returns this chunk's findings, each naming its file (``.ok``: intact). Constant
+    memory: data files are hashed in blocks."""
     report = VerifyReport(str(exp.root))
+    if not _inside(exp, report):
+        return report
     meta, trusted = _check_meta(exp, report)
     kind = exp.kind or (meta.kind if meta is not None else None)
     if kind is None:
@@ -323,7 +347,8 @@ def check_chunk(exp: ChunkExpect, *, depth: CheckDepth = CheckDepth.STRUCTURE
     files = meta.files if meta is not None and trusted else {}
     intact = {suffix for suffix in DATA_SUFFIXES[kind]
               if _check_file(_with(exp.base, suffix), files.get(suffix), report,
-                             hash_it=depth >= CheckDepth.CHECKSUMS)}
+                             hash_it=depth >= CheckDepth.CHECKSUMS
+                             and (suffixes is None or suffix in suffixes))}
     if depth < CheckDepth.STRUCTURE:
         return report
     if kind is ChunkKind.TOKENS:
@@ -348,6 +373,41 @@ def check_remote_chunk(store: RemoteStore, exp: ChunkExpect, *,
     found.problems = [Problem(store.url + p.path[len(head):] if p.path.startswith(head)
                               else p.path, p.what) for p in found.problems]
     return found
+
+
+def _inside(exp: ChunkExpect, report: VerifyReport) -> bool:
+    """Every file of the chunk resolves inside the cache (a symlink out is refused)."""
+    kinds = [exp.kind] if exp.kind is not None else list(ChunkKind)
+    suffixes = dict.fromkeys([META_SUFFIX, *(s for k in kinds for s in DATA_SUFFIXES[k])])
+    ok = True
+    for suffix in suffixes:
+        path = _with(exp.base, suffix)
+        try:
+            safe_join(exp.root, exp.entry.stem + suffix, where=str(path))
+        except ManifestError as e:
+            report.bad(path, _strip(str(e), path))
+            ok = False
+    return ok
+
+
+def _check_manifest_checksum(root: Path, ledger: Ledger, report: VerifyReport) -> bool:
+    """The manifest's bytes against the ledger's ``manifest_xxh3`` (absent: a note).
+    False if they differ (its vocabulary is then not used to judge the chunks)."""
+    path = root / MANIFEST_NAME
+    if not ledger.manifest_xxh3:
+        report.notes.append(Problem(str(root / LEDGER_NAME), "no manifest checksum (a "
+                                    "ledger older than version 2): edits to manifest.json "
+                                    "cannot be detected"))
+        return True
+    try:
+        got = bytes_checksum(path.read_bytes())
+    except OSError:  # a missing manifest is reported by its loader
+        return False
+    if got != ledger.manifest_xxh3:
+        report.bad(path, f"xxh3_64 {got}, the ledger says {ledger.manifest_xxh3}: "
+                   "edited or damaged after the build")
+        return False
+    return True
 
 
 def _check_meta(exp: ChunkExpect, report: VerifyReport) -> tuple[ChunkMeta | None, bool]:
@@ -384,7 +444,7 @@ def _meta_disagreements(meta: ChunkMeta, exp: ChunkExpect) -> list[str]:
             exp.entry.tokens)
     names = ("stem", "source", "segment", "index", "documents", "tokens")
     out = [f"{n} {g!r}, the ledger says {w!r}"
-           for n, g, w in zip(names, got, want, strict=True) if g != w]
+           for n, g, w in zip(names, got, want, strict=True) if w is not None and g != w]
     if meta.format_version != CHUNK_FORMAT_VERSION:
         out.append(f"format_version {meta.format_version!r}, this shardwise reads "
                    f"{CHUNK_FORMAT_VERSION}")
@@ -398,8 +458,8 @@ def _meta_disagreements(meta: ChunkMeta, exp: ChunkExpect) -> list[str]:
 
 def _check_file(path: Path, info: dict[str, Any] | None, report: VerifyReport, *,
                 hash_it: bool = True) -> bool:
-    """Exists; size and xxh3_64 (if ``hash_it``) equal what the metadata recorded. True if
-    proven intact (``info`` None: only existence can be checked, nothing is proven)."""
+    """Exists; size and xxh3_64 equal what the metadata recorded. True if proven intact
+    (``info`` None or ``hash_it`` False: not hashed, nothing is proven)."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -430,6 +490,19 @@ def _check_token_chunk(exp: ChunkExpect, intact: set[str], report: VerifyReport)
     if exp.dtype is not None and index.dtype != exp.dtype:
         report.bad(idx_path, f"dtype {index.dtype}, the manifest says {exp.dtype}")
     _check_counts(idx_path, index.num_sequences, index.num_tokens, exp, report)
+    if exp.vocab_size is not None and ".bin" in intact:
+        _check_ids(bin_path, index.dtype, exp.vocab_size, report)
+
+
+def _check_ids(bin_path: Path, dtype: np.dtype, vocab_size: int, report: VerifyReport
+               ) -> None:
+    """Every token id of an intact ``.bin`` below the manifest's vocabulary (intact bytes
+    can still disagree with the manifest: a cache made by another tool)."""
+    tokens = open_bin(bin_path, dtype)
+    k = first_bad_id(tokens, vocab_size)
+    if k >= 0:
+        report.bad(bin_path, f"token id {int(tokens[k])} at token {k}, outside the "
+                   f"vocabulary of {vocab_size} ids (the manifest's vocab_size)")
 
 
 def _check_idx(idx_path: Path, bin_path: Path, report: VerifyReport, *,

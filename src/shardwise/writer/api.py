@@ -30,6 +30,7 @@ from shardwise.format.manifest import (
     SourceInfo,
     TokenizerInfo,
     describe_differences,
+    manifest_checksum,
 )
 from shardwise.format.megatron import token_dtype
 from shardwise.sources.discovery import describe, discover, plan_segments
@@ -380,11 +381,14 @@ def _start(root: Path | RemoteStore, manifest: Manifest, policy: ChunkPolicy, ov
     if isinstance(root, Path):
         remove_stale_temps(root)
     if ledger is not None:
+        ledger.manifest_xxh3 = manifest_checksum(root)  # the ledger covers the manifest
+        ledger.save(root)
         started = time.monotonic()
         damaged, checked = find_damaged(root, ledger, manifest, depth)
         return ledger, _Check(depth, checked, time.monotonic() - started, damaged)
     ledger = Ledger([SourceProgress(plan_segments(i, policy.segment_bytes))
                      for i in manifest.sources])
+    ledger.manifest_xxh3 = manifest_checksum(root)  # the ledger covers the manifest
     ledger.save(root)
     return ledger, _Check()
 

@@ -127,7 +127,8 @@ class ChunkCache:
 
 
 def read_chunk(cache: Cache, c: int) -> Tokens:
-    """Chunk ``c``'s tokens, read (not memory-mapped) into a private array."""
+    """Chunk ``c``'s tokens, read (not memory-mapped) into a private array, checked
+    against its checksum before use (:meth:`CacheChecks.loaded`)."""
     info = cache.chunks[c]
     out = np.empty(info.tokens, dtype=cache.dtype)
 
@@ -144,5 +145,6 @@ def read_chunk(cache: Cache, c: int) -> Tokens:
     if got != out.nbytes or extra:
         raise CorruptChunkError(f"{name}: size differs from the {info.tokens} tokens the "
                                 f"ledger records; run 'shardwise verify {cache.location}'")
+    cache.checks.loaded(c, out)  # checksum and ids, before any use
     cache.opened[info.stem] += 1
     return out

@@ -206,12 +206,13 @@ class Follower:
                 "the ledger), or raise timeout= if chunks take longer to publish")
 
 
-def open_when_ready(path: Path, poll: float, timeout: float) -> Cache:
+def open_when_ready(path: Path, poll: float, timeout: float, *, verify: bool = True
+                    ) -> Cache:
     """Open ``path``, waiting (follow mode) for a build to create its manifest and ledger."""
     started, delay = time.monotonic(), min(0.01, poll)
     while True:
         try:
-            return open_cache(path)
+            return open_cache(path, verify=verify)
         except ManifestError:
             if (path / MANIFEST_NAME).exists() and (path / LEDGER_NAME).exists():
                 raise  # a cache is there, and it is damaged
@@ -226,23 +227,27 @@ def open_when_ready(path: Path, poll: float, timeout: float) -> Cache:
 # -- the rank's schedule ----------------------------------------------------------------
 class RankSchedule:
     """This rank's blocks (and padding runs) in need order; ``next()`` may wait for the
-    producer. ``starts[t]`` is the first example of the rank's ``t``-th stream to serve."""
+    producer. The rank takes examples ``firsts[t] + u·step`` of its ``t``-th stream
+    (``step`` > 1 when several ranks share a stream: :class:`~shardwise.world.StreamShare`),
+    needed at its example ``u·len(streams) + t``; ``starts[t]`` is the first such ``u``."""
 
     def __init__(self, cache: Cache, lay: Layout, streams: list[int], starts: list[int],
-                 follower: Follower) -> None:
+                 follower: Follower, *, firsts: list[int] | None = None,
+                 step: int = 1) -> None:
         self.cache, self.lay, self.streams, self.follower = cache, lay, streams, follower
         self.layouts = [StreamLayout(s, lay) for s in streams]
-        self.heap = [(k, t) for t, k in enumerate(starts)]
+        self.firsts, self.step = firsts or [0] * len(streams), step
+        self.heap = [(u, t) for t, u in enumerate(starts)]
         heapq.heapify(self.heap)
         self.pad_to: int | None = None
 
     def next(self) -> Item | None:
         """The next item the consumer will need, or ``None`` when every stream ended."""
         while self.heap:
-            k, t = heapq.heappop(self.heap)
-            item = self._item(t, k)
-            if item is not None:
-                heapq.heappush(self.heap, (item.stop, t))
+            u, t = heapq.heappop(self.heap)
+            item = self._item(t, self.firsts[t] + u * self.step)
+            if item is not None:  # next needed: the first firsts[t] + u'·step >= stop
+                heapq.heappush(self.heap, (-(-(item.stop - self.firsts[t]) // self.step), t))
                 return item
         return None
 

@@ -135,6 +135,7 @@ class WindowReader:
         stage = self._gather_from_one_chunk(windows) if B else None
         if stage is None:
             stage = self._gather_rows(windows, valid)
+        self.cache.checks.batch_ids(stage, lambda k: windows[k // (L + 1)] * L + k % (L + 1))
         bounds = None
         if self._want_boundaries:
             bounds = [self._boundaries(w * L, w * L + v) if w >= 0 else NO_BOUNDS
@@ -218,6 +219,8 @@ class WindowReader:
                 at += n
             valid[r] = at
             bounds[r] = np.asarray([x for x in b if x < L], dtype=np.int64)
+        self.cache.checks.batch_ids(rows, lambda k: _piece_offset(
+            pieces, real_rows, doc_starts, *divmod(k, L + 1)))
         return self._finish(np.ascontiguousarray(rows[:, :L]),
                             np.ascontiguousarray(rows[:, 1:]), valid,
                             bounds if self._want_boundaries else None)
@@ -242,6 +245,7 @@ class WindowReader:
         out: dict[str, npt.NDArray[Any]] = {"input_ids": input_ids, "labels": labels,
                                               "loss_mask": loss_mask,
                                               "position_ids": position_ids}
+        self.cache.raise_if_damaged()  # found by background verification: fail this batch
         if bounds is None:
             return out
         if self.cfg.reset_position_ids:
@@ -264,3 +268,15 @@ class WindowReader:
         if len(self._positions_2d) != rows:
             self._positions_2d = np.tile(self._positions, (rows, 1))
         return self._positions_2d
+
+
+def _piece_offset(pieces: list[list[tuple[int, int, int]]], real_rows: list[int],
+                  doc_starts: npt.NDArray[np.int64], row: int, col: int) -> int:
+    """The stream offset of column ``col`` of document-shuffled row ``row`` (to name the
+    chunk an id came from)."""
+    at = 0
+    for doc, off, n in pieces[real_rows.index(row)]:
+        if col < at + n:
+            return int(doc_starts[doc]) + off + col - at
+        at += n
+    raise ValueError(f"column {col} of row {row} holds no token")

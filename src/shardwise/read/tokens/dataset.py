@@ -27,6 +27,7 @@ import numpy.typing as npt
 from shardwise.checkpoint import Configured
 from shardwise.choice import Choice
 from shardwise.errors import ConfigError
+from shardwise.format.paths import reader_dir
 from shardwise.plan.block_shuffle import BlockShuffle
 from shardwise.plan.doc_shuffle import (
     DOC_SHUFFLE_VERSION,
@@ -40,7 +41,7 @@ from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.examples import NEXT_TOKEN
 from shardwise.read.rows import ROW_FREE, Rows
 from shardwise.read.tokens.assemble import WindowReader
-from shardwise.storage.cache import Cache, open_cache
+from shardwise.storage.cache import Cache, reader_cache
 
 PAD = -1
 ORDER_VERSION = 1
@@ -103,6 +104,10 @@ class TokenConfig:
 class TokenDataset(Configured):
     """Packed windows of a cache in a seeded global order; map-style.
 
+    ``verify``: check ids and chunk checksums as they are read (default: as the cache was
+    opened, which is on; ``False`` for a trusted cache; see
+    :mod:`shardwise.storage.integrity`).
+
     >>> ds = TokenDataset(open_cache("cache/"), seq_len=2048, seed=1234)  # doctest: +SKIP
     >>> ds[0]["input_ids"].shape, len(ds)                                # doctest: +SKIP
     ((2048,), 48828)
@@ -119,9 +124,9 @@ class TokenDataset(Configured):
                  shuffle: str | Shuffle = Shuffle.WINDOW, drop_last: bool = True,
                  block_size: int = 64, blocks_per_group: int = 8,
                  reset_position_ids: bool = False, cu_seqlens: bool = False,
-                 eod_mask_loss: bool = False, plan_dir: str | os.PathLike[str] | None = None
-                 ) -> None:
-        self.cache = cache if isinstance(cache, Cache) else open_cache(cache)
+                 eod_mask_loss: bool = False, plan_dir: str | os.PathLike[str] | None = None,
+                 verify: bool | None = None) -> None:
+        self.cache = reader_cache(cache, verify)
         self.config = TokenConfig(seq_len, seed, Shuffle.parse(shuffle), drop_last, block_size,
                                   blocks_per_group, reset_position_ids, cu_seqlens,
                                   eod_mask_loss)
@@ -234,10 +239,7 @@ class TokenDataset(Configured):
     def _plan_root(self) -> Path:
         if self._plan_dir is not None:
             return self._plan_dir
-        candidate = self.cache.root / ".shardwise-plans"
-        if os.access(self.cache.root, os.W_OK):
-            return candidate
-        return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shardwise"
+        return reader_dir(self.cache.root)
 
     # -- examples -------------------------------------------------------------------------
     def __getitem__(self, index: int) -> dict[str, npt.NDArray[Any]]:
