@@ -11,8 +11,9 @@
     bench                                            (the harness behind `shardwise bench`)
     cli                                              (thin shells over library calls)
 
-``import shardwise`` (the front door, ``sw.TokenDataset``) and ``shardwise.torch`` (a
-shortcut to ``integrations.torch``) are for code above the library: bench and cli.
+``import shardwise`` (the front door, ``sw.TokenDataset``) and ``shardwise.torch`` /
+``shardwise.hf`` / ``shardwise.torchdata`` (shortcuts to ``integrations.*``) are for code
+above the library: bench and cli.
 
 A package may import itself and any package of a lower layer, never a sibling of its own
 layer (read never imports writer) nor anything above it. Imports inside functions count too:
@@ -38,12 +39,12 @@ LAYERS = [
     {"cli"},
 ]
 RANK: dict[str, float] = {name: i for i, layer in enumerate(LAYERS) for name in layer}
-RANK["torch"] = RANK["integrations"]
+RANK["torch"] = RANK["hf"] = RANK["torchdata"] = RANK["integrations"]
 RANK["megatron"] = RANK["integrations"]
 FRONT_DOOR = RANK["testing"] + 0.5  # `from shardwise import TokenDataset`
 PACKAGE = Path(shardwise.__file__).parent
 # the package's front door and the `shardwise.torch` shortcut sit above every layer
-EXEMPT = {"__init__", "torch", "megatron", "__main__"}
+EXEMPT = {"__init__", "torch", "hf", "torchdata", "megatron", "__main__"}
 
 
 def _top(module: str) -> str | None:

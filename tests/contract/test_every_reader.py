@@ -30,6 +30,7 @@ from shardwise.read.external.producer_dir import (
 )
 from shardwise.testing import assert_resumes_exactly
 from shardwise.torch import ShardwiseLoader, loader
+from shardwise.torchdata import StatefulBatchSampler, batch_sampler
 from shardwise.world import World
 
 ONE = World(0, 1)
@@ -82,6 +83,12 @@ def _shard(path: Path) -> list[int]:
 def _tokens(d: dict[str, Any], other: bool) -> Any:
     return loader(sw.TokenDataset(d["caches"][0], seq_len=16, seed=2 if other else 1),
                   global_batch_size=4, micro_batch_size=2, world=ONE)
+
+
+def _torchdata(d: dict[str, Any], other: bool) -> Any:
+    """The batch sampler a StatefulDataLoader checkpoints (its index lists as rows)."""
+    ds = sw.TokenDataset(d["caches"][0], seq_len=16, seed=2 if other else 1)
+    return Rows(batch_sampler(ds, global_batch_size=4, micro_batch_size=2, world=ONE))
 
 
 def _stream(d: dict[str, Any], other: bool) -> Any:
@@ -159,6 +166,7 @@ class _ShardFile(list):  # type: ignore[type-arg]
 # name -> (factory(data, other_config) -> a resumable iterable, the classes it covers)
 READERS: dict[str, tuple[Callable[[dict[str, Any], bool], Any], tuple[type, ...]]] = {
     "TokenDataset+loader": (_tokens, (sw.TokenDataset, ShardwiseLoader)),
+    "TokenDataset+torchdata": (_torchdata, (StatefulBatchSampler,)),
     "StreamDataset": (_stream, (sw.StreamDataset,)),
     "RecordStream": (_records, (sw.RecordStream,)),
     "ProducerDirDataset.stream": (_producer, (ProducerDirDataset, ProducerDirStream)),

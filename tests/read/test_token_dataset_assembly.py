@@ -1,4 +1,5 @@
-"""TokenDataset.__getitems__ against a reference built from the plan and the raw stream.
+"""TokenDataset.get_batch (what __getitems__ wraps) against a reference built from the plan
+and the raw stream.
 
 The batched read path has several routes (every window inside one chunk: one gather; rows
 one by one; a window across a chunk edge; the short last window; padding; indices in
@@ -64,7 +65,7 @@ def _reference(ds: sw.TokenDataset, stream: np.ndarray, idx: list[int]) -> dict[
 
 
 def _assert_matches(ds: sw.TokenDataset, stream: np.ndarray, idx: list[int]) -> None:
-    got, want = ds.__getitems__(idx), _reference(ds, stream, idx)
+    got, want = ds.get_batch(idx), _reference(ds, stream, idx)
     assert set(got) == set(want)
     for k in want:
         assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, k
@@ -108,7 +109,7 @@ def test_empty_micro_batch_has_every_field(chunked: Path, tmp_path: Path) -> Non
     for shuffle in ["none", "window", "document"]:
         ds = sw.TokenDataset(chunked, seq_len=SEQ, shuffle=shuffle, cu_seqlens=True,
                              plan_dir=tmp_path)
-        batch = ds.__getitems__([])
+        batch = ds.get_batch([])
         assert {k: v.shape for k, v in batch.items()} == {
             "input_ids": (0, SEQ), "labels": (0, SEQ), "loss_mask": (0, SEQ),
             "position_ids": (0, SEQ), "cu_seqlens": (1,), "max_seqlen": ()}, shuffle
@@ -120,11 +121,11 @@ def test_rows_are_fresh_arrays(one_file: Path) -> None:
     change the stored data or the next batch."""
     ds = sw.TokenDataset(one_file, seq_len=SEQ, seed=3)
     stored = _stream(ds.cache).copy()
-    first = ds.__getitems__([0, 1])
+    first = ds.get_batch([0, 1])
     for k, v in first.items():
         assert v.flags.writeable and v.flags.c_contiguous, k
         v[...] = 7
-    again = ds.__getitems__([0, 1])
+    again = ds.get_batch([0, 1])
     assert not any((again[k] == 7).all() for k in again)
     assert (_stream(ds.cache) == stored).all()
 
@@ -143,8 +144,8 @@ def test_a_used_dataset_pickles_without_its_mapped_data(tmp_path: Path, shuffle:
     ds = sw.TokenDataset(prefix, seq_len=64, seed=5, shuffle=shuffle, cu_seqlens=True,
                          plan_dir=tmp_path / "plans")
     idx = list(range(0, 6400, 100))
-    before = ds.__getitems__(idx)
+    before = ds.get_batch(idx)
     blob = pickle.dumps(ds)
     assert len(blob) < 64 << 10, len(blob)  # the data is 4 MB
-    after = pickle.loads(blob).__getitems__(idx)
+    after = pickle.loads(blob).get_batch(idx)
     assert all(np.array_equal(before[k], after[k]) for k in before)

@@ -29,9 +29,13 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
 from shardwise.checkpoint import Configured, LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, MissingExtraError, StateError
 from shardwise.read.drops import Drop, describe_drops
+from shardwise.read.guard import refuse_framework_sharding
+from shardwise.read.rows import stacked
 from shardwise.read.sampler import BatchSampler, SamplerKind
 from shardwise.world import World
 
@@ -49,20 +53,25 @@ LOOK_AHEAD = 4  # micro-batches whose chunks a remote cache downloads before the
 def _register_iterables() -> None:
     """Streams are plain iterables (the core never imports torch); make DataLoader accept
     them as IterableDatasets even when torch was imported after they were created."""
+    from shardwise.read.compose.sft_pack import PackedSFT
+    from shardwise.read.external.producer_dir import ProducerDirStream
     from shardwise.read.records.stream import RecordStream
     from shardwise.read.stream.dataset import StreamDataset
 
-    IterableDataset.register(StreamDataset)
-    IterableDataset.register(RecordStream)
+    for reader in (StreamDataset, RecordStream, PackedSFT, ProducerDirStream):
+        IterableDataset.register(reader)
 
 
 _register_iterables()
 
 
 def collate(data: Any) -> Any:
-    """A batched dict of numpy arrays (from ``__getitems__``) → tensors, without copies."""
-    if isinstance(data, dict):
-        return {k: torch.from_numpy(v) for k, v in data.items()}
+    """A micro-batch → a dict of tensors. A shardwise batch (``get_batch``'s dict, or the
+    :class:`~shardwise.read.rows.Rows` ``__getitems__`` returns) is converted without a
+    copy; anything else (a list of examples) goes to torch's ``default_collate``."""
+    batch = stacked(data)
+    if batch is not None:
+        return {k: torch.from_numpy(np.asarray(v)) for k, v in batch.items()}
     return default_collate(data)
 
 
@@ -96,6 +105,7 @@ class _Indices:
         self.stopped = False  # set to end the current index stream early (see _drain)
 
     def __iter__(self) -> Iterator[list[int]]:
+        refuse_framework_sharding("a shardwise loader's batch sampler")
         self.stopped = False
         batches = iter(self.sampler)
         if self.prefetch is not None and self.ahead > 0:
@@ -122,11 +132,12 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
     state_kind = "torch_loader"
 
     def __init__(self, dataset: Any, sampler: BatchSampler, *, look_ahead: int = 0,
-                 **kwargs: Any) -> None:
+                 collate_fn: Callable[[Any], Any] | None = None, **kwargs: Any) -> None:
         # the position lives on this plain object: DataLoader.__setattr__ runs Python
         # checks on every attribute set, which would cost each step
         self._indices = _Indices(sampler, getattr(dataset, "prefetch", None), look_ahead)
-        super().__init__(dataset, batch_sampler=self._indices, collate_fn=collate, **kwargs)
+        super().__init__(dataset, batch_sampler=self._indices,
+                         collate_fn=collate if collate_fn is None else collate_fn, **kwargs)
 
     @property
     def consumed(self) -> int:
@@ -170,15 +181,18 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
         """No worker processes and a batched dataset: fetch in this thread ourselves.
         (torch's single-process fetcher adds ~30 us of bookkeeping per micro-batch, a
         third of the whole read path.)"""
-        return (self.num_workers == 0 and hasattr(self.dataset, "__getitems__")
-                and self.collate_fn is collate)
+        return self.num_workers == 0 and hasattr(self.dataset, "__getitems__")
 
     def _direct(self) -> Iterator[Any]:
-        getitems = self.dataset.__getitems__  # type: ignore[attr-defined]
+        """shardwise's collate takes the stacked arrays (``get_batch``: no per-row dicts);
+        any other ``collate_fn`` gets torch's protocol, ``__getitems__``'s list."""
+        ds, fn = self.dataset, self.collate_fn
+        fast = fn is collate and hasattr(ds, "get_batch")
+        getitems = ds.get_batch if fast else ds.__getitems__  # type: ignore[attr-defined]
         pin = self.pin_memory and torch.cuda.is_available()
         for indices in self._indices:
-            batch = collate(getitems(indices))
-            yield ({k: v.pin_memory() for k, v in batch.items()} if pin else batch)
+            batch = fn(getitems(indices))
+            yield (_pin(batch) if pin else batch)
 
     def _restart(self, consumed: int) -> None:
         pos = self._indices
@@ -186,21 +200,7 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
         pos.start, pos.received = consumed, 0
 
     def state_config(self) -> dict[str, Any]:
-        """The dataset's config (its order) and the sampler's (how it is placed)."""
-        s = self._indices.sampler
-        cfg = dict(self.dataset.state_config()) if isinstance(self.dataset, Configured) else {
-            "dataset": type(self.dataset).__qualname__,
-            "len": len(self.dataset)}  # type: ignore[arg-type]
-        cfg["sampler"] = s.kind.value
-        if s.kind is SamplerKind.CYCLIC:
-            cfg.update(sampler_seed=s.seed, data_sharding=s.data_sharding)
-            if s.data_sharding:
-                cfg["world_size"] = s.world.size  # the order depends on it
-            if s.n % s.step_examples:  # so does the epoch: whole steps of m × W
-                cfg["epoch_examples"] = s.n - s.n % s.step_examples
-        if s.kind is SamplerKind.EVAL:
-            cfg["world_size"] = s.world.size
-        return cfg
+        return sampler_state_config(self.dataset, self._indices.sampler)
 
     def _position(self) -> tuple[int, dict[str, Any]]:
         hints = (self.dataset.seek_hints(self.consumed)  # e.g. a Blend's counts: O(1) seek
@@ -246,6 +246,30 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
                 f"{d['world']}, run {run}, at {d['consumed']:,}; {d['summary']}{pad})")
 
 
+def sampler_state_config(dataset: Any, s: BatchSampler) -> dict[str, Any]:
+    """The dataset's config (its order) and the sampler's (how it is placed): what a
+    state of this loader (or of :mod:`shardwise.integrations.torchdata`'s sampler) must
+    match."""
+    cfg = dict(dataset.state_config()) if isinstance(dataset, Configured) else {
+        "dataset": type(dataset).__qualname__, "len": len(dataset)}
+    cfg["sampler"] = s.kind.value
+    if s.kind is SamplerKind.CYCLIC:
+        cfg.update(sampler_seed=s.seed, data_sharding=s.data_sharding)
+        if s.data_sharding:
+            cfg["world_size"] = s.world.size  # the order depends on it
+        if s.n % s.step_examples:  # so does the epoch: whole steps of m × W
+            cfg["epoch_examples"] = s.n - s.n % s.step_examples
+    if s.kind is SamplerKind.EVAL:
+        cfg["world_size"] = s.world.size
+    return cfg
+
+
+def _pin(batch: Any) -> Any:
+    if isinstance(batch, dict):
+        return {k: v.pin_memory() if hasattr(v, "pin_memory") else v for k, v in batch.items()}
+    return batch
+
+
 def _dataset_drops(dataset: Any) -> list[Drop]:
     drops = getattr(dataset, "drops", None)
     return list(drops()) if callable(drops) else []
@@ -272,7 +296,8 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
            seed: int = 0, data_sharding: bool = True, epochs: int | None = None,
            total_samples: int | None = None, consumed: int = 0, pin_memory: bool = False,
            persistent_workers: bool = False, prefetch_factor: int | None = None,
-           look_ahead: int = LOOK_AHEAD, **dataloader_kwargs: Any) -> ShardwiseLoader:
+           look_ahead: int = LOOK_AHEAD, collate_fn: Callable[[Any], Any] | None = None,
+           **dataloader_kwargs: Any) -> ShardwiseLoader:
     """This rank's loader over ``dataset`` (a TokenDataset or any map-style dataset).
 
     ``global_batch_size = micro_batch_size × world size × accumulation``; ``epochs`` or
@@ -282,7 +307,9 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
     step filled with masked examples; a dataset that drops data or cannot pad is refused.
     ``look_ahead``: for a cache on an object store, the chunks of
     this many coming micro-batches download in the background while earlier ones are read
-    (0: only on demand; local caches never prefetch).
+    (0: only on demand; local caches never prefetch). ``collate_fn`` (default
+    :func:`collate`) gets what torch gives any collator: a list of per-example dicts (HF's
+    ``default_data_collator`` works).
 
     >>> dl = loader(ds, global_batch_size=64, micro_batch_size=8,  # doctest: +SKIP
     ...             world=World(0, 2))
@@ -304,4 +331,5 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
         if prefetch_factor is not None:
             extra["prefetch_factor"] = prefetch_factor
     return ShardwiseLoader(dataset, batches, num_workers=num_workers, pin_memory=pin_memory,
-                           look_ahead=look_ahead, **extra, **dataloader_kwargs)
+                           look_ahead=look_ahead, collate_fn=collate_fn, **extra,
+                           **dataloader_kwargs)

@@ -45,9 +45,9 @@ from shardwise.plan.permutation import Permutation, derive_seed
 from shardwise.read.compose.sft_pack import source_identity
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.examples import NEXT_TOKEN, check_same_layout
+from shardwise.read.rows import ROW_FREE, Rows, stacked
 from shardwise.read.tokens.dataset import PAD, TokenDataset
 
-_ROW_FREE = ("cu_seqlens", "max_seqlen")  # batch keys that are not one row per example
 _PLAN_AHEAD = 1024
 Batch = dict[str, npt.NDArray[Any]]
 
@@ -204,15 +204,22 @@ class Blend(Resumable):
 
     def _fetch(self, j: int, idx: npt.NDArray[np.int64]) -> Batch:
         ds = self.sources[j]
+        if hasattr(ds, "get_batch"):
+            return ds.get_batch(idx.tolist())  # type: ignore[no-any-return]
         if hasattr(ds, "__getitems__"):
             got = ds.__getitems__(idx.tolist())
-            if isinstance(got, dict):
-                return got
+            if stacked(got) is not None:
+                return stacked(got)  # type: ignore[return-value]
         else:
             got = [ds[int(i)] for i in idx]
         return {k: np.stack([np.asarray(g[k]) for g in got]) for k in got[0]}
 
-    def __getitems__(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch:
+    def __getitems__(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Rows:
+        """:meth:`get_batch` as torch's protocol wants it: a list of per-example dicts
+        that also carries the stacked arrays (see :class:`~shardwise.read.rows.Rows`)."""
+        return Rows(self.get_batch(indices))
+
+    def get_batch(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch:
         """A micro-batch: one batched call per source, rows back in the asked order.
         Index :data:`PAD` asks the first source for a masked padding row."""
         if not self.map_style:
@@ -231,8 +238,8 @@ class Blend(Resumable):
         return _assemble(parts, idx.size, self.names)
 
     def __getitem__(self, index: int) -> dict[str, npt.NDArray[Any]]:
-        batch = self.__getitems__([int(index)])
-        return {k: (v if k in _ROW_FREE else v[0]) for k, v in batch.items()}
+        batch = self.get_batch([int(index)])
+        return {k: (v if k in ROW_FREE else v[0]) for k, v in batch.items()}
 
     # -- iterable -------------------------------------------------------------------------
     def _next_source(self) -> tuple[int, int]:
@@ -286,7 +293,7 @@ class Blend(Resumable):
 def _assemble(parts: list[tuple[npt.NDArray[np.intp], Batch]], n: int,
               names: list[str]) -> Batch:
     """Scatter each source's rows to their places; rebuild ``cu_seqlens`` over all rows."""
-    keys = [k for k in parts[0][1] if k not in _ROW_FREE]
+    keys = [k for k in parts[0][1] if k not in ROW_FREE]
     out: Batch = {}
     for key in keys:
         first = np.asarray(parts[0][1][key])

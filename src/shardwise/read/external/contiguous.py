@@ -43,14 +43,12 @@ from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import ConfigError
 from shardwise.plan.permutation import Permutation
 from shardwise.read.drops import Drop, describe_drops
+from shardwise.read.guard import SHARDING_SAMPLERS
 from shardwise.world import World
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-# class names (anywhere in the MRO) of samplers / loaders that split indices across ranks
-SHARDING_SAMPLERS = ("DistributedSampler", "DistributedBatchSampler", "BatchSamplerShard",
-                     "DataLoaderDispatcher")
 
 
 class SizedDataset(Protocol):

@@ -76,6 +76,7 @@ from shardwise.errors import ConfigError, InputError, ProducerTimeoutError, Stat
 from shardwise.format.atomic import atomic_write_bytes
 from shardwise.read.external.contiguous import OneAhead
 from shardwise.read.external.names import DEFAULT_PATTERN, ChunkNames
+from shardwise.read.guard import refuse_framework_sharding
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES, parse_line
 from shardwise.world import World
 
@@ -509,6 +510,7 @@ class ProducerDirStream(Resumable):
         self.consumed = 0
 
     def __iter__(self) -> Iterator[Any]:
+        refuse_framework_sharding("a ProducerDirDataset stream")
         ds, step = self.ds, self.ds.world.size
         while True:
             c, start = self.next_chunk, self.next_record

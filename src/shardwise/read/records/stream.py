@@ -43,6 +43,7 @@ import xxhash
 
 from shardwise.checkpoint import LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, StateError
+from shardwise.read.guard import refuse_framework_sharding
 from shardwise.read.records.pipeline import FINISHED, PAD_KEY, Pipeline, is_pad, make_pad
 from shardwise.read.records.pool import Processor, Reject
 from shardwise.read.records.ranges import RangeKind, plan_ranges, resolve_files
@@ -183,6 +184,7 @@ class RecordStream(Resumable):
 
     def __iter__(self) -> Iterator[Any]:
         """This consumer's examples, continuing from the current position."""
+        refuse_framework_sharding("RecordStream")
         pipe = self._pipeline()
         take = self._taker(pipe)
         while True:

@@ -107,6 +107,7 @@ from shardwise.plan.stream import (
 )
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.examples import NEXT_TOKEN, ignore_unmasked
+from shardwise.read.guard import refuse_framework_sharding
 from shardwise.read.stream.chunk_cache import ChunkCache, Tokens, read_chunk
 from shardwise.read.stream.schedule import (
     Follower,
@@ -313,6 +314,7 @@ class StreamDataset(Resumable):
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Example]:
         _refuse_worker_process()
+        refuse_framework_sharding("StreamDataset")
         self._stop_run()
         run = self._run = _Run(self, self._start + self._received * self.world.size)
         return self._examples(run)

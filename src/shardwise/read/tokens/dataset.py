@@ -5,8 +5,10 @@ Example ``i`` of the global order is window ``π_e(i mod n)`` of epoch ``e = i /
 documents (consecutive windows share one token) and ``π_e`` is a keyed permutation
 evaluated per index (:mod:`shardwise.plan.permutation`). Nothing per epoch is
 materialised: ``len(ds)`` is one epoch, and indices past it continue into later epochs,
-each reshuffled, at no cost up front. ``__getitems__`` assembles a whole micro-batch in
-one call; index :data:`PAD` (-1) yields a fully masked example (evaluation padding).
+each reshuffled, at no cost up front. ``get_batch`` assembles a whole micro-batch in one
+call (stacked arrays); ``__getitems__`` returns the same as a list of per-example dicts
+(torch's protocol, :class:`~shardwise.read.rows.Rows`). Index :data:`PAD` (-1) yields a
+fully masked example (evaluation padding).
 
 Only the chunks holding the requested windows are opened (memory-mapped, lazily).
 """
@@ -37,6 +39,7 @@ from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation
 from shardwise.plan.windows import dropped_tokens, num_windows
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.examples import NEXT_TOKEN
+from shardwise.read.rows import ROW_FREE, Rows
 from shardwise.read.tokens.assemble import WindowReader
 from shardwise.storage.cache import Cache, reader_cache
 
@@ -240,12 +243,17 @@ class TokenDataset(Configured):
 
     # -- examples -------------------------------------------------------------------------
     def __getitem__(self, index: int) -> dict[str, npt.NDArray[Any]]:
-        batch = self.__getitems__([int(index)])
-        return {k: (v[0] if k not in ("cu_seqlens", "max_seqlen") else v)
-                for k, v in batch.items()}
+        batch = self.get_batch([int(index)])
+        return {k: (v[0] if k not in ROW_FREE else v) for k, v in batch.items()}
 
-    def __getitems__(self, indices: list[int] | npt.NDArray[np.integer]
-                     ) -> dict[str, npt.NDArray[Any]]:
+    def __getitems__(self, indices: list[int] | npt.NDArray[np.integer]) -> Rows:
+        """A micro-batch as torch's protocol wants it: a list of per-example dicts (row
+        views), which also carries the stacked arrays (``.batch``) for shardwise's
+        ``collate``. So ``DataLoader(ds, batch_size=8)`` and HF's collators work."""
+        return Rows(self.get_batch(indices))
+
+    def get_batch(self, indices: list[int] | npt.NDArray[np.integer]
+                  ) -> dict[str, npt.NDArray[Any]]:
         """A whole micro-batch as a dict of stacked arrays (one call, one allocation each)."""
         idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
         if self.config.shuffle is Shuffle.DOCUMENT:

@@ -1,0 +1,268 @@
+"""Hugging Face Trainer / accelerate: shardwise's order, locality and exact resume.
+
+``ShardwiseTrainer`` (a ``transformers.Trainer``) and ``ShardwiseTrainerMixin`` (for
+Trainer subclasses such as TRL's: ``class MyTrainer(ShardwiseTrainerMixin, SFTTrainer)``)
+take any shardwise dataset as ``train_dataset`` / ``eval_dataset``, under torchrun:
+
+* **Order.** The train loader is :func:`shardwise.torch.loader` with
+  ``global_batch_size = per_device_train_batch_size × world size ×
+  gradient_accumulation_steps``: each optimizer step (all ranks, all accumulation
+  micro-steps) is global batch ``b`` of shardwise's order, across epochs (a TokenDataset
+  reshuffles each epoch). Trainer's own sampler, ``accelerator.prepare`` and its
+  ``BatchSamplerShard`` are not used: each rank reads only its share. A Trainer "epoch" is
+  ``len(dataset) // global_batch_size`` whole steps; the rest of a shardwise epoch is not
+  lost but opens the next one (the global order runs on across epochs)::
+
+      len 10, B 4:  HF epoch 0 = examples [0, 8), epoch 1 = [8, 16), …
+
+* **Labels.** shardwise's labels are next-token targets aligned to ``input_ids``
+  (``labels[t]`` is the target of position ``t``). :func:`collate` passes them as
+  ``shift_labels`` (which transformers' causal-LM loss and Trainer's token count use
+  as-is), with ``loss_mask == 0`` as -100, and ``labels`` in HF's unshifted convention
+  (``labels[t + 1] = shift_labels[t]``) for code that shifts itself. ``position_ids``
+  (restarting per document with ``reset_position_ids``) are passed too.
+* **Resume.** Every checkpoint holds ``shardwise_loader.json`` (the loader's
+  ``state_dict()``); ``train(resume_from_checkpoint=...)`` restores it — no
+  ``skip_first_batches`` replay (``args.ignore_data_skip`` is set) — and checks it against
+  the checkpoint's ``global_step``. The state is global, so another number of processes
+  continues exactly when the global batch size is kept (e.g. 2 ranks → 1 rank with twice
+  the accumulation).
+* **Records** (a RecordStream's, a producer directory's, a foreign dataset's: anything
+  without ``label_convention = "next_token"``) keep HF's own per-token labels and go to
+  ``default_data_collator`` unchanged.
+* **Iterable readers** (StreamDataset, RecordStream, a ProducerDirDataset's ``stream()``)
+  are already per-rank: they get a plain per-rank DataLoader, never accelerate's
+  dispatcher; their own ``state_dict()`` is saved per rank (``shardwise_rank{r}.json``).
+
+Without the mixin, a stock Trainer or ``accelerator.prepare`` that would shard a shardwise
+loader or stream again (or dispatch it from rank 0) is refused when it starts iterating
+(:mod:`shardwise.read.guard`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+from shardwise.errors import ConfigError, MissingExtraError, StateError
+from shardwise.format.atomic import atomic_write_bytes
+from shardwise.integrations.torch import ShardwiseLoader, loader
+from shardwise.integrations.torch import collate as torch_collate
+from shardwise.read.examples import NEXT_TOKEN
+from shardwise.world import World
+
+try:
+    import torch
+    from torch.utils.data import DataLoader
+    from transformers import Trainer, default_data_collator
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise MissingExtraError("shardwise.hf needs transformers and accelerate: "
+                            "pip install 'shardwise[hf]'") from e
+
+STATE_FILE = "shardwise_loader.json"
+IGNORE_INDEX = -100
+MODEL_KEYS = ("input_ids", "labels", "shift_labels", "position_ids", "attention_mask")
+
+
+def collate(data: Any) -> dict[str, torch.Tensor]:
+    """A shardwise micro-batch → the inputs of a transformers causal LM (see module docs)::
+
+        input_ids      7    8    9    3         shardwise labels  8 9 3 4, loss_mask 1 1 0 1
+        shift_labels   8    9 -100    4         (the targets, as ForCausalLMLoss takes them)
+        labels      -100    8    9 -100         (HF's unshifted convention)
+    """
+    batch = torch_collate(data)
+    out = {k: v for k, v in batch.items() if k in MODEL_KEYS}
+    if "labels" in batch:
+        shift = batch["labels"].clone()
+        if "loss_mask" in batch:
+            shift[batch["loss_mask"] == 0] = IGNORE_INDEX
+        labels = torch.full_like(shift, IGNORE_INDEX)
+        labels[..., 1:] = shift[..., :-1]
+        out["labels"], out["shift_labels"] = labels, shift
+    return out
+
+
+def _is_iterable(ds: Any) -> bool:
+    return isinstance(ds, torch.utils.data.IterableDataset) or not hasattr(ds, "__getitem__")
+
+
+class _Epochs:
+    """Trainer's view of a :class:`ShardwiseLoader`: ``len()`` is one Trainer epoch of
+    whole global batches, and each ``iter()`` runs to the end of the current one from
+    the loader's position (so a resumed epoch yields only what is left of it)."""
+
+    def __init__(self, dl: ShardwiseLoader, epoch_examples: int) -> None:
+        self.loader, self.dataset = dl, dl.dataset
+        self.epoch_examples = epoch_examples
+        self.step = dl._indices.sampler.step_examples
+
+    def __len__(self) -> int:
+        return self.epoch_examples // self.step
+
+    def __iter__(self) -> Iterator[Any]:
+        c, e = self.loader.consumed, self.epoch_examples
+        left = ((c // e + 1) * e - c) // self.step
+        it = cast(Generator[Any, None, None], iter(self.loader))
+        try:
+            for _ in range(left):
+                yield next(it)
+        finally:
+            it.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+
+class ShardwiseTrainerMixin:
+    """Put before a ``transformers.Trainer`` class (see module docs). Extra keyword
+    arguments: ``shardwise_sampler`` (``"single"``: the dataset's own global order, for
+    TokenDataset / Blend; ``"cyclic"``: Megatron's per-epoch reshuffle of ``[0, n)``, for
+    other map-style datasets; default: chosen by the dataset) and ``shardwise_seed`` (the
+    cyclic sampler's seed). A ``data_collator`` you pass gets the list of examples torch
+    gives any collator; the default is :func:`collate`."""
+
+    def __init__(self, *args: Any, shardwise_sampler: str | None = None,
+                 shardwise_seed: int = 0, **kwargs: Any) -> None:
+        given = kwargs.get("data_collator") or (args[2] if len(args) > 2 else None)
+        super().__init__(*args, **kwargs)
+        self._sw_given = given
+        self._sw_sampler, self._sw_seed = shardwise_sampler, shardwise_seed
+        self._sw_resume: str | None = None
+        self._sw_train: Any = None
+        self.args.ignore_data_skip = True  # type: ignore[attr-defined]  # the state resumes
+
+    # -- the loaders ---------------------------------------------------------------------
+    def _sw_collate_for(self, ds: Any) -> Any:
+        """Your ``data_collator``; else :func:`collate` for shardwise's next-token examples;
+        else (records in HF's own per-token convention, a foreign dataset) HF's
+        ``default_data_collator``, labels untouched."""
+        if self._sw_given is not None:
+            return self._sw_given
+        if getattr(ds, "label_convention", None) == NEXT_TOKEN:
+            return collate
+        return default_data_collator
+
+    def _sw_world(self) -> World:
+        a = self.args  # type: ignore[attr-defined]
+        return World(a.process_index, a.world_size)
+
+    def get_train_dataloader(self) -> Any:
+        ds = self.train_dataset  # type: ignore[attr-defined]
+        if ds is None:
+            raise ValueError("Trainer: training requires a train_dataset.")
+        if _is_iterable(ds):
+            self._sw_train = self._iterable_loader(ds, self.args.per_device_train_batch_size)  # type: ignore[attr-defined]
+        else:
+            self._sw_train = self._map_loader(ds)
+        if self._sw_resume is not None:
+            self._sw_restore(self._sw_resume)
+        return self._sw_train
+
+    def _map_loader(self, ds: Any) -> _Epochs:
+        a, world = self.args, self._sw_world()  # type: ignore[attr-defined]
+        m, accumulation = self._train_batch_size, a.gradient_accumulation_steps  # type: ignore[attr-defined]
+        if getattr(ds, "is_sharded", False):  # already this rank's share: no second split
+            world = World.single()
+        B = m * world.size * accumulation
+        per_epoch = len(ds) // B * B
+        if per_epoch == 0:
+            raise ConfigError(f"the train dataset has {len(ds)} examples, fewer than one "
+                              f"global batch of {B} (per_device_train_batch_size {m} × "
+                              f"{world.size} ranks × gradient_accumulation_steps "
+                              f"{accumulation})")
+        sampler = self._sw_sampler or ("single" if hasattr(ds, "get_batch") else "cyclic")
+        workers = a.dataloader_num_workers
+        dl = loader(ds, global_batch_size=B, micro_batch_size=m, world=world,
+                    sampler=sampler, seed=self._sw_seed, data_sharding=False,
+                    num_workers=workers, pin_memory=a.dataloader_pin_memory,
+                    persistent_workers=a.dataloader_persistent_workers and workers > 0,
+                    collate_fn=self._sw_collate_for(ds))
+        return _Epochs(dl, per_epoch)
+
+    def _iterable_loader(self, ds: Any, batch_size: int) -> DataLoader:  # type: ignore[type-arg]
+        """A per-rank DataLoader over a reader that is already this rank's share."""
+        return DataLoader(ds, batch_size=batch_size, collate_fn=self._sw_collate_for(ds),
+                          num_workers=0)
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        ds = eval_dataset if eval_dataset is not None else self.eval_dataset  # type: ignore[attr-defined]
+        if isinstance(ds, str):
+            ds = self.eval_dataset[ds]  # type: ignore[attr-defined]
+        if ds is None:
+            raise ValueError("Trainer: evaluation requires an eval_dataset.")
+        m = self.args.eval_batch_size  # type: ignore[attr-defined]
+        if _is_iterable(ds):
+            return self._iterable_loader(ds, m)
+        world = World.single() if getattr(ds, "is_sharded", False) else self._sw_world()
+        return loader(ds, global_batch_size=m * world.size, micro_batch_size=m,
+                      world=world, sampler="eval", collate_fn=self._sw_collate_for(ds))
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def _inner_training_loop(self, *args: Any, **kwargs: Any) -> Any:
+        resume = kwargs.get("resume_from_checkpoint")
+        if resume is None and len(args) > 2:
+            resume = args[2]
+        self._sw_resume = resume
+        return super()._inner_training_loop(*args, **kwargs)  # type: ignore[misc]
+
+    def _sw_state_path(self, directory: str) -> str:
+        if isinstance(self._sw_train, _Epochs):  # global: one state for every rank
+            return os.path.join(directory, STATE_FILE)
+        return os.path.join(directory, f"shardwise_rank{self.args.process_index}.json")  # type: ignore[attr-defined]
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        out = os.path.join(self._get_output_dir(trial=trial),  # type: ignore[attr-defined]
+                           f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")  # type: ignore[attr-defined]
+        train, state = self._sw_train, None
+        if isinstance(train, _Epochs):  # the same on every rank: the main process writes it
+            state = train.state_dict() if self.args.should_save else None  # type: ignore[attr-defined]
+        elif train is not None and hasattr(train.dataset, "state_dict"):
+            state = train.dataset.state_dict()
+        if state is not None:
+            os.makedirs(out, exist_ok=True)
+            atomic_write_bytes(Path(self._sw_state_path(out)), json.dumps(state).encode())
+        super()._save_checkpoint(model, trial)  # type: ignore[misc]
+
+    def _sw_restore(self, checkpoint: str) -> None:
+        path = self._sw_state_path(checkpoint)
+        if not os.path.isfile(path):
+            raise StateError(f"{checkpoint} has no {os.path.basename(path)}: it was not saved "
+                             "by a ShardwiseTrainer, so the data position is unknown; resume "
+                             "from a checkpoint ShardwiseTrainer saved")
+        with open(path, "rb") as f:
+            state = json.load(f)
+        train = self._sw_train
+        if isinstance(train, _Epochs):
+            self._sw_check_step(checkpoint, state, train)
+            train.load_state_dict(state)
+        else:
+            train.dataset.load_state_dict(state)
+
+    def _sw_check_step(self, checkpoint: str, state: dict[str, Any], train: _Epochs) -> None:
+        """The loader's position must be the checkpoint's steps × this global batch."""
+        with open(os.path.join(checkpoint, "trainer_state.json"), "rb") as f:
+            step = int(json.load(f)["global_step"])
+        B = train.loader._indices.sampler.global_batch_size
+        if state.get("consumed") != step * B:
+            raise StateError(f"{checkpoint}: the loader state is at {state.get('consumed')} "
+                             f"examples but global_step {step} × global batch {B} = "
+                             f"{step * B}; resume with the global batch size the run was "
+                             "saved with (per_device_train_batch_size × world size × "
+                             "gradient_accumulation_steps)")
+
+
+class ShardwiseTrainer(ShardwiseTrainerMixin, Trainer):
+    """``transformers.Trainer`` reading shardwise datasets in shardwise's order, with the
+    loader's position in every checkpoint (see the module docs)."""
+
+
+__all__ = ["ShardwiseTrainer", "ShardwiseTrainerMixin", "collate"]

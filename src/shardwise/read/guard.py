@@ -1,0 +1,87 @@
+"""Refusing a framework wrapper that would shard a per-rank reader again, or dispatch it.
+
+shardwise's readers already serve one rank's share. accelerate (and so HF Trainer) wraps
+what it is given: ``BatchSamplerShard`` splits a batch sampler's batches over the ranks,
+``IterableDatasetShard`` makes every rank read everything and keep ``1/R``, and
+``DataLoaderDispatcher`` reads on rank 0 and scatters. Over a shardwise reader each of these
+silently drops (or funnels) data, so a reader calls :func:`refuse_framework_sharding` when
+an iteration starts: it looks up the Python call stack (a few frames, once per ``iter()``,
+never per example) for such a wrapper and raises :class:`ConfigError` naming the fix.
+
+Detection point: the wrapper is on the stack when it starts iterating what it wraps
+(``BatchSamplerShard.__iter__`` → our batch sampler's ``__iter__``;
+``IterableDatasetShard.__iter__`` → the reader's; the dispatcher's fetch loop → torch's
+fetcher → the reader's, in the main process). A DataLoader *worker* process under a
+dispatcher has no dispatcher frame and is not detected; the batch sampler and
+``IterableDatasetShard`` cases are detected in workers too.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from shardwise.errors import ConfigError
+
+# class names (anywhere in the MRO) of samplers / loaders that split indices across ranks
+SHARDING_SAMPLERS = ("DistributedSampler", "DistributedBatchSampler", "BatchSamplerShard",
+                     "DataLoaderDispatcher")
+SHARDING_WRAPPERS = (*SHARDING_SAMPLERS, "IterableDatasetShard", "SkipBatchSampler")
+WHAT_IT_DOES = {"SkipBatchSampler": "replays the run by skipping batches from the start "
+                "(shardwise resumes from its state; skipping as well would skip twice)",
+                "DataLoaderDispatcher": "reads on rank 0 and scatters (a bottleneck; with "
+                "World.detect() the data would also be sharded twice)"}
+MAX_FRAMES = 24
+
+FIX = ("use shardwise.hf.ShardwiseTrainer (or ShardwiseTrainerMixin) with HF Trainer; with "
+       "accelerate, do not pass a shardwise loader or reader through accelerator.prepare() "
+       "(iterate shardwise.torch.loader(...) / the reader yourself and move batches with "
+       "batch.to(accelerator.device))")
+
+
+def sharding_class(obj: object) -> str | None:
+    """The first name in :data:`SHARDING_WRAPPERS` among ``obj``'s classes, else None."""
+    names = {c.__name__ for c in type(obj).__mro__}
+    hit = sorted(names.intersection(SHARDING_WRAPPERS))
+    return hit[0] if hit else None
+
+
+def _frame_class(code: object) -> str:
+    """The class part of a frame's qualified name (``BatchSamplerShard.__iter__``)."""
+    qualname = getattr(code, "co_qualname", getattr(code, "co_name", ""))
+    return str(qualname).split(".<locals>")[0].rpartition(".")[0]
+
+
+def refuse_framework_sharding(what: str) -> None:
+    """Raise if a sharding or dispatching wrapper is iterating ``what`` (see module docs).
+
+    Frames are matched by their code's qualified name; only a matching frame's ``self``
+    is looked at (reading ``f_locals`` pins a snapshot of a frame's locals on Python <
+    3.13, which would keep e.g. a deleted DataLoader iterator and its workers alive)."""
+    frame = sys._getframe(1)
+    for _ in range(MAX_FRAMES):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            return
+        if _frame_class(frame.f_code) not in SHARDING_WRAPPERS:
+            continue
+        owner = frame.f_locals.get("self")
+        name = None if owner is None else sharding_class(owner)
+        if name is not None and _shards(owner):
+            does = WHAT_IT_DOES.get(name, "shards it a second time (shardwise readers "
+                                    "already serve this rank's share: each rank would read "
+                                    "1/world_size of it)")
+            raise ConfigError(f"{what} is being read through accelerate's {name}, which "
+                              f"{does}: {FIX}")
+
+
+def _shards(owner: object) -> bool:
+    """A wrapper over one process (``num_processes == 1``) neither shards nor scatters."""
+    n = getattr(owner, "num_processes", None)
+    if n is None:
+        state = getattr(owner, "state", None)
+        n = getattr(state, "num_processes", None)
+    return n is None or n > 1
+
+
+__all__ = ["FIX", "SHARDING_SAMPLERS", "SHARDING_WRAPPERS", "refuse_framework_sharding",
+           "sharding_class"]
