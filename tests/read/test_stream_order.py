@@ -220,11 +220,14 @@ def test_unfinished_cache_needs_follow_and_times_out(tmp_path: Path) -> None:
 def test_close_stops_the_thread(cache_dir: Path) -> None:
     import threading
 
+    before = set(threading.enumerate())  # other tests' readers are not this one's concern
     with reader(cache_dir, sw.World(0, 1), prefetch_chunks=8) as ds:
         it = iter(ds)
         next(it)
-        assert any(t.name.startswith("shardwise-stream") for t in threading.enumerate())
-    assert not any(t.name.startswith("shardwise-stream") for t in threading.enumerate())
+        mine = [t for t in set(threading.enumerate()) - before
+                if t.name.startswith("shardwise")]
+        assert mine
+    assert not any(t.is_alive() for t in mine)
     assert ds.chunk_cache.stats()["bytes"] == 0
     with pytest.raises(RuntimeError, match="call iter"):
         for _ in range(10_000):
