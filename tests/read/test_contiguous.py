@@ -173,15 +173,22 @@ def test_wrong_declared_length_is_refused_when_opened(shard_files: list[Path]) -
 
 
 def test_refuses_samplers_that_shard_again(shard_files: list[Path]) -> None:
-    from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
+    from accelerate.data_loader import BatchSamplerShard
+    from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, SequentialSampler
 
     ds = make(shard_files, Live(), 0, 2, lengths=LENGTHS)
     assert ds.is_sharded
-    dist: DistributedSampler[str] = DistributedSampler(ds, num_replicas=2, rank=0)  # type: ignore[arg-type]
+    # refused where every sampler asks the length: DistributedSampler's __init__ ...
     with pytest.raises(ConfigError, match="DistributedSampler splits the indices"):
-        check_sampler(dist)
-    with pytest.raises(ConfigError, match="already this rank's share"):
-        check_sampler(DataLoader(ds, sampler=dist))  # type: ignore[arg-type]
+        DistributedSampler(ds, num_replicas=2, rank=0)  # type: ignore[arg-type]
+    # ... and accelerate's BatchSamplerShard (HF Trainer's path) when it iterates
+    shard = BatchSamplerShard(BatchSampler(SequentialSampler(ds), 2, False),  # type: ignore[arg-type]
+                              num_processes=2, process_index=0)
+    with pytest.raises(ConfigError, match="BatchSamplerShard splits the indices.*already "
+                                          "this rank's share"):
+        list(shard)
+    one = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=False)  # type: ignore[arg-type]
+    assert list(one) == list(range(len(ds)))  # one replica splits nothing
     check_sampler(ContiguousSampler(ds, start=3))
     check_sampler(SequentialSampler(ds))  # type: ignore[arg-type]
     check_sampler(DataLoader(ds, batch_size=4))  # type: ignore[arg-type]

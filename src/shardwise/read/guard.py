@@ -75,13 +75,56 @@ def refuse_framework_sharding(what: str) -> None:
 
 
 def _shards(owner: object) -> bool:
-    """A wrapper over one process (``num_processes == 1``) neither shards nor scatters."""
+    """A wrapper over one process (``num_processes`` / ``num_replicas`` 1) neither shards
+    nor scatters."""
     n = getattr(owner, "num_processes", None)
     if n is None:
         state = getattr(owner, "state", None)
-        n = getattr(state, "num_processes", None)
+        n = getattr(state, "num_processes", getattr(owner, "num_replicas", None))
     return n is None or n > 1
 
 
-__all__ = ["FIX", "SHARDING_SAMPLERS", "SHARDING_WRAPPERS", "refuse_framework_sharding",
-           "sharding_class"]
+def draws_from(obj: object, dataset: object) -> bool:
+    """Whether ``dataset`` is reached from sampler ``obj`` through the attributes samplers
+    keep (a BatchSamplerShard's batch sampler's sampler's data source, ...)."""
+    level = [obj]
+    for _ in range(4):
+        nxt = []
+        for o in level:
+            for attr in ("dataset", "data_source", "sampler", "batch_sampler"):
+                inner = getattr(o, attr, None)
+                if inner is dataset:
+                    return True
+                if inner is not None:
+                    nxt.append(inner)
+        level = nxt
+    return False
+
+
+def refuse_sharding_sampler(dataset: object, what: str) -> None:
+    """For a per-rank map-style dataset's ``__len__``: raise if a sampler that splits
+    indices across ranks (torch's DistributedSampler, accelerate's BatchSamplerShard) is
+    drawing from it. The dataset never sees such a sampler, but every sampler asks its
+    length — DistributedSampler in ``__init__``, BatchSamplerShard through its inner
+    sampler — so the sampler is on the stack then. Matched by qualified name, like
+    :func:`refuse_framework_sharding`."""
+    frame = sys._getframe(1)
+    for _ in range(MAX_FRAMES):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            return
+        if _frame_class(frame.f_code) not in SHARDING_SAMPLERS:
+            continue
+        owner = frame.f_locals.get("self")
+        name = None if owner is None else sharding_class(owner)
+        if name is not None and _shards(owner) and draws_from(owner, dataset):
+            raise ConfigError(f"{name} splits the indices across ranks, but {what} is "
+                              "already this rank's share: each rank would read only "
+                              "1/world_size of its own share (and never the rest). Iterate it "
+                              "in order on every rank (a SequentialSampler, "
+                              "shardwise.torch.loader(..., world=World.single()), or "
+                              f"shardwise.hf.ShardwiseTrainer with HF Trainer). {FIX}")
+
+
+__all__ = ["FIX", "SHARDING_SAMPLERS", "SHARDING_WRAPPERS", "draws_from",
+           "refuse_framework_sharding", "refuse_sharding_sampler", "sharding_class"]

@@ -43,7 +43,7 @@ from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import ConfigError
 from shardwise.plan.permutation import Permutation
 from shardwise.read.drops import Drop, describe_drops
-from shardwise.read.guard import SHARDING_SAMPLERS
+from shardwise.read.guard import SHARDING_SAMPLERS, draws_from, refuse_sharding_sampler
 from shardwise.world import World
 
 K = TypeVar("K", bound=Hashable)
@@ -239,6 +239,7 @@ class ContiguousShards(Configured):
         return int(self._perm[1](local))
 
     def __len__(self) -> int:
+        refuse_sharding_sampler(self, "ContiguousShards")  # a sampler must not split it again
         return self.stop - self.start
 
     def state_config(self) -> dict[str, Any]:
@@ -371,23 +372,6 @@ def check_sampler(sampler_or_loader: Any) -> None:
                               "DataLoader yourself and do not pass it through prepare()")
 
 
-def _draws_from(obj: Any, dataset: Any) -> bool:
-    """Whether ``dataset`` is reached from sampler ``obj`` through the attributes samplers
-    keep (a BatchSamplerShard's batch sampler's sampler's data source, ...)."""
-    level = [obj]
-    for _ in range(4):
-        nxt = []
-        for o in level:
-            for attr in ("dataset", "data_source", "sampler", "batch_sampler"):
-                inner = getattr(o, attr, None)
-                if inner is dataset:
-                    return True
-                if inner is not None:
-                    nxt.append(inner)
-        level = nxt
-    return False
-
-
 def sampler_over(dataset: Any, names: Sequence[str], depth: int = 12
                  ) -> tuple[Any, dict[str, Any]] | None:
     """The nearest caller that is a sampler drawing from ``dataset`` whose class (anywhere
@@ -409,6 +393,6 @@ def sampler_over(dataset: Any, names: Sequence[str], depth: int = 12
         obj = local.get("self")
         if (obj is not None and obj is not dataset
                 and any(c.__name__ in names for c in type(obj).__mro__)
-                and _draws_from(obj, dataset)):
+                and draws_from(obj, dataset)):
             return obj, dict(local)
     return None

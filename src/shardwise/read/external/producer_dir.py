@@ -76,7 +76,7 @@ from shardwise.errors import ConfigError, InputError, ProducerTimeoutError, Stat
 from shardwise.format.atomic import atomic_write_bytes
 from shardwise.read.external.contiguous import OneAhead
 from shardwise.read.external.names import DEFAULT_PATTERN, ChunkNames
-from shardwise.read.guard import refuse_framework_sharding
+from shardwise.read.guard import refuse_framework_sharding, refuse_sharding_sampler
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES, parse_line
 from shardwise.world import World
 
@@ -311,6 +311,7 @@ class ProducerDirDataset(Configured):
         return self._offsets
 
     def __len__(self) -> int:
+        refuse_sharding_sampler(self, "ProducerDirDataset")  # a sampler must not split it
         return int(self._rank_offsets()[-1])
 
     def __repr__(self) -> str:
