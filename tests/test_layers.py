@@ -38,10 +38,11 @@ LAYERS = [
 ]
 RANK: dict[str, float] = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 RANK["torch"] = RANK["integrations"]
+RANK["megatron"] = RANK["integrations"]
 FRONT_DOOR = RANK["testing"] + 0.5  # `from shardwise import TokenDataset`
 PACKAGE = Path(shardwise.__file__).parent
 # the package's front door and the `shardwise.torch` shortcut sit above every layer
-EXEMPT = {"__init__", "torch", "__main__"}
+EXEMPT = {"__init__", "torch", "megatron", "__main__"}
 
 
 def _top(module: str) -> str | None:

@@ -3,6 +3,8 @@ rules every reader shares."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -73,11 +75,29 @@ def test_streams_split_over_ranks_and_workers() -> None:
     assert World(1, 2).streams(8, worker=(1, 2)) == [3, 7]
     readers = [World(r, 2).streams(8, worker=(w, 2)) for r in range(2) for w in range(2)]
     assert sorted(s for rs in readers for s in rs) == list(range(8))
-    with pytest.raises(ConfigError, match=r"8 streams cannot be split over 3 readers.*"
-                                          r"\[1, 2, 4, 8\]"):
-        World(0, 3).streams(8)
-    with pytest.raises(ConfigError, match=r"world size × DataLoader workers \(2 × 3\)"):
-        World(0, 2).streams(8, worker=(0, 3))
+    with pytest.raises(ConfigError, match=r"worker must be \(id, num_workers\)"):
+        World(0, 2).streams(8, worker=(3, 3))
+
+
+@pytest.mark.parametrize(("readers", "n_streams"),
+                         [(1, 4), (2, 4), (4, 4), (3, 4), (8, 4), (6, 4), (5, 12), (12, 8)])
+def test_stream_share_serves_every_global_example_once(readers: int, n_streams: int) -> None:
+    """Levanter's rule for any R against R*: reader q's j-th example is global j·R + q,
+    found as example first(t) + u·step of streams[t] (j = u·len(streams) + t)."""
+    for q in range(readers):
+        share = World(q, readers).stream_share(n_streams)
+        m = len(share.streams)
+        assert m == n_streams // math.gcd(readers, n_streams)
+        assert all(s % share.group == q % share.group for s in share.streams)
+        for j in range(3 * m * share.step + 5):
+            u, t = divmod(j, m)
+            i = j * readers + q
+            assert share.example(j) == (i % n_streams, i // n_streams)
+            assert (share.streams[t], share.first(t) + u * share.step) == share.example(j)
+    # the R | R* layout is unchanged: rank r reads streams s % R == r, all examples
+    assert World(1, 2).stream_share(8).step == 1
+    assert World(5, 8).stream_share(4).streams == [1]
+    assert World(0, 3).streams(4) == [0, 3, 2, 1]
 
 
 def test_contiguous_slices_report_the_dropped_tail() -> None:

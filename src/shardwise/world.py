@@ -17,22 +17,23 @@ same way and fails with the same messages:
 
 * :meth:`World.round_robin`: items ``i`` with ``i % size == rank`` (chunks of a producer
   directory, the ``chunk_idx % world_size == rank`` layout);
-* :meth:`World.streams`: the streams of ``R*`` this rank serves (stream placement);
+* :meth:`World.stream_share` / :meth:`World.streams`: which examples of ``R*`` streams
+  this rank serves (stream placement), for any number of ranks ``R`` (Levanter's rule);
 * :meth:`World.contiguous`: an equal contiguous slice per rank, and how many items the
   split drops (contiguous placement).
+
+A reader made before the data-parallel layout is known (slime's data source) takes its
+World later with ``RecordStream.bind(world)``, before its first read.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass, field
 
 from shardwise.errors import ConfigError
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 @dataclass(frozen=True)
@@ -110,20 +111,28 @@ class World:
         """Whether item ``i`` is this rank's under :meth:`round_robin`."""
         return i % self.size == self.rank
 
-    def streams(self, n_streams: int, *, worker: tuple[int, int] = (0, 1)) -> list[int]:
-        """The streams this rank serves (``worker=(id, num_workers)``: this DataLoader
-        worker's share of them), when size × workers divides ``n_streams``:
-        ``World(1, 2).streams(8)`` is [1, 3, 5, 7]; with ``worker=(1, 2)``, [3, 7].
-        Raises listing the world sizes that work otherwise."""
+    def stream_share(self, n_streams: int, *, worker: tuple[int, int] = (0, 1)
+                     ) -> StreamShare:
+        """What this rank (``worker=(id, num_workers)``: this DataLoader worker of it)
+        serves of ``n_streams`` streams: global examples ``i ≡ q (mod Q)`` with ``Q =
+        size × workers`` readers and ``q = rank + id × size`` (see :class:`StreamShare`)."""
         w, workers = worker
-        readers = self.size * workers
-        if n_streams % readers:
-            what = ("" if workers == 1
-                    else f"world size × DataLoader workers ({self.size} × {workers}): ")
-            raise ConfigError(f"{what}{n_streams} streams cannot be split over {readers} "
-                              f"readers; world sizes that work: {_divisors(n_streams)} (or "
-                              f"choose streams as a multiple of {readers})")
-        return list(range(self.rank + w * self.size, n_streams, readers))
+        if (isinstance(n_streams, bool) or not isinstance(n_streams, int)
+                or n_streams < 1):
+            raise ConfigError(f"the number of streams must be a positive integer, got "
+                              f"{n_streams!r}")
+        if not (isinstance(workers, int) and workers >= 1 and isinstance(w, int)
+                and 0 <= w < workers):
+            raise ConfigError(f"worker must be (id, num_workers) with 0 <= id < "
+                              f"num_workers, got {worker!r}")
+        return StreamShare(n_streams, self.size * workers, self.rank + w * self.size)
+
+    def streams(self, n_streams: int, *, worker: tuple[int, int] = (0, 1)) -> list[int]:
+        """The streams this rank reads, in the order it needs them
+        (:attr:`StreamShare.streams`): ``World(1, 2).streams(8)`` is [1, 3, 5, 7]; with
+        ``worker=(1, 2)``, [3, 7]; ``World(1, 3).streams(4)`` is [1, 0, 3, 2] (every
+        stream: 3 does not divide 4)."""
+        return self.stream_share(n_streams, worker=worker).streams
 
     def contiguous(self, n: int) -> tuple[range, int]:
         """This rank's equal contiguous slice of ``n`` items, and how many items the split
@@ -137,6 +146,64 @@ class World:
                               "one; use fewer ranks or more data")
         start = self.rank * per_rank
         return range(start, start + per_rank), dropped
+
+
+@dataclass(frozen=True)
+class StreamShare:
+    """Reader ``reader`` of ``readers`` (``Q``) under stream placement with ``n_streams``
+    (``R*``) streams. Example ``i`` of the global order is example ``i // R*`` of stream
+    ``i % R*``; this reader serves the examples ``i ≡ reader (mod Q)``, its ``j``-th being
+    ``i = j·Q + reader``. Levanter's rule, for any ``Q``::
+
+        g = gcd(Q, R*)      streams read: s ≡ reader (mod g), R*/g of them
+        step = Q / g        of each, every step-th example (the other readers of the
+                            same streams take the rest)
+
+        Q | R*   (Q=2, R*=4)  step 1: rank 0 reads streams 0 2, all of their examples
+        R* | Q   (Q=8, R*=4)  rank 5 reads stream 1, examples 1 3 5 ... (global 5 13 21)
+        other    (Q=3, R*=4)  g=1: every rank reads every stream, each example of it
+                              once in 3 (global 0 3 6 9 = streams 0 3 2 1, examples
+                              0 0 1 2)
+
+    With ``Q | R*`` a rank reads only its own streams' chunks; otherwise several readers
+    share a stream and each reads all of its chunks to take its share: locality is lost
+    by design, the order is not.
+    """
+
+    n_streams: int
+    readers: int
+    reader: int
+
+    @property
+    def group(self) -> int:
+        """``gcd(Q, R*)``: the streams this reader reads are ``s ≡ reader (mod group)``."""
+        return math.gcd(self.readers, self.n_streams)
+
+    @property
+    def step(self) -> int:
+        """This reader takes every ``step``-th example of each of its streams."""
+        return self.readers // self.group
+
+    @property
+    def offset(self) -> int:
+        """Which of the ``step`` readers sharing these streams this one is."""
+        return self.reader // self.group
+
+    @property
+    def streams(self) -> list[int]:
+        """The streams read, in the order the reader's examples cycle through them
+        (``t``-th: the stream of its example ``j`` with ``j % len == t``)."""
+        n, q = self.n_streams, self.readers
+        return [(t * q + self.reader) % n for t in range(n // self.group)]
+
+    def first(self, t: int) -> int:
+        """The first example of ``streams[t]`` this reader takes (then every ``step``)."""
+        return (t * self.readers + self.reader) // self.n_streams
+
+    def example(self, j: int) -> tuple[int, int]:
+        """This reader's ``j``-th example as ``(stream, example of the stream)``."""
+        i = j * self.readers + self.reader
+        return i % self.n_streams, i // self.n_streams
 
 
 def _env_int(name: str) -> int | None:

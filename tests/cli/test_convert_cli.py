@@ -59,7 +59,7 @@ def test_chunk_mb(cli, cache: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    ([], "one of the arguments --to-megatron --from-megatron is required"),
+    ([], "one of the arguments --to-megatron --megatron-data-path --from-megatron is required"),
     (["c", "--to-megatron", "p", "--from-megatron", "p"], "not allowed with argument"),
     (["--to-megatron", "p"], "needs the cache directory DIR"),
     (["c", "--to-megatron", "p", "--out", "o"], "--out applies only to --from-megatron"),
@@ -87,3 +87,24 @@ def test_an_unfinished_cache_needs_allow_partial(cli, tmp_path: Path) -> None:
 def test_help(cli) -> None:
     code, out, _ = cli("convert", "--help")
     assert code == 0 and "--to-megatron PREFIX" in out and "--chunk-docs" in out
+
+
+def test_megatron_data_path_prints_the_weighted_chunk_list(cli, cache: Path) -> None:
+    code, out, err = cli("convert", cache, "--megatron-data-path", "--seq-len", "8")
+    assert code == 0
+    items = out.split()
+    c = shardwise.open_cache(cache)
+    assert items[0::2] == [str(ch.tokens) for ch in c.chunks if ch.tokens]
+    assert items[1::2] == [str(ch.base.resolve()) for ch in c.chunks if ch.tokens]
+    windows = (c.num_tokens - 1) // 8
+    per_chunk = sum((ch.tokens - 1) // 8 for ch in c.chunks if ch.tokens)
+    assert f"instead of {windows:,} ({windows - per_chunk:,} lost" in err
+    code, out, _ = cli("convert", cache, "--megatron-data-path", "--json")
+    assert code == 0 and orjson.loads(out)["items"] == items
+
+
+def test_megatron_data_path_usage_errors(cli, cache: Path) -> None:
+    code, _, err = cli("convert", "--megatron-data-path")
+    assert code == 2 and "needs the cache directory" in err
+    code, _, err = cli("convert", cache, "--to-megatron", "x", "--seq-len", "8")
+    assert code == 2 and "--seq-len applies only" in err

@@ -20,6 +20,7 @@ def test_there_is_one_example_per_origin() -> None:
     examples = porting_examples()
     assert any("compat.swift" in e for e in examples)
     assert any("compat.llm" in e for e in examples)
+    assert any("compat.slime" in e for e in examples)
 
 
 @pytest.mark.parametrize("index", range(len(porting_examples())))

@@ -66,9 +66,11 @@ def test_global_order_is_the_same_for_every_dividing_world_size() -> None:
         assert np.array_equal(s % world, np.tile(np.arange(world), 200 // world))
 
 
-def test_world_that_does_not_divide_streams_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"world sizes that work: \[1, 2, 3, 4, 6, 12\]"):
-        streams_of_rank(0, 5, 12)
+def test_world_that_does_not_divide_streams_reads_shared_streams() -> None:
+    assert streams_of_rank(0, 5, 12).tolist() == list(range(12))  # gcd 1: every stream
+    assert streams_of_rank(3, 8, 12).tolist() == [3, 7, 11]       # gcd 4
+    assert streams_of_rank(5, 8, 4).tolist() == [1]               # 8 = 2 x 4
+    assert streams_per_rank(5, 12) == 12 and streams_per_rank(8, 4) == 1
 
 
 @settings(max_examples=60, deadline=None)

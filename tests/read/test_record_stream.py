@@ -94,6 +94,45 @@ def test_order_is_pinned(tmp_path: Path) -> None:
                                           206, 182, 854, 819]
 
 
+def test_streams_cross_epochs_together_as_in_the_docstring(tmp_path: Path) -> None:
+    """records/pipeline.py's worked example: stream 0 holds a b c, stream 1 holds x.
+    Version 1 gave a x b x c x a x (x four times before c's epoch ended)."""
+    p = tmp_path / "wk.jsonl"
+    p.write_bytes(b"".join(json.dumps({"id": i, "pad": "x" * 380}).encode() + b"\n"
+                           for i in range(4)))  # ranges [0, 1024) and [1024, 1604)
+    rs = RecordStream([str(p)], streams=2, shuffle=False, range_bytes=1024)
+    assert ids(rs.get_next_batch(8)) == [0, 3, 1, 2, 0, 3, 1, 2]
+    state = rs.state_dict()
+    assert state["extra"]["order_version"] == 2
+    assert {s: (v["epoch"], v["epoch_consumed"]) for s, v in state["extra"]["streams"].items()
+            } == {"0": (1, 3), "1": (1, 1)}
+    old = json.loads(json.dumps(state))
+    old["extra"]["order_version"] = old["config"]["order_version"] = 1
+    with pytest.raises(StateError, match="order_version: state has 1, this reader has 2"):
+        RecordStream([str(p)], streams=2, shuffle=False, range_bytes=1024).load_state_dict(old)
+
+
+def test_unaligned_epochs_keep_order_version_1(tmp_path: Path, corpus: dict[str, Any]) -> None:
+    """align_epochs=False: each stream's epochs its own, the global order independent of
+    the world size across epoch ends too, and an all-rejecting map_fn still raises."""
+    p = tmp_path / "wk.jsonl"
+    p.write_bytes(b"".join(json.dumps({"id": i, "pad": "x" * 380}).encode() + b"\n"
+                           for i in range(4)))
+    rs = RecordStream([str(p)], streams=2, shuffle=False, range_bytes=1024, align_epochs=False)
+    assert ids(rs.get_next_batch(8)) == [0, 3, 1, 3, 2, 3, 0, 3]
+    assert rs.state_dict()["extra"]["order_version"] == 1
+    ref = ids(make(corpus, align_epochs=False).get_next_batch(5000))
+    k = random.Random(3).randrange(2500, 4000)  # past the first stream's epoch end
+    one = make(corpus, align_epochs=False)
+    one.get_next_batch(k)
+    tail, _ = _rank_rows(corpus, 4, 150, one.state_dict(), align_epochs=False)
+    for r in range(4):
+        assert tail[r] == [ref[i] for i in range(k, 5000) if i % 4 == r][:150]
+    with pytest.raises(ConfigError, match="every one was rejected"):
+        RecordStream([str(p)], streams=2, range_bytes=1024, align_epochs=False,
+                     map_fn=lambda rec: rec if rec["id"] == 0 else None).get_next_batch(9)
+
+
 def test_arrow_file_format_is_read_too(tmp_path: Path) -> None:
     table = pa.table({"id": list(range(300))})
     with pa.ipc.new_file(str(tmp_path / "f.arrow"), table.schema) as w:
@@ -168,9 +207,42 @@ def test_same_global_order_for_world_sizes_and_workers(corpus: dict[str, Any]) -
         assert [x["twice"] for x in rs.get_next_batch(3500)] == plain
 
 
-def test_world_size_must_divide_streams(corpus: dict[str, Any]) -> None:
-    with pytest.raises(ConfigError, match="world sizes that work: \\[1, 2, 4, 8\\]"):
-        make(corpus, world=World(0, 3))
+def _rank_rows(corpus: dict[str, Any], R: int, n: int, state: dict[str, Any] | None = None,
+               **kw: Any) -> tuple[list[list[int | None]], list[dict[str, Any]]]:
+    """Each of R simulated ranks' next n ids (after ``state``) and its state afterwards."""
+    out, states = [], []
+    for r in range(R):
+        rs = make(corpus, world=World(r, R), **kw)
+        if state is not None:
+            rs.load_state_dict(json.loads(json.dumps(state)))
+        out.append(ids(rs.get_next_batch(n)))
+        states.append(rs.state_dict())
+    return out, states
+
+
+@pytest.mark.parametrize("R", [3, 8])
+def test_world_sizes_that_do_not_divide_the_streams_keep_the_order(
+        corpus: dict[str, Any], R: int) -> None:
+    """Levanter's rule against R* = 4: rank r of R takes global i ≡ r (mod R), reading the
+    streams it shares with other ranks; exact resume from any of them into any other."""
+    assert_same_global_order(lambda w: Batches(make(corpus, streams=4, world=w), 1),
+                             world_sizes=[1, R], steps=600, key="id")
+    full = ids(list(make(corpus, streams=4, epochs=1)))  # one pass, padded
+    per, _ = _rank_rows(corpus, R, len(full), streams=4, epochs=1)
+    for r in range(R):
+        mine = [x for x in full[r::R] if x is not None]
+        assert [x for x in per[r] if x is not None] == mine
+    ref = ids(make(corpus, streams=4).get_next_batch(1300))
+    one = make(corpus, streams=4)
+    one.get_next_batch(301)
+    tail, states = _rank_rows(corpus, R, 40, one.state_dict(), streams=4)
+    for r in range(R):
+        assert tail[r] == [ref[i] for i in range(301, 1300) if i % R == r][:40]
+    merged = merge_states(states)  # the ranks sharing a stream agree on its position
+    at = 301 + 40 * R
+    back, _ = _rank_rows(corpus, 2, 50, merged, streams=4)
+    for r in range(2):
+        assert back[r] == [ref[i] for i in range(at, 1300) if i % 2 == r][:50]
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -182,16 +254,14 @@ def test_resume_at_random_points_is_exact(corpus: dict[str, Any], workers: int) 
 
 def test_resume_under_another_world_size(corpus: dict[str, Any]) -> None:
     ref = ids(make(corpus).get_next_batch(6000))
-    k = random.Random(1).randrange(2500, 4000)  # inside the second epoch of some streams
+    k = random.Random(1).randrange(200, 1000)  # before any stream has run out
     one = make(corpus)
     one.get_next_batch(k)
     state = json.loads(json.dumps(one.state_dict()))
     for world in (2, 4):
+        tail, _ = _rank_rows(corpus, world, 150, state)
         for r in range(world):
-            rs = make(corpus, world=World(r, world))
-            rs.load_state_dict(state)
-            want = [ref[i] for i in range(k, 6000) if i % world == r][:300]
-            assert ids(rs.get_next_batch(300)) == want
+            assert tail[r] == [ref[i] for i in range(k, 6000) if i % world == r][:150]
     # back from 4 ranks to 2: the ranks' states merged into one
     quarter = []
     for r in range(4):
@@ -203,6 +273,50 @@ def test_resume_under_another_world_size(corpus: dict[str, Any]) -> None:
     rs = make(corpus, world=World(1, 2))
     rs.load_state_dict(merged)
     assert ids(rs.get_next_batch(200)) == [ref[i] for i in range(1000, 6000) if i % 2 == 1][:200]
+
+
+def test_resume_across_epochs_under_the_same_world_size(corpus: dict[str, Any]) -> None:
+    """Past the first stream's epoch end each world size has its own order (each rank
+    crosses epochs with its own streams); resuming it is exact."""
+    for R in (1, 2):
+        k = random.Random(R).randrange(2500, 3500) // R
+        ref, _ = _rank_rows(corpus, R, k + 300)
+        _, states = _rank_rows(corpus, R, k)
+        tail, _ = _rank_rows(corpus, R, 300, merge_states(states))
+        assert all(tail[r] == ref[r][k: k + 300] for r in range(R))
+
+
+def test_one_epoch_is_every_record_once_across_streams(corpus: dict[str, Any]) -> None:
+    """Endless mode: the streams cross each epoch together, so the first n examples are
+    the n records once each, and so are the next n (version 1 repeated and missed some)."""
+    n = corpus["n"]
+    rs = make(corpus)
+    for _ in range(2):
+        assert sorted(ids(rs.get_next_batch(n))) == list(range(n))  # type: ignore[type-var]
+    for r in range(2):  # each of 2 ranks: its streams' records of each epoch once
+        sets = []
+        for e in range(2):
+            one = make(corpus, world=World(r, 2), epochs=1)
+            one.shuffle(e)
+            sets.append(sorted(x for x in ids(list(one)) if x is not None))  # type: ignore[type-var]
+        got = ids(make(corpus, world=World(r, 2)).get_next_batch(len(sets[0]) + len(sets[1])))
+        assert sorted(got[:len(sets[0])]) == sets[0]  # type: ignore[type-var]
+        assert sorted(got[len(sets[0]):]) == sets[1]  # type: ignore[type-var]
+
+
+@pytest.mark.parametrize("epochs", [None, 1])
+def test_a_map_fn_that_rejects_everything_raises_with_counts(
+        tmp_path: Path, epochs: int | None) -> None:
+    p = write_jsonl(tmp_path / "r.jsonl", range(300))
+    rs = RecordStream([str(p)], streams=4, range_bytes=1000, epochs=epochs,
+                      map_fn=lambda rec: Reject("too_long") if rec["id"] % 2 else None)
+    with pytest.raises(ConfigError, match=r"streams \[0, 1, 2, 3\] read 300 records in "
+                                          r"epoch 0 and produced no example: every one was "
+                                          r"rejected \(rejected: 150, too_long: 150\)"):
+        rs.get_next_batch(4)
+    fine = RecordStream([str(p)], streams=4, range_bytes=1000, epochs=epochs,
+                        map_fn=lambda rec: rec if rec["id"] == 7 else None)
+    assert ids(fine.get_next_batch(3))[:1] == [7]
 
 
 def test_all_ranks_state_needs_torch_distributed(corpus: dict[str, Any],
@@ -444,3 +558,41 @@ def test_saved_dataset_without_datasets_names_the_install(tmp_path: Path,
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
     with pytest.raises(MissingExtraError, match=r"pip install .shardwise\[hf\]."):
         RecordStream(str(saved))
+
+
+def test_bind_sets_the_world_before_the_first_read(corpus: dict[str, Any]) -> None:
+    """A reader made before the data-parallel layout is known binds its World late."""
+    want = [ids(make(corpus, world=World(r, 2)).get_next_batch(40)) for r in range(2)]
+    for r in range(2):
+        rs = make(corpus)
+        rs.bind(World(r, 2))
+        assert rs.local_streams == sorted(World(r, 2).streams(8))
+        assert ids(rs.get_next_batch(40)) == want[r]
+        rs.bind(World(r, 2))  # the same world again: nothing changes
+        with pytest.raises(ConfigError, match=r"already read as rank \d of 2; bind the world "
+                                              "before the first"):
+            rs.bind(World(0, 4))
+    one = make(corpus)  # a loaded state is restarted under the bound world
+    one.get_next_batch(100)
+    late = make(corpus)
+    late.load_state_dict(one.state_dict())
+    late.bind(World(1, 4))
+    ref = ids(make(corpus).get_next_batch(400))
+    assert ids(late.get_next_batch(20)) == [ref[i] for i in range(100, 400) if i % 4 == 1][:20]
+
+
+@pytest.mark.parametrize("world", [World(2, 3), World(5, 8)])
+def test_shared_stream_ranks_resume_exactly(corpus: dict[str, Any], world: World) -> None:
+    assert_resumes_exactly(lambda: Batches(make(corpus, streams=4, world=world), 7),
+                           steps=30, stop_points=[1, 4, 13, 29], key="id")
+
+
+def test_dataloader_workers_that_do_not_divide_the_streams(corpus: dict[str, Any]) -> None:
+    """2 DataLoader workers against R* = 3: worker w serves i ≡ w (mod 2) reading every
+    stream, and the DataLoader's round robin over them restores the one-process order."""
+    from torch.utils.data import DataLoader
+
+    ref = ids(make(corpus, streams=3).get_next_batch(600))
+    rs = make(corpus, streams=3)
+    it = iter(DataLoader(rs, batch_size=None, num_workers=2))  # type: ignore[arg-type]
+    assert ids([next(it) for _ in range(600)]) == ref

@@ -14,6 +14,7 @@ import shardwise as sw
 from shardwise.errors import ConfigError, ProducerTimeoutError
 from shardwise.plan.stream import shuffled_stream_chunks
 from shardwise.read.stream.dataset import StreamDataset
+from shardwise.testing import assert_same_global_order
 
 S = 4  # R*
 
@@ -127,9 +128,24 @@ def test_a_rank_opens_only_its_own_chunks(cache_dir: Path, R: int) -> None:
         assert all(n == 1 for n in ds.opened.values()), "one pass reads each chunk once"
 
 
-def test_world_size_must_divide_the_streams(cache_dir: Path) -> None:
-    with pytest.raises(ConfigError, match=r"world sizes that work: \[1, 2, 4\]"):
-        reader(cache_dir, sw.World(0, 3))
+@pytest.mark.parametrize("R", [3, 8])
+def test_world_sizes_that_do_not_divide_the_streams_keep_the_global_order(
+        cache_dir: Path, R: int) -> None:
+    """Levanter's rule: R=3 and R=8 against R*=4 give R=1's order (rank r takes global
+    j·R + r), reading shared streams; in one pass every rank stops with the order."""
+    assert_same_global_order(lambda w: reader(cache_dir, w), world_sizes=[1, R], steps=40 * R)
+    one_pass = rows(reader(cache_dir, sw.World(0, 1), epochs=1))
+    per_rank = [rows(reader(cache_dir, sw.World(r, R), epochs=1)) for r in range(R)]
+    assert sum(len(p) for p in per_rank) == len(one_pass)
+    merged = interleave(per_rank)
+    assert np.array_equal(merged, one_pass[: len(merged)])
+    if R == 8:  # ranks r and r + 4 share stream r % 4 and read only its chunks
+        ds = reader(cache_dir, sw.World(5, 8), epochs=1)
+        list(ds)
+        assert ds.opened and all(c % S == 1 for c in ds.opened)
+
+
+def test_options_are_checked(cache_dir: Path) -> None:
     with pytest.raises(ConfigError, match="seq_len"):
         reader(cache_dir, sw.World(0, 1), seq_len=0)
     with pytest.raises(ConfigError, match="cannot cycle"):

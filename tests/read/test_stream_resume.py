@@ -56,7 +56,8 @@ def run_ranks(cache_dir: Path, R: int, state: dict | None, n: int, **kw: object
     return by_index, states
 
 
-@pytest.mark.parametrize(("before", "after"), [(1, 1), (2, 2), (4, 4), (1, 4), (4, 2), (2, 1)])
+@pytest.mark.parametrize(("before", "after"), [(1, 1), (2, 2), (4, 4), (1, 4), (4, 2), (2, 1),
+                                               (3, 8), (8, 3), (1, 3), (3, 2)])
 def test_resume_at_a_random_point_under_the_same_or_another_world_size(
         cache_dir: Path, before: int, after: int) -> None:
     steps = random.Random(f"{before}->{after}").randrange(0, 400)  # up to ~2 epochs
@@ -79,8 +80,9 @@ def test_resume_mid_step_under_a_world_size_that_does_not_divide_it(cache_dir: P
     assert all(np.array_equal(row, ref[i]) for i, row in tail.items())
 
 
-def test_resumes_exactly_from_every_step(cache_dir: Path) -> None:
-    assert_resumes_exactly(lambda: reader(cache_dir, sw.World(1, 2), batch_size=3), steps=14)
+@pytest.mark.parametrize("world", [sw.World(1, 2), sw.World(2, 3), sw.World(6, 8)])
+def test_resumes_exactly_from_every_step(cache_dir: Path, world: sw.World) -> None:
+    assert_resumes_exactly(lambda: reader(cache_dir, world, batch_size=3), steps=14)
 
 
 def test_single_pass_resume_into_the_padding(cache_dir: Path) -> None:

@@ -1,2 +1,32 @@
 """The benchmark harness behind ``shardwise bench``: every figure a ratio against a baseline
-measured in the same run."""
+measured in the same run.
+
+Each benchmark is a module with ``add_subparser(which)`` (its ``shardwise bench NAME``
+arguments) and ``run(args) -> exit code``; :data:`BENCHES` lists them, and ``cli/bench_cmd``
+registers them all the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+BENCHES = ("build", "read", "stream", "records")
+
+
+def add_common(p: argparse.ArgumentParser, *, repeat: int, repeat_help: str,
+               tmp_dir: str = "where the corpus and caches go (default: the system temp dir)"
+               ) -> None:
+    """The arguments every benchmark takes: ``--repeat``, ``--tmp-dir``, ``--json``."""
+    p.add_argument("--repeat", type=int, default=repeat,
+                   help=f"{repeat_help} (default {repeat})")
+    p.add_argument("--tmp-dir", default=None, metavar="DIR", help=tmp_dir)
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+def add_inputs(p: argparse.ArgumentParser, *, corpus: str, tokenizer: str = "tokenizer.json"
+               ) -> None:
+    """``--corpus`` and ``--tokenizer``, defaulting to the repository's bundled sample."""
+    p.add_argument("--corpus", default=None, metavar="FILE",
+                   help=f"{corpus} (default: the repository's sample/corpus.jsonl)")
+    p.add_argument("--tokenizer", default=None, metavar="FILE",
+                   help=f"{tokenizer} (default: the repository's sample/tokenizer.json)")

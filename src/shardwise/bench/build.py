@@ -421,7 +421,23 @@ def _ray_session(workers: int, corpus: Corpus, tokenizer: Path, work: Path
         session.close()
 
 
-def run_build_bench(args: argparse.Namespace) -> int:
+def add_subparser(which: Any) -> argparse.ArgumentParser:
+    """``build`` under ``shardwise bench``'s subcommands."""
+    from shardwise.bench import add_common, add_inputs
+
+    b = which.add_parser("build", help="tokens/s of the build for 1..N workers vs the "
+                                        "tokenizer's own single-thread speed")
+    add_inputs(b, corpus="JSONL with a 'text' field, repeated to --mb")
+    b.add_argument("--mb", type=float, default=64.0,
+                   help="MB (10^6 bytes) of text to build (default 64)")
+    b.add_argument("--workers", type=int, default=2,
+                   help="measure 1, 2, ... up to this many workers (default 2)")
+    add_common(b, repeat=3, repeat_help="runs of each measurement; the best is reported")
+    add_executor_argument(b)
+    return b
+
+
+def run(args: argparse.Namespace) -> int:
     """``shardwise bench build``: make the corpus, measure, print (``--json``: a dict)."""
     if not args.mb > 0:
         raise ConfigError(f"--mb must be positive, got {args.mb}")
@@ -462,4 +478,4 @@ def run_build_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["run_build_bench"]
+__all__ = ["add_subparser", "run"]

@@ -70,7 +70,7 @@ CHUNKED = "_chunked"
 TRUSTED = "_chunked_trusted"
 
 
-def add_read_parser(which: Any) -> argparse.ArgumentParser:
+def add_subparser(which: Any) -> argparse.ArgumentParser:
     """The ``read`` subcommand of ``shardwise bench``."""
     r = which.add_parser("read", help="examples/s, time to first example and RSS of the "
                                       "reader vs plain numpy and Megatron's GPTDataset")
@@ -96,7 +96,7 @@ def add_read_parser(which: Any) -> argparse.ArgumentParser:
                    help="keep the data here and reuse it (default: a temp dir, removed)")
     r.add_argument("--no-megatron", action="store_true",
                    help="skip the Megatron-Core baseline")
-    r.add_argument("--json", action="store_true")
+    r.add_argument("--json", action="store_true", help="print the figures as JSON")
     return r
 
 
@@ -448,7 +448,7 @@ def _torch_loaders(readers: dict[str, Any], m: int
     return {suffix: maker(ds) for suffix, ds in readers.items()}, None
 
 
-def run_read_bench(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """``shardwise bench read``: make the data, measure, print (``--json``: a dict)."""
     _check_args(args)
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
@@ -502,4 +502,4 @@ def run_read_bench(args: argparse.Namespace) -> int:
     return 0 if rep["identical"]["all"] else 1
 
 
-__all__ = ["MEGATRON_INSTALL", "add_read_parser", "make_corpus", "run_read_bench"]
+__all__ = ["MEGATRON_INSTALL", "add_subparser", "make_corpus", "run"]

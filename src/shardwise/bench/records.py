@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shardwise.bench import add_common, add_inputs
 from shardwise.bench.child import run_child
 from shardwise.errors import ConfigError
 
@@ -59,24 +60,17 @@ def add_subparser(which: Any) -> argparse.ArgumentParser:
                                           "multi-GB JSONL vs HF datasets streaming")
     p.add_argument("--gb", type=float, default=2.0,
                    help="GB (10^9 bytes) of JSONL to write and read (default 2)")
-    p.add_argument("--corpus", default=None, metavar="FILE",
-                   help="JSONL with 'id' and 'text' fields, repeated to --gb (default: the "
-                        "repository's sample/corpus.jsonl)")
+    add_inputs(p, corpus="JSONL with 'id' and 'text' fields, repeated to --gb",
+               tokenizer="tokenizer.json for --fn tokenize")
     p.add_argument("--fn", choices=FUNCTIONS, default="light",
                    help="the function mapped over the records (default light)")
-    p.add_argument("--tokenizer", default=None, metavar="FILE",
-                   help="tokenizer.json for --fn tokenize (default: the repository's "
-                        "sample/tokenizer.json)")
     p.add_argument("--records", type=int, default=200_000,
                    help="records timed after the first (default 200000)")
     p.add_argument("--workers", type=int, default=2,
                    help="measure 0, 1, ... up to this many processing workers (default 2)")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="rounds of every measurement; the best is reported (default 1)")
     p.add_argument("--no-hf", action="store_true", help="skip Hugging Face datasets")
-    p.add_argument("--tmp-dir", default=None, metavar="DIR",
-                   help="where the corpus goes (default: the system temp dir)")
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_common(p, repeat=1, repeat_help="rounds of every measurement; the best is reported",
+               tmp_dir="where the corpus goes (default: the system temp dir)")
     return p
 
 

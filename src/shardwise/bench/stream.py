@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+from shardwise.bench import add_common, add_inputs
 from shardwise.bench.build import MB, make_corpus, read_texts, resolve_inputs
 from shardwise.errors import ConfigError, MissingExtraError
 
@@ -42,10 +43,7 @@ def add_subparser(which: Any) -> argparse.ArgumentParser:
     p.add_argument("--cache", default=None, metavar="DIR",
                    help="a finished token cache to read (default: build one from --corpus; "
                         "the follow figure needs --corpus/--tokenizer or the sample)")
-    p.add_argument("--tokenizer", default=None, metavar="FILE",
-                   help="tokenizer.json (default: the repository's sample/tokenizer.json)")
-    p.add_argument("--corpus", default=None, metavar="FILE",
-                   help="JSONL with a 'text' field, repeated to --mb (default: the sample)")
+    add_inputs(p, corpus="JSONL with a 'text' field, repeated to --mb")
     p.add_argument("--mb", type=float, default=32.0, help="MB of text to build (default 32)")
     p.add_argument("--chunk-docs", type=int, default=256,
                    help="documents per chunk of the built cache (default 256)")
@@ -56,11 +54,8 @@ def add_subparser(which: Any) -> argparse.ArgumentParser:
     p.add_argument("--chunk-cache-mb", type=float, default=8.0,
                    help="the stream's chunk cache in MiB (default 8)")
     p.add_argument("--seconds", type=float, default=5.0, help="seconds per round (5)")
-    p.add_argument("--repeat", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--no-follow", action="store_true", help="skip the concurrent build")
-    p.add_argument("--tmp-dir", default=None, metavar="DIR",
-                   help="where the corpus and caches go (default: the system temp dir)")
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_common(p, repeat=3, repeat_help="interleaved rounds")
     return p
 
 

@@ -6,14 +6,22 @@ Thin shell over :func:`shardwise.writer.convert.to_megatron` and ``from_megatron
 from __future__ import annotations
 
 import argparse
+import sys
 import textwrap
 from typing import Any
 
 import orjson
 
-from shardwise.writer.convert import ConvertSummary, from_megatron, to_megatron
+from shardwise.writer.convert import (
+    ConvertSummary,
+    DataPath,
+    from_megatron,
+    megatron_data_path,
+    to_megatron,
+)
 
 USAGE = ("shardwise convert DIR --to-megatron PREFIX [--allow-partial]\n"
+         "       shardwise convert DIR --megatron-data-path [--seq-len N]\n"
          "       shardwise convert --from-megatron PREFIX --out DIR "
          "[--chunk-docs N | --chunk-mb N]")
 
@@ -29,12 +37,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=textwrap.fill(DESCRIPTION, 88),
         epilog="examples:\n  shardwise convert cache/ --to-megatron out/corpus_text_document\n"
                "  shardwise convert --from-megatron data/corpus_text_document --out cache/ "
-               "--chunk-docs 100000",
+               "--chunk-docs 100000\n"
+               "  pretrain_gpt.py --data-path $(shardwise convert cache/ --megatron-data-path)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", metavar="DIR", nargs="?", help="the cache to convert (--to-megatron)")
     direction = p.add_mutually_exclusive_group(required=True)
     direction.add_argument("--to-megatron", metavar="PREFIX",
                            help="write PREFIX.bin and PREFIX.idx from the cache DIR")
+    direction.add_argument("--megatron-data-path", action="store_true",
+                           help="print the cache's chunks as a weighted --data-path list for "
+                                "Megatron's own builder (windows never span its chunks: "
+                                "--seq-len N counts what that loses)")
     direction.add_argument("--from-megatron", metavar="PREFIX",
                            help="import PREFIX.bin/PREFIX.idx into a new cache (needs --out)")
     p.add_argument("--out", metavar="DIR", help="new cache directory for --from-megatron")
@@ -44,6 +57,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     size.add_argument("--chunk-mb", metavar="N", type=_positive_float,
                       help="close a chunk once it holds N MiB of tokens (--from-megatron; "
                            "default 64)")
+    p.add_argument("--seq-len", metavar="N", type=_positive_int,
+                   help="with --megatron-data-path: count the windows of N + 1 tokens that "
+                        "packing per chunk loses")
     p.add_argument("--allow-partial", action="store_true",
                    help="convert the visible prefix of a cache still being built")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -69,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
     error = _usage_error(args)
     if error:
         args._convert_parser.error(error)  # exits 2 with the usage line
+    if args.megatron_data_path:
+        _print_data_path(megatron_data_path(args.path, seq_len=args.seq_len,
+                                            allow_partial=args.allow_partial), args.json)
+        return 0
     if args.to_megatron:
         summary = to_megatron(args.path, args.to_megatron, allow_partial=args.allow_partial)
     else:
@@ -80,9 +100,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _usage_error(args: argparse.Namespace) -> str | None:
     """The combinations argparse groups cannot express, by direction."""
-    if args.to_megatron:
+    if args.seq_len is not None and not args.megatron_data_path:
+        return "--seq-len applies only to --megatron-data-path"
+    if args.to_megatron or args.megatron_data_path:
         if not args.path:
-            return "--to-megatron PREFIX needs the cache directory DIR"
+            flag = "--to-megatron PREFIX" if args.to_megatron else "--megatron-data-path"
+            return f"{flag} needs the cache directory DIR"
         bad = [f for f in ("out", "chunk_docs", "chunk_mb") if getattr(args, f) is not None]
         if bad:
             return f"--{bad[0].replace('_', '-')} applies only to --from-megatron"
@@ -104,3 +127,17 @@ def _print(s: ConvertSummary, as_json: bool, what: str) -> None:
           f"{s.tokens:,} tokens ({s.dtype}, {s.bytes:,} token bytes) in {s.seconds:.2f}s")
     for note in s.notes:
         print(f"note: {note}")
+
+
+def _print_data_path(d: DataPath, as_json: bool) -> None:
+    """The list alone on stdout (for ``--data-path $(...)``); the accounting on stderr."""
+    if as_json:
+        print(orjson.dumps(d.to_dict(), option=orjson.OPT_INDENT_2).decode())
+        return
+    print(" ".join(d.items))
+    print(f"{d.chunks:,} chunk prefixes, {d.tokens:,} tokens", file=sys.stderr)
+    if d.lost_windows:
+        print(f"note: Megatron packs each prefix alone: {d.windows_per_chunk:,} windows of "
+              f"{d.seq_len} + 1 tokens instead of {d.windows:,} ({d.lost_windows:,} lost "
+              "where chunks end); 'shardwise convert DIR --to-megatron PREFIX' (one prefix) "
+              "or shardwise.megatron's datasets lose none", file=sys.stderr)

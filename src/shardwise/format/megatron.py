@@ -118,6 +118,25 @@ class MegatronIndex:
     def num_tokens(self) -> int:
         return int(self.sequence_lengths.sum(dtype=np.int64))
 
+    @property
+    def num_documents(self) -> int:
+        """Megatron's documents (``document_indices`` minus its closing entry); a document
+        may hold several sequences (``preprocess_data.py --split-sentences``)."""
+        return len(self.document_indices) - 1
+
+    @property
+    def document_lengths(self) -> npt.NDArray[np.integer]:
+        """Tokens per document: the sequence lengths themselves when every document is one
+        sequence (a view, nothing read), else the sum of each document's sequences::
+
+            sequence_lengths [3, 1, 2]  document_indices [0, 2, 3]  →  [4, 2]
+        """
+        if self.num_documents == self.num_sequences:
+            return self.sequence_lengths
+        cum = np.zeros(self.num_sequences + 1, dtype=np.int64)
+        np.cumsum(self.sequence_lengths, dtype=np.int64, out=cum[1:])
+        return np.diff(cum[self.document_indices])
+
 
 def _corrupt(path: Path, what: str) -> CorruptChunkError:
     return CorruptChunkError(f"{path}: {what}; run 'shardwise verify' on the cache "

@@ -3,7 +3,8 @@
 Why: with remote storage, or a producer still writing the cache, a rank should read whole
 chunks it owns, in order, and never wait on another rank. Fixing the number of *streams*
 ``R*`` (not ranks) makes the global order independent of the world size ``R``, as long as
-``R`` divides ``R*``: each rank simply serves ``R* / R`` streams.
+``R`` divides ``R*``: each rank simply serves ``R* / R`` streams (any other ``R`` is
+served too, by ranks sharing streams: :class:`~shardwise.world.StreamShare`).
 
 * stream ``s`` owns the chunks ``c`` with ``c % R* == s``;
 * example ``i`` of the global order is example ``i // R*`` of stream ``i % R*``;
@@ -47,17 +48,18 @@ WINDOW_TAG = "stream_windows"
 
 
 def streams_per_rank(world: int, n_streams: int) -> int:
-    """``R* / R``; raise, listing the world sizes that work, unless ``R`` divides ``R*``
-    (the rule is :meth:`shardwise.world.World.streams`)."""
+    """How many streams each rank reads: ``R* / gcd(R, R*)`` (``R* / R`` when ``R``
+    divides ``R*``; the rule is :class:`shardwise.world.StreamShare`)."""
     w = check_int(world, "world size", minimum=1)
     return len(World(0, w).streams(check_int(n_streams, "n_streams", minimum=1)))
 
 
 def streams_of_rank(rank: int, world: int, n_streams: int) -> IntArray:
-    """The streams rank ``rank`` serves: ``s % world == rank``, ascending."""
+    """The streams rank ``rank`` reads, ascending: ``s % gcd(R, R*) == rank % gcd``
+    (``s % world == rank`` when ``world`` divides ``n_streams``)."""
     w = check_int(world, "world size", minimum=1)
     r = check_int(rank, "rank", minimum=0, maximum=w - 1)
-    return np.asarray(World(r, w).streams(n_streams), dtype=np.int64)
+    return np.asarray(sorted(World(r, w).streams(n_streams)), dtype=np.int64)
 
 
 def chunks_of_stream(s: int, n_chunks: int, n_streams: int) -> IntArray:

@@ -365,8 +365,8 @@ class Cache:
         d["_maps"], d["_indexes"] = OrderedDict(), OrderedDict()
         return d
 
-    def doc_lengths(self, i: int) -> npt.NDArray[np.int32]:
-        return self.index(i).sequence_lengths
+    def doc_lengths(self, i: int) -> npt.NDArray[np.integer]:
+        return self.index(i).document_lengths
 
     def read_tokens(self, start: int, stop: int) -> npt.NDArray[np.generic]:
         """Tokens ``[start, stop)`` of the concatenated stream (may span chunks)."""
@@ -416,11 +416,15 @@ def _open_megatron(prefix: Path, verify: bool) -> Cache:
                                 f"promises {idx.num_tokens * idx.dtype.itemsize}; run "
                                 f"'shardwise verify {prefix}'")
     stem = prefix.name
-    info = ChunkInfo(stem, prefix, ChunkKind.TOKENS, 0, idx.num_sequences, idx.num_tokens)
-    fp = fingerprint({"megatron": stem, "bin_bytes": st.st_size,
-                                "sequences": idx.num_sequences, "dtype": idx.dtype.name,
-                                "head": idx.sequence_lengths[:4096].tolist(),
-                                "tail": idx.sequence_lengths[-4096:].tolist()})
+    # a document of several sequences stays one document (Megatron's document_indices)
+    info = ChunkInfo(stem, prefix, ChunkKind.TOKENS, 0, idx.num_documents, idx.num_tokens)
+    identity = {"megatron": stem, "bin_bytes": st.st_size,
+                "sequences": idx.num_sequences, "dtype": idx.dtype.name,
+                "head": idx.sequence_lengths[:4096].tolist(),
+                "tail": idx.sequence_lengths[-4096:].tolist()}
+    if idx.num_documents != idx.num_sequences:  # its documents (and their order) changed
+        identity["documents"] = idx.num_documents
+    fp = fingerprint(identity)
     return Cache(prefix.parent, manifest=None, chunks=[info], dtype=idx.dtype, eod_id=None,
                  vocab_size=None, finished=True, errors={}, fingerprint=fp, verify=verify)
 

@@ -300,7 +300,9 @@ class CacheChecks:
             raise CorruptChunkError(f"{bin_name}: named by the ledger but missing; "
                                     f"{self._advice()}") from None
         check_index(idx, bin_name, size)
-        got = (idx.num_sequences, idx.num_tokens, idx.dtype)
+        # a Megatron prefix's documents may hold several sequences each
+        docs = idx.num_documents if cache.is_megatron else idx.num_sequences
+        got = (docs, idx.num_tokens, idx.dtype)
         want = (info.documents, info.tokens, cache.dtype)
         if got != want:
             raise CorruptChunkError(f"{idx.path}: holds {got[0]} documents, {got[1]} tokens "

@@ -182,6 +182,54 @@ def _sync(f: BinaryIO) -> None:
     os.fsync(f.fileno())
 
 
+# ---------------------------------------------------------------- cache -> --data-path
+
+
+@dataclass(frozen=True)
+class DataPath:
+    """A cache as Megatron's ``--data-path``: ``tokens prefix`` per non-empty chunk.
+
+    Megatron's builder packs each prefix on its own, so a window never spans two chunks:
+    with ``seq_len``, ``windows`` is what one merged prefix (``to_megatron``) or
+    ``shardwise.megatron`` packs, ``windows_per_chunk`` what the chunk list gives::
+
+        chunks of 40 and 30 tokens, seq_len 16: (70-1)//16 = 4 windows, 2 + 1 = 3 per chunk
+    """
+
+    items: list[str]
+    chunks: int
+    tokens: int
+    seq_len: int | None = None
+    windows: int | None = None
+    windows_per_chunk: int | None = None
+
+    @property
+    def lost_windows(self) -> int | None:
+        if self.windows is None or self.windows_per_chunk is None:
+            return None
+        return self.windows - self.windows_per_chunk
+
+    def to_dict(self) -> dict[str, object]:
+        return {**vars(self), "lost_windows": self.lost_windows}
+
+
+def megatron_data_path(cache_root: str | os.PathLike[str], *, seq_len: int | None = None,
+                       allow_partial: bool = False) -> DataPath:
+    """The weighted chunk-prefix list that hands a cache to Megatron's own builder
+    (weights = tokens, so each chunk is sampled as its share of the cache), and what
+    packing per chunk loses against one prefix."""
+    cache = _open_token_cache(cache_root, allow_partial)
+    if seq_len is not None and (not isinstance(seq_len, int) or seq_len < 1):
+        raise ConfigError(f"seq_len must be a positive integer, got {seq_len!r}")
+    used = [c for c in cache.chunks if c.tokens > 0]  # Megatron cannot pack an empty prefix
+    items = [x for c in used for x in (str(c.tokens), str(c.base.resolve()))]
+    windows = per_chunk = None
+    if seq_len is not None:
+        windows = max(0, cache.num_tokens - 1) // seq_len
+        per_chunk = sum((c.tokens - 1) // seq_len for c in used)
+    return DataPath(items, len(used), cache.num_tokens, seq_len, windows, per_chunk)
+
+
 # ---------------------------------------------------------------- Megatron -> cache
 
 

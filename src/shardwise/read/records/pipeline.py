@@ -2,11 +2,31 @@
 they read, and the interleaving of their examples in global order.
 
 The consumer's next example is the next one of the stream ``s`` with the smallest
-``(consumed_s, s)``: global example ``consumed_s · R* + s``, so the consumer's examples come
-in ascending global order whatever subset of streams it serves (round robin over its
-streams in the steady state). A stream that has ended (finite epochs) fills its turns with
-pads while another of the consumer's streams still has examples, and the last round is
-completed with pads: a consumer's count is a multiple of its number of streams.
+``(epoch_s, k_s, s)``, ``k_s`` its examples received in ``epoch_s``: round robin over the
+consumer's streams, global example ``k_s · R* + s`` while every stream has examples left.
+**Epochs are crossed together**: a stream that has finished epoch ``e`` gives its turns to
+the consumer's other streams until each of them has finished ``e`` too, so one epoch of a
+consumer is every record of its streams exactly once (version 1 let each stream start its
+next epoch alone, and a consumer's first "epoch" repeated some records and missed others).
+Worked example (two streams, 3 and 1 records per epoch)::
+
+    stream 0: a b c | a' b' c'    stream 1: x | x'
+    version 1:  a x b x' c x ...  (x twice before c)
+    version 2:  a x b c | a' x' b' c'
+
+A consumer that serves every stream (one rank, or slime's single data source) therefore
+sees every record once per epoch; with several ranks each rank's epochs are its own (the
+global order is the same for every world size until a stream runs out in an epoch).
+A stream that has ended (finite epochs) fills its turns with pads while another of the
+consumer's streams still has examples, and the last round is completed with pads: a
+consumer's count is a multiple of its number of streams. A pass over an epoch that reads
+records and accepts none raises :class:`ConfigError` with the counts by reason (it would
+otherwise loop forever, or end silently empty): the consumer's pass when epochs are
+crossed together, each stream's when not.
+
+``align=False`` keeps order version 1 (the key is ``(consumed_s, s)``): every consumer's
+examples are then at fixed global positions whatever the world size or the DataLoader
+workers, at the price of epoch boundaries that leak as in the example above.
 
 Readers run ahead (up to ``2 × task_size`` records per stream); with ``workers > 0``
 batches of ``task_size`` raw records are parsed and mapped in a :class:`ProcessPool` and
@@ -21,7 +41,7 @@ import weakref
 from collections import deque
 from typing import Any
 
-from shardwise.errors import InputError
+from shardwise.errors import ConfigError, InputError
 from shardwise.read.records.pool import Dropped, Packed, Processor, ProcessPool
 from shardwise.read.records.ranges import RangeKind, RangePlan
 from shardwise.read.records.streams import (
@@ -74,7 +94,7 @@ class Pipeline:
 
     def __init__(self, order: StreamOrder, positions: dict[int, StreamPosition],
                  processor: Processor, *, workers: int, raise_errors: bool,
-                 task_size: int) -> None:
+                 task_size: int, align: bool = True) -> None:
         self.order, self.positions, self.processor = order, positions, processor
         self.streams = sorted(positions)
         self.raise_errors, self.task_size = raise_errors, task_size
@@ -93,9 +113,21 @@ class Pipeline:
         self._pending: dict[tuple[int, int], list[Any]] = {}
         self._results: dict[tuple[int, int], list[Any]] = {}
         self._file_of: list[int] = order.plan.file.tolist()
-        self._heap = [(positions[s].consumed, s) for s in self.streams]
+        self.align = align
+        self._heap = [self._key(positions[s], s) for s in self.streams]
         heapq.heapify(self._heap)
         self._done = sum(positions[s].done for s in self.streams)
+        self.taken = sum(positions[s].consumed for s in self.streams)
+        self._rejected: dict[int, dict[str, int]] = {s: {} for s in self.streams}
+        self._epoch = min(positions[s].epoch for s in self.streams)  # aligned: the pass
+        self._produced = sum(positions[s].epoch_consumed for s in self.streams
+                             if positions[s].epoch == self._epoch) + any(
+            positions[s].epoch > self._epoch for s in self.streams)  # unknown: assume some
+
+    def _key(self, p: StreamPosition, s: int) -> tuple[int, int, int]:
+        """Who goes next: ``(epoch, examples of it, s)`` when epochs are crossed together,
+        else ``(0, examples, s)`` (order version 1: each stream's epochs its own)."""
+        return (p.epoch, p.epoch_consumed, s) if self.align else (0, p.consumed, s)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -108,19 +140,30 @@ class Pipeline:
         """The consumer's next example, a pad, or :data:`FINISHED`."""
         heap, positions = self._heap, self.positions
         while True:
-            s = heap[0][1]
+            epoch, k, s = heap[0]
+            if self.align and epoch > self._epoch:
+                self._end_of_pass(self.streams, self._epoch, epoch)
             p = positions[s]
             if p.done:
-                if self._done == len(self.streams) and all(  # ... and the round is whole
-                        positions[x].consumed == p.consumed for x in self.streams):
-                    return FINISHED
-                p.consumed += 1
-                heapq.heapreplace(heap, (p.consumed, s))
-                return make_pad()
+                if self._done == len(self.streams):
+                    if self.align:  # raises if the last pass was all rejected
+                        self._end_of_pass(self.streams, self._epoch, self._epoch)
+                    if all(self._key(positions[x], x)[:2] == (epoch, k)  # the round is whole
+                           for x in self.streams):
+                        return FINISHED
+                return self._hand_out(p, s, make_pad())
             ready = self.ready[s]
             if not ready:
                 self._fetch(s)
-            delta, outcome, where = ready.popleft()
+            delta, outcome, where = ready[0]
+            if delta[0] != p.epoch or outcome is END:  # s has read all of its epoch
+                if not self.align:
+                    self._produced = p.epoch_consumed
+                    self._end_of_pass([s], p.epoch, p.epoch)
+                elif delta[0] > epoch:  # wait for the others to finish theirs
+                    heapq.heapreplace(heap, (delta[0], 0, s))
+                    continue
+            ready.popleft()
             p.apply(delta)
             if outcome is END:
                 p.done = True
@@ -129,10 +172,37 @@ class Pipeline:
                 if self.raise_errors and outcome.error is not None:
                     raise locate(outcome.error, self.order.plan, where)
                 p.errors[outcome.reason] = p.errors.get(outcome.reason, 0) + 1
+                mine = self._rejected[s]
+                mine[outcome.reason] = mine.get(outcome.reason, 0) + 1
             else:
-                p.consumed += 1
-                heapq.heapreplace(heap, (p.consumed, s))
-                return outcome
+                self._produced += 1
+                return self._hand_out(p, s, outcome)
+
+    def _hand_out(self, p: StreamPosition, s: int, example: Any) -> Any:
+        p.consumed += 1
+        p.epoch_consumed += 1
+        self.taken += 1
+        heapq.heapreplace(self._heap, self._key(p, s))
+        return example
+
+    def _end_of_pass(self, streams: list[int], epoch: int, next_epoch: int) -> None:
+        """``streams`` have read all of ``epoch`` (aligned: all of the consumer's, counted
+        together; else one stream): refuse a pass that read records and accepted none —
+        it would loop forever, or end silently empty. Unaligned, one stream must produce,
+        since every R*-th example is its own."""
+        rejected: dict[str, int] = {}
+        for s in streams:
+            for k, v in self._rejected[s].items():
+                rejected[k] = rejected.get(k, 0) + v
+            self._rejected[s] = {}
+        if rejected and not self._produced:
+            counts = ", ".join(f"{k}: {v}" for k, v in sorted(rejected.items()))
+            what = f"stream {streams[0]}" if len(streams) == 1 else f"streams {streams}"
+            raise ConfigError(
+                f"{what} read {sum(rejected.values())} records in epoch {epoch} and produced "
+                f"no example: every one was rejected ({counts}). Check map_fn (does it return "
+                "None or Reject for every record?) and the input's field names")
+        self._epoch, self._produced = next_epoch, 0
 
     def _items(self, steps: list[Any]) -> list[tuple[Any, int, int]]:
         file_of = self._file_of

@@ -19,9 +19,14 @@ Worked example (``streams=4``, ``seed=0``, 10 ranges; epoch 0 permutes them to
 ``DataLoader(record_stream, batch_size=None, num_workers=W)`` works when the program
 imported torch before making the RecordStream (it then registers itself as a virtual
 ``IterableDataset``; ``import shardwise.torch`` does too).
-Rank ``r`` of ``R`` serves streams ``s % R == r``; inside a torch DataLoader, worker ``w``
-of ``W`` serves ``s % (R·W) == r + w·R`` (``R·W`` must divide ``R*``) and the DataLoader's
-per-example round robin over workers restores the rank's order. With a finite number of
+Rank ``r`` of ``R`` serves global examples ``i ≡ r (mod R)``
+(:class:`~shardwise.world.StreamShare`). When ``R`` divides ``R*`` it reads only the
+streams ``s % R == r``; otherwise the ranks sharing a stream group (``s ≡ r (mod gcd(R,
+R*))``) each read and process all of its records and keep every ``R / gcd``-th example
+of the group's order (locality, and the work of ``map_fn``, is shared by design; the
+order is not). Inside a torch DataLoader, worker ``w`` of ``W`` serves ``i ≡ r + w·R
+(mod R·W)`` and the DataLoader's per-example round robin over workers restores the
+rank's order. With a finite number of
 epochs the DataLoader moves on when a worker ends, so that exact interleaving holds only
 until the first worker ends (every example still comes exactly once).
 """
@@ -29,9 +34,9 @@ until the first worker ends (every example still comes exactly once).
 from __future__ import annotations
 
 import os
-import sys
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import xxhash
@@ -41,9 +46,21 @@ from shardwise.errors import ConfigError, StateError
 from shardwise.read.records.pipeline import FINISHED, PAD_KEY, Pipeline, is_pad, make_pad
 from shardwise.read.records.pool import Processor, Reject
 from shardwise.read.records.ranges import RangeKind, plan_ranges, resolve_files
-from shardwise.read.records.streams import ORDER_VERSION, StreamOrder, StreamPosition
+from shardwise.read.records.ranks import (
+    default_all_done,
+    gather_states,
+    merge_states,
+    register_with_torch,
+    torch_worker,
+)
+from shardwise.read.records.streams import (
+    ORDER_VERSION,
+    UNALIGNED_ORDER_VERSION,
+    StreamOrder,
+    StreamPosition,
+)
 from shardwise.sources.on_error import OnError
-from shardwise.world import World
+from shardwise.world import StreamShare, World
 
 
 @dataclass(frozen=True)
@@ -56,6 +73,7 @@ class RecordStreamConfig:
     shuffle_buffer: int = 1024
     shuffle: bool = True
     epochs: int | None = None
+    align_epochs: bool = True
     num_workers: int = 0
     text_mode: bool = False
     on_error: OnError = OnError.RAISE
@@ -71,6 +89,8 @@ class RecordStreamConfig:
                                         not isinstance(self.epochs, int) or self.epochs < 1):
             raise ConfigError(f"epochs must be None (forever) or an integer >= 1, got "
                               f"{self.epochs!r}")
+        if not isinstance(self.align_epochs, bool):
+            raise ConfigError(f"align_epochs must be True or False, got {self.align_epochs!r}")
         object.__setattr__(self, "on_error", OnError.parse(self.on_error))
 
 
@@ -89,11 +109,18 @@ class RecordStream(Resumable):
     with ``{"__pad__": True}`` examples. ``text_mode``: records are the lines as ``str``.
     ``on_error="skip"`` counts bad records (and ``map_fn`` exceptions, as ``map_error``)
     by reason in :attr:`errors` instead of raising an ``InputError`` naming file and line.
+    ``task_size``: records read and processed per task ahead of the consumer.
+    ``align_epochs`` (default): a consumer's streams cross epochs together, so its epoch is
+    every record of its streams once (order version 2); the order then depends on how the
+    streams are split among consumers once a stream runs out in an epoch. ``False``: each
+    stream's epochs are its own (order version 1): the global order never depends on the
+    world size or DataLoader workers, but an epoch boundary repeats some records before
+    others were read.
 
     State keys: ``kind``, ``version``, ``fingerprint``, ``consumed``, ``config``,
     ``extra`` (``order_version``; ``streams``: per stream ``epoch``, ``stop_epoch``,
-    ``range``, ``pos``, ``line``, ``draws``, ``buffer``, ``consumed``, ``errors``,
-    ``done``). A rank's state holds its own streams: :func:`merge_states` combines the
+    ``range``, ``pos``, ``line``, ``draws``, ``buffer``, ``consumed``, ``epoch_consumed``,
+    ``errors``, ``done``). A rank's state holds its own streams: :func:`merge_states` combines the
     ranks' states into one that restores any world size, and
     ``state_dict(all_ranks=True)`` (a collective over torch.distributed) returns that
     merged state on every rank.
@@ -104,15 +131,17 @@ class RecordStream(Resumable):
     def __init__(self, sources: Any, *, map_fn: Callable[[Any], Any] | None = None,
                  seed: int = 0, world: World | None = None, streams: int = 8,
                  range_bytes: int = 64 << 20, shuffle_buffer: int = 1024,
-                 shuffle: bool = True, epochs: int | None = None, num_workers: int = 0,
-                 text_mode: bool = False, on_error: str | OnError = OnError.RAISE) -> None:
+                 shuffle: bool = True, epochs: int | None = None, align_epochs: bool = True,
+                 num_workers: int = 0,
+                 text_mode: bool = False, on_error: str | OnError = OnError.RAISE,
+                 task_size: int = 256) -> None:
         self.config = RecordStreamConfig(
             seed=seed, streams=streams, range_bytes=range_bytes, shuffle_buffer=shuffle_buffer,
-            shuffle=shuffle, epochs=epochs, num_workers=num_workers, text_mode=text_mode,
-            on_error=on_error)  # type: ignore[arg-type]
+            shuffle=shuffle, epochs=epochs, align_epochs=align_epochs,
+            num_workers=num_workers, text_mode=text_mode,
+            on_error=on_error, task_size=task_size)  # type: ignore[arg-type]
         self.world = World.resolve(world, reader="RecordStream")
         self.map_fn = map_fn
-        self.world.streams(streams)  # refuses a world that cannot split them
         files = resolve_files(sources)
         if text_mode and any(f.kind not in (RangeKind.LINES, RangeKind.STREAM) for f in files):
             raise ConfigError("text_mode reads lines: every source must be JSONL/text, not "
@@ -124,19 +153,43 @@ class RecordStream(Resumable):
                               f"streams <= {max(1, self.plan.n)} or a smaller range_bytes")
         self.order = StreamOrder(self.plan, streams, seed, shuffle, shuffle_buffer)
         self._positions = self._fresh_positions(0)
+        self._origin: int | dict[str, Any] = 0  # the epoch started, or the state loaded
         self._pipe: Pipeline | None = None
         self._pipe_key: tuple[int, int] | None = None
-        _register_with_torch()
+        self._share: StreamShare = self.world.stream_share(streams)
+        self._pipe_share = self._share  # the share of the current pipeline (or worker)
+        register_with_torch(RecordStream)
+
+    def bind(self, world: World) -> None:
+        """Serve ``world`` from now on: for a reader made before the data-parallel layout
+        is known (slime's ``set_train_parallel_config``). Allowed until the first read
+        after the reader was made, ``shuffle()``-d or ``load_state_dict()``-ed (the
+        position restarts under the new world from that epoch or that state); binding
+        the same world again is a no-op."""
+        world = World.resolve(world, reader="RecordStream")
+        if world == self.world:
+            return
+        if self._pipe is not None:
+            raise ConfigError(f"RecordStream.bind({world}): this reader has already read "
+                              f"as {self.world}; bind the world before the first "
+                              "get_next_batch()/iter(), or after load_state_dict()")
+        self.world, self._share = world, world.stream_share(self.config.streams)
+        if isinstance(self._origin, dict):
+            self.load_state_dict(self._origin)
+        else:
+            self._positions = self._fresh_positions(self._origin)
 
     # -- iteration ---------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
         """This consumer's examples, continuing from the current position."""
         pipe = self._pipeline()
+        take = self._taker(pipe)
         while True:
             if self._pipe is not pipe:  # the position was reset (load_state_dict, shuffle)
                 pipe = self._pipeline()
-            x = pipe.next()
+                take = self._taker(pipe)
+            x = take()
             if x is FINISHED:
                 return
             yield x
@@ -145,10 +198,10 @@ class RecordStream(Resumable):
         """The next ``n`` examples; in finite mode the last batch is padded to ``n`` and
         then the batches are empty."""
         n = as_count(n, "n", error=ConfigError)
-        pipe = self._pipeline()
+        take = self._taker(self._pipeline())
         out: list[Any] = []
         while len(out) < n:
-            x = pipe.next()
+            x = take()
             if x is FINISHED:
                 return out + [make_pad() for _ in range(n - len(out))] if out else []
             out.append(x)
@@ -159,7 +212,7 @@ class RecordStream(Resumable):
         """Batches of ``n`` until *every* rank has run out, padded, so that all ranks take
         the same number of steps. ``all_done(local_done)`` is True when every rank is
         done; by default an all-reduce over torch.distributed (world size 1: local)."""
-        reduce = all_done or _default_all_done(self.world)
+        reduce = all_done or default_all_done(self.world)
         while True:
             batch = self.get_next_batch(n)
             if reduce(not batch):
@@ -168,7 +221,27 @@ class RecordStream(Resumable):
 
     def shuffle(self, epoch: int) -> None:
         """Restart every stream at the start of ``epoch`` (its own reproducible order)."""
-        self._reset(self._fresh_positions(as_count(epoch, "epoch", error=ConfigError)))
+        epoch = as_count(epoch, "epoch", error=ConfigError)
+        self._reset(self._fresh_positions(epoch))
+        self._origin = epoch
+
+    def set_read_ahead(self, task_size: int) -> None:
+        """Records each stream reads and processes ahead, per task (``task_size``; it never
+        changes the order). Takes effect from the next read after a reset, or now if
+        nothing was read yet."""
+        self.config = replace(self.config, task_size=task_size)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being served: the latest epoch of an example received (the start
+        epoch before any)."""
+        return max(p.epoch for p in self._positions.values())
+
+    @property
+    def epoch_consumed(self) -> int:
+        """Examples of this consumer's streams received in :attr:`epoch`."""
+        e = self.epoch
+        return sum(p.epoch_consumed for p in self._positions.values() if p.epoch == e)
 
     @property
     def local_streams(self) -> list[int]:
@@ -213,24 +286,24 @@ class RecordStream(Resumable):
         (whose state is only their share anyway) get the local state.
         """
         local = super().state_dict()
-        if not all_ranks or self.world.size == 1 or _torch_worker() is not None:
+        if not all_ranks or self.world.size == 1 or torch_worker() is not None:
             return local
-        return _gather_states(self.world, local)
+        return gather_states(self.world, local)
 
     def _position(self) -> tuple[int, dict[str, Any]]:
         streams = {str(s): p.to_dict() for s, p in sorted(self._positions.items())}
         return (sum(p.consumed for p in self._positions.values()),
-                {"order_version": ORDER_VERSION, "streams": streams})
+                {"order_version": self.order_version, "streams": streams})
 
     def _seek(self, st: LoaderState) -> None:
         """Continue exactly where the state stopped (its streams must cover this rank's)."""
-        if st.extra.get("order_version") != ORDER_VERSION:
+        if st.extra.get("order_version") != self.order_version:
             raise StateError(f"order_version: state has {st.extra.get('order_version')!r}, "
-                             f"this reader has {ORDER_VERSION}")
+                             f"this reader has {self.order_version}")
         saved = st.extra.get("streams")
         if not isinstance(saved, dict):
             raise StateError("extra.streams: expected a dict of stream -> position")
-        local = self.local_streams
+        local = sorted(self.world.streams(self.config.streams))
         missing = [s for s in local if str(s) not in saved]
         if missing:
             raise StateError(f"extra.streams: the state holds streams "
@@ -240,19 +313,47 @@ class RecordStream(Resumable):
         positions = {s: StreamPosition.from_dict(saved[str(s)], f"extra.streams.{s}",
                                                  self.plan.n) for s in local}
         self._reset(positions)
+        self._origin = st.to_dict()
 
     def state_config(self) -> dict[str, Any]:
         c, plan = self.config, self.plan
         names = xxhash.xxh3_64()
         for f in plan.files:
             names.update(f"{os.path.basename(f.path)}\0{f.size}\0{f.format}\n".encode())
-        return {"order_version": ORDER_VERSION, "seed": c.seed, "streams": c.streams,
+        return {"order_version": self.order_version, "seed": c.seed, "streams": c.streams,
                 "shuffle": c.shuffle, "shuffle_buffer": self.order.capacity,
                 "range_step": plan.step, "epochs": c.epochs, "n_files": len(plan.files),
                 "n_ranges": plan.n, "total_bytes": sum(f.size for f in plan.files),
                 "files": names.hexdigest()}
 
+    @property
+    def order_version(self) -> int:
+        """2: a consumer's streams cross epochs together; 1 (``align_epochs=False``): each
+        stream's epochs are its own (:mod:`.pipeline`)."""
+        return ORDER_VERSION if self.config.align_epochs else UNALIGNED_ORDER_VERSION
+
     # -- internals ---------------------------------------------------------------------
+
+    def _taker(self, pipe: Pipeline) -> Callable[[], Any]:
+        """``pipe.next`` itself when ``R`` divides ``R*`` (the fast path), else
+        :meth:`_take_shared` on it."""
+        return pipe.next if self._pipe_share.step == 1 else partial(self._take_shared, pipe)
+
+    def _take_shared(self, pipe: Pipeline) -> Any:
+        """The next example of this consumer's share of its group's order when ranks share
+        the group's streams: the one position ``≡ offset (mod step)`` of the next ``step``,
+        passing over the others' (so every rank sharing the group stands at the same
+        position after each step, and their states agree)."""
+        share = self._pipe_share
+        skip = (share.offset - pipe.taken) % share.step
+        for _ in range(skip):
+            if pipe.next() is FINISHED:
+                return FINISHED
+        x = pipe.next()
+        for _ in range(share.step - skip - 1):
+            if pipe.next() is FINISHED:
+                break
+        return x
 
     def _fresh_positions(self, epoch: int) -> dict[int, StreamPosition]:
         stop = None if self.config.epochs is None else epoch + self.config.epochs
@@ -264,7 +365,7 @@ class RecordStream(Resumable):
         self._positions = positions
 
     def _pipeline(self) -> Pipeline:
-        worker = _torch_worker()
+        worker = torch_worker()
         key = (os.getpid(), -1 if worker is None else worker[0])
         if self._pipe is not None and self._pipe_key == key:
             return self._pipe
@@ -272,98 +373,19 @@ class RecordStream(Resumable):
             self.close()
         workers = self.config.num_workers
         positions = self._positions
+        self._pipe_share = self._share
         if worker is not None:  # a DataLoader worker: its share of this rank's streams
-            mine = set(self.world.streams(self.config.streams, worker=worker))
+            self._pipe_share = self.world.stream_share(self.config.streams, worker=worker)
+            mine = set(self._pipe_share.streams)
             positions = {s: p for s, p in positions.items() if s in mine}
             workers = 0  # a DataLoader worker is daemonic: it cannot have children
         c = self.config
         processor = Processor(self.map_fn, c.text_mode, tuple(f.path for f in self.plan.files))
         self._pipe = Pipeline(self.order, positions, processor, workers=workers,
-                              raise_errors=c.on_error is OnError.RAISE, task_size=c.task_size)
+                              raise_errors=c.on_error is OnError.RAISE, task_size=c.task_size,
+                              align=c.align_epochs)
         self._pipe_key = key
         return self._pipe
-
-
-def _torch_worker() -> tuple[int, int] | None:
-    """``(id, num_workers)`` inside a torch DataLoader worker; torch is never imported
-    here, only looked up if the program already imported it."""
-    data = sys.modules.get("torch.utils.data")
-    info = data.get_worker_info() if data is not None else None
-    return None if info is None else (int(info.id), int(info.num_workers))
-
-
-def _register_with_torch() -> None:
-    """Make ``DataLoader(record_stream, batch_size=None)`` treat it as an iterable dataset
-    (a virtual subclass of ``IterableDataset``), if the program has imported torch."""
-    data = sys.modules.get("torch.utils.data")
-    base = getattr(data, "IterableDataset", None)
-    if base is not None and not issubclass(RecordStream, base):
-        base.register(RecordStream)
-
-
-def _default_all_done(world: World) -> Callable[[bool], bool]:
-    if world.size == 1:
-        return lambda done: done
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        raise ConfigError("eval_batches over several ranks needs all_done=... (a function "
-                          "that is True when every rank is done) or torch.distributed")
-    import torch
-
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-
-    def all_done(done: bool) -> bool:
-        flag = torch.tensor([int(done)], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return bool(flag.item())
-
-    return all_done
-
-
-def _gather_states(world: World, local: dict[str, Any]) -> dict[str, Any]:
-    """Every rank's ``local`` state over torch.distributed, merged. Each rank validates
-    the same gathered list, so a mismatch raises on all of them (none is left waiting)."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        raise ConfigError(f"state_dict(all_ranks=True) with world size {world.size} gathers "
-                          "the ranks' states over torch.distributed, which is not "
-                          "initialised: call torch.distributed.init_process_group first, or "
-                          "save each rank's state_dict() and combine them with "
-                          "shardwise.read.records.stream.merge_states")
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (world.rank, world.size, local))
-    if len(gathered) != world.size:
-        raise ConfigError(f"state_dict(all_ranks=True): this reader's World has size "
-                          f"{world.size}, torch.distributed has {len(gathered)} ranks; "
-                          "save each data-parallel rank's state_dict() and combine them "
-                          "with shardwise.read.records.stream.merge_states")
-    ranks = sorted(int(r) for r, _, _ in gathered)
-    if ranks != list(range(world.size)) or any(n != world.size for _, n, _ in gathered):
-        raise ConfigError(f"state_dict(all_ranks=True): the processes' Worlds are "
-                          f"{[(r, n) for r, n, _ in gathered]} (rank, size), expected ranks "
-                          f"0..{world.size - 1} of {world.size} once each")
-    return merge_states([st for _, _, st in gathered])
-
-
-def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One state holding every stream of several consumers' states (e.g. all ranks'),
-    which restores any world size; the states must come from the same data and config."""
-    if not states:
-        raise StateError("merge_states needs at least one state")
-    parsed = [LoaderState.from_dict(s) for s in states]
-    first = parsed[0]
-    streams: dict[str, Any] = {}
-    for i, st in enumerate(parsed):
-        st.check_matches(first.kind, first.fingerprint, first.config)
-        for k, v in dict(st.extra.get("streams", {})).items():
-            if k in streams and streams[k] != v:
-                raise StateError(f"states 0..{i} disagree on stream {k}: save every rank's "
-                                 "state at the same step")
-            streams[k] = v
-    consumed = sum(int(v.get("consumed", 0)) for v in streams.values())
-    extra = dict(first.extra, streams=dict(sorted(streams.items(), key=lambda kv: int(kv[0]))))
-    return LoaderState(fingerprint=first.fingerprint, consumed=consumed, config=first.config,
-                       extra=extra, kind=first.kind).to_dict()
 
 
 __all__ = ["OnError", "PAD_KEY", "RecordStream", "RecordStreamConfig", "Reject", "is_pad",

@@ -1,6 +1,8 @@
 """One stream of a record stream: its ranges per epoch, its shuffle buffer, its position.
 
-Order, version 1 (``R*`` streams, ``n`` ranges, stream ``s``):
+Order (``R*`` streams, ``n`` ranges, stream ``s``; how a consumer interleaves its streams
+— version 2 crosses epochs with all of them together, version 1 lets each start its next
+epoch on its own — is in :mod:`.pipeline`):
 
 1. *Ranges.* Epoch ``e`` orders the ranges by ``π_e``, the keyed
    :class:`~shardwise.plan.permutation.Permutation` of ``range(n)`` with seed
@@ -39,7 +41,8 @@ from shardwise.plan.permutation import Permutation, derive_seed, mix64
 from shardwise.plan.stream import chunks_of_stream
 from shardwise.read.records.ranges import Payload, RangePlan, fetch, iter_range
 
-ORDER_VERSION = 1
+ORDER_VERSION = 2
+UNALIGNED_ORDER_VERSION = 1  # align_epochs=False: each stream's epochs its own
 EMPTY_EPOCH_LIMIT = 64
 _GAMMA = 0x9E37_79B9_7F4A_7C15
 _BLOCK = 1024
@@ -107,7 +110,8 @@ class StreamPosition:
     Keys: ``epoch``, ``stop_epoch`` (None: forever), ``range`` (index into the epoch's
     ranges of this stream), ``pos``/``line`` (next record in that range; ``pos`` None: not
     started), ``draws``, ``buffer`` (``[range, pos, line]``), ``consumed`` (examples and
-    pads received), ``errors`` (skipped records by reason), ``done``.
+    pads received), ``epoch_consumed`` (of them, in ``epoch``), ``errors`` (skipped
+    records by reason), ``done``.
     """
 
     epoch: int = 0
@@ -118,13 +122,14 @@ class StreamPosition:
     draws: int = 0
     buffer: list[Where] = field(default_factory=list)
     consumed: int = 0
+    epoch_consumed: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     done: bool = False
 
     def apply(self, d: Delta) -> None:
         epoch, appended, slot, q, pos, line = d
         if epoch != self.epoch:
-            self.epoch, self.draws, self.buffer = epoch, 0, []
+            self.epoch, self.draws, self.buffer, self.epoch_consumed = epoch, 0, [], 0
         self.buffer.extend(appended)
         if slot >= 0:
             buf = self.buffer
@@ -137,7 +142,8 @@ class StreamPosition:
         return {"epoch": self.epoch, "stop_epoch": self.stop_epoch, "range": self.range,
                 "pos": self.pos, "line": self.line, "draws": self.draws,
                 "buffer": [list(w) for w in self.buffer], "consumed": self.consumed,
-                "errors": dict(self.errors), "done": self.done}
+                "epoch_consumed": self.epoch_consumed, "errors": dict(self.errors),
+                "done": self.done}
 
     @classmethod
     def from_dict(cls, d: Any, name: str, n_ranges: int) -> StreamPosition:
@@ -149,8 +155,10 @@ class StreamPosition:
         missing = [k for k in fields if k not in d]
         if missing:
             raise StateError(f"{name}: missing {missing}")
+        d = {"epoch_consumed": 0, **d}  # states of order version 1 do not have it
         ints = {k: _int(d[k], f"{name}.{k}", k in ("stop_epoch", "pos"))
-                for k in ("epoch", "stop_epoch", "range", "pos", "line", "draws", "consumed")}
+                for k in ("epoch", "stop_epoch", "range", "pos", "line", "draws", "consumed",
+                          "epoch_consumed")}
         buffer = [_where(w, f"{name}.buffer[{i}]", n_ranges) for i, w in enumerate(d["buffer"])]
         errors = d["errors"]
         if not isinstance(errors, dict) or not all(isinstance(k, str) for k in errors):

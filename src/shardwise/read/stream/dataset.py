@@ -26,11 +26,17 @@ and masked (``drop_last=False``)::
     block 2 starts its own windows at its first token
 
 **Global order.** Example ``i`` is example ``i // R*`` of stream ``i % R*``. Rank ``r`` of
-``R`` (``R`` divides ``R*``) serves the streams ``s % R == r``; its ``j``-th example is
-global ``j·R + r``, so interleaving the ranks' outputs gives the global order::
+``R`` serves global ``j·R + r`` as its ``j``-th example, so interleaving the ranks' outputs
+gives the global order for any ``R`` (Levanter's rule, :class:`~shardwise.world.StreamShare`).
+When ``R`` divides ``R*`` rank ``r`` reads only the streams ``s % R == r``::
 
     R* = 4, R = 2     global i   0 1 2 3 4 5 6 7 …     stream i % 4, example i // 4
     rank 0 (streams 0 2)   i = 0 2 4 6 …     rank 1 (streams 1 3)   i = 1 3 5 7 …
+
+Any other ``R`` shares streams between ranks: ``R = 8`` gives ranks 0 and 4 stream 0
+(examples 0 2 4 … and 1 3 5 …); ``R = 3`` makes every rank read every stream and take
+one example in three of each. Such a rank reads every block of its streams to serve a
+share of their windows: locality is lost by design, order and resume are not.
 
 **Epochs.** ``epochs=None``: every stream cycles on its own, each epoch with a new chunk and
 window shuffle; streams of different lengths simply start their next epoch at different
@@ -55,7 +61,7 @@ all ranks together (``start + received × R``: the same on every rank); ``extra`
 not stored: a stream's epoch is ``k_s // N_s`` (its windows per epoch, from the ledger), and
 storing it would make two ranks' states differ while one has seen the build finish and the
 other not. The fingerprint covers the config and the cache's identity, not its chunk count
-(which grows). Resuming under any ``R`` that divides ``R*`` seeks from chunk token counts
+(which grows). Resuming under any ``R`` seeks from chunk token counts
 (the block by a search in the blocks' window counts): the block holding the position is
 read, none before it. Rank ``r`` resumes at its first example ``>= consumed``; when
 ``consumed`` is not a multiple of ``R`` the ranks' first steps still cover exactly the next
@@ -172,7 +178,8 @@ class StreamDataset(Resumable):
                  chunk_cache_bytes: int = 256 << 20, verify: bool | None = None) -> None:
         self.config = StreamConfig(seq_len, streams, seed, block_chunks, drop_last, epochs)
         self.world = World.resolve(world, reader="StreamDataset")
-        self.streams = self.world.streams(streams)
+        self.share = self.world.stream_share(streams)
+        self.streams = self.share.streams
         for name, v in (("poll_interval", poll_interval), ("timeout", timeout)):
             if not v > 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {v!r}")
@@ -256,7 +263,7 @@ class StreamDataset(Resumable):
                                        for s in range(self.config.streams)]}
 
     def _seek(self, st: LoaderState) -> None:
-        """Continue from a saved position (any world size dividing ``streams``)."""
+        """Continue from a saved position (any world size)."""
         c = self.config
         if c.epochs is not None and self.cache.finished:  # every stream padded to the longest
             end = c.streams * c.epochs * longest_stream_windows(self.cache.cum_tokens, c)
@@ -315,7 +322,7 @@ class StreamDataset(Resumable):
     def _examples(self, run: _Run) -> Iterator[Example]:
         L, m = self.config.seq_len, len(self.streams)
         size = self.batch_size or 1
-        current = run.current
+        current, firsts, step = run.current, run.firsts, self.share.step
         j = run.j_start
         try:
             while True:
@@ -326,7 +333,8 @@ class StreamDataset(Resumable):
                 valid = np.zeros(size, dtype=np.int64)
                 n = 0
                 while n < size:
-                    k, t = divmod(j, m)
+                    u, t = divmod(j, m)
+                    k = firsts[t] + u * step
                     item = current[t]
                     if item is None or k >= item.stop:
                         if item is not None:
@@ -358,11 +366,14 @@ class _Run:
         self.ds = ds
         self.current: list[Item | None] = [None] * len(ds.streams)
         self.j_start = first_example(consumed, world.rank, world.size)
-        starts = [first_example(consumed, s, cfg.streams) for s in ds.streams]
+        m, share = len(ds.streams), ds.share
+        self.firsts = [share.first(t) for t in range(m)]
+        starts = [first_example(self.j_start, t, m) for t in range(m)]
         self.stop = threading.Event()
         self.follower = Follower(ds.cache, poll_interval=ds.poll_interval,
                                  timeout=ds.timeout, stop=self.stop)
-        schedule = RankSchedule(ds.cache, cfg, ds.streams, starts, self.follower)
+        schedule = RankSchedule(ds.cache, cfg, ds.streams, starts, self.follower,
+                                firsts=self.firsts, step=share.step)
         self.prefetcher = Prefetcher(schedule.next, self._load, ds.chunk_cache,
                                      ahead_chunks=ds.prefetch_chunks, stop=self.stop,
                                      name=f"shardwise-stream-rank{world.rank}")

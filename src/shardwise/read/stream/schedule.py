@@ -227,23 +227,27 @@ def open_when_ready(path: Path, poll: float, timeout: float, *, verify: bool = T
 # -- the rank's schedule ----------------------------------------------------------------
 class RankSchedule:
     """This rank's blocks (and padding runs) in need order; ``next()`` may wait for the
-    producer. ``starts[t]`` is the first example of the rank's ``t``-th stream to serve."""
+    producer. The rank takes examples ``firsts[t] + u·step`` of its ``t``-th stream
+    (``step`` > 1 when several ranks share a stream: :class:`~shardwise.world.StreamShare`),
+    needed at its example ``u·len(streams) + t``; ``starts[t]`` is the first such ``u``."""
 
     def __init__(self, cache: Cache, lay: Layout, streams: list[int], starts: list[int],
-                 follower: Follower) -> None:
+                 follower: Follower, *, firsts: list[int] | None = None,
+                 step: int = 1) -> None:
         self.cache, self.lay, self.streams, self.follower = cache, lay, streams, follower
         self.layouts = [StreamLayout(s, lay) for s in streams]
-        self.heap = [(k, t) for t, k in enumerate(starts)]
+        self.firsts, self.step = firsts or [0] * len(streams), step
+        self.heap = [(u, t) for t, u in enumerate(starts)]
         heapq.heapify(self.heap)
         self.pad_to: int | None = None
 
     def next(self) -> Item | None:
         """The next item the consumer will need, or ``None`` when every stream ended."""
         while self.heap:
-            k, t = heapq.heappop(self.heap)
-            item = self._item(t, k)
-            if item is not None:
-                heapq.heappush(self.heap, (item.stop, t))
+            u, t = heapq.heappop(self.heap)
+            item = self._item(t, self.firsts[t] + u * self.step)
+            if item is not None:  # next needed: the first firsts[t] + u'·step >= stop
+                heapq.heappush(self.heap, (-(-(item.stop - self.firsts[t]) // self.step), t))
                 return item
         return None
 
