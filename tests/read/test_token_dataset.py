@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -137,8 +138,14 @@ def test_bad_options_are_named(cache_dir: Path) -> None:
         sw.TokenDataset(cache_dir, seq_len=32, shuffle="random")
     with pytest.raises(ConfigError, match="seq_len must be a positive integer"):
         sw.TokenDataset(cache_dir, seq_len=0)
-    with pytest.raises(ConfigError, match="not one window"):
-        sw.TokenDataset(cache_dir, seq_len=10**9)
+    tracemalloc.start()  # refused before anything of seq_len's size is allocated (8 GB)
+    try:
+        with pytest.raises(ConfigError, match="not one window"):
+            sw.TokenDataset(cache_dir, seq_len=10**9)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"peak {peak:,} bytes"
 
 
 def test_megatron_prefix_reads_the_same_windows(cache_dir: Path, tmp_path: Path) -> None:

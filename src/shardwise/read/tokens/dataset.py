@@ -138,12 +138,12 @@ class TokenDataset(Configured):
         self._orders: dict[int, Any] = {}
         self._blocks: OrderedDict[tuple[int, int], npt.NDArray[np.int64]] = OrderedDict()
         self._last_block: tuple[tuple[int, int], list[int]] = ((0, 0), [])
-        self._reader = WindowReader(self.cache, self.config)
         self.num_windows = num_windows(self.cache.num_tokens, seq_len, drop_last=drop_last)
-        if self.num_windows == 0:
+        if self.num_windows == 0:  # before the reader: it allocates seq_len positions
             raise ConfigError(f"the cache holds {self.cache.num_tokens} tokens: not one "
                               f"window of seq_len + 1 = {seq_len + 1} (lower seq_len, or "
                               "pass drop_last=False)")
+        self._reader = WindowReader(self.cache, self.config)
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled for spawned DataLoader workers: the order caches stay behind (a document
