@@ -1,9 +1,12 @@
-"""Comparing caches byte for byte."""
+"""Comparing caches byte for byte, and reading their documents back."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
+import shardwise as sw
 from shardwise.format.paths import READER_DIR
 
 
@@ -21,3 +24,15 @@ def assert_same_cache(a: Path, b: Path) -> None:
     assert sorted(fa) == sorted(fb), set(fa) ^ set(fb)
     differing = [name for name in fa if fa[name] != fb[name]]
     assert not differing, f"files differ: {differing[:10]}"
+
+
+def cache_documents(cache: sw.Cache | Path) -> list[list[int]]:
+    """Every document of a cache, in stored order, as token lists (read chunk by chunk
+    through the ``.idx`` lengths)."""
+    c = cache if isinstance(cache, sw.Cache) else sw.open_cache(cache)
+    out: list[list[int]] = []
+    for i in range(len(c.chunks)):
+        tokens, lengths = c.tokens(i), c.doc_lengths(i)
+        ends = np.cumsum(lengths)
+        out += [tokens[e - n:e].tolist() for e, n in zip(ends, lengths, strict=True)]
+    return out

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.helpers_cache import cache_documents
 
 import shardwise
 from shardwise.errors import CacheError, ConfigError
@@ -15,15 +16,6 @@ from shardwise.writer.convert import from_megatron, to_megatron
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cachefactory import make_cache, sample_docs  # noqa: E402
-
-
-def all_docs(cache: shardwise.Cache) -> list[list[int]]:
-    out = []
-    for i in range(len(cache.chunks)):
-        flat, lengths = cache.tokens(i), cache.doc_lengths(i)
-        ends = np.cumsum(lengths)
-        out += [flat[e - n:e].tolist() for n, e in zip(lengths, ends, strict=True)]
-    return out
 
 
 def files_equal(a: Path, b: Path) -> bool:
@@ -53,7 +45,7 @@ def test_to_megatron_follows_the_global_chunk_order(tmp_path: Path) -> None:
     docs = sample_docs(30, seed=2)
     root = make_cache(tmp_path / "c", [docs[:8], docs[8:]], chunk_docs=3)
     to_megatron(root, tmp_path / "corpus")
-    assert all_docs(shardwise.open_cache(tmp_path / "corpus")) == all_docs(
+    assert cache_documents(shardwise.open_cache(tmp_path / "corpus")) == cache_documents(
         shardwise.open_cache(root))
 
 
@@ -64,7 +56,7 @@ def test_from_megatron_then_open_cache_gives_the_same_documents(tmp_path: Path) 
     from_megatron(tmp_path / "corpus", tmp_path / "c2", chunk_docs=4)
     cache = shardwise.open_cache(tmp_path / "c2")
     assert cache.finished and len(cache.chunks) == 7
-    assert all_docs(cache) == docs
+    assert cache_documents(cache) == docs
     assert np.concatenate([cache.doc_lengths(i) for i in range(7)]).tolist() == [
         len(d) for d in docs]
     m = cache.manifest

@@ -17,6 +17,7 @@ import orjson
 import pytest
 import zstandard
 from tests.conftest import sample_texts
+from tests.helpers_cache import cache_documents
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 import shardwise as sw
@@ -41,14 +42,6 @@ def _wordlevel() -> Tokenizer:
     return tok
 
 
-def _documents(root: Path) -> list[list[int]]:
-    cache = sw.open_cache(root)
-    out = []
-    for i in range(len(cache.chunks)):
-        tokens, lengths = cache.tokens(i), cache.doc_lengths(i)
-        ends = np.cumsum(lengths)
-        out += [tokens[e - n:e].tolist() for e, n in zip(ends, lengths, strict=True)]
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +73,7 @@ def test_empty_texts_are_documents(tmp_path: Path, corpus: Path, tokenizer_path:
     summary = build([corpus], tmp_path / "c", tokenizer=tok, chunk_docs=2, workers=1,
                     append_eod=append_eod, progress=False)
     suffix = [eod] if append_eod else []
-    assert _documents(tmp_path / "c") == [ids + suffix for ids in reference]
+    assert cache_documents(tmp_path / "c") == [ids + suffix for ids in reference]
     assert summary.documents == len(TEXTS) and summary.errors == {}
     assert summary.empty_documents == empties
     assert f"{len(TEXTS)} documents ({empties} empty)" in str(summary)
@@ -115,7 +108,7 @@ def test_megatron_core_reads_the_empty_documents(built: tuple[Path, BuildSummary
             ds = IndexedDataset(str(chunk.base))
         lengths += ds.sequence_lengths.tolist()
         docs += [ds[d].tolist() for d in range(len(ds))]
-    assert docs == _documents(root)
+    assert docs == cache_documents(root)
     assert lengths.count(0) == 4 and len(lengths) == len(TEXTS)
     # no chunk without tokens: numpy (so Megatron) cannot map an empty .bin
     assert all(chunk.tokens > 0 for chunk in cache.chunks)
@@ -170,7 +163,7 @@ def test_a_byte_order_mark_starts_a_file(tmp_path: Path, tokenizer_path: Path,
     summary = build([src], tmp_path / "c", tokenizer=tokenizer_path, workers=1,
                     progress=False)
     tok = Tokenizer.from_file(str(tokenizer_path))
-    assert _documents(tmp_path / "c") == [tok.encode(t, add_special_tokens=False).ids
+    assert cache_documents(tmp_path / "c") == [tok.encode(t, add_special_tokens=False).ids
                                           for t in sample_texts()[:5]]
     assert summary.errors == {}
 
@@ -199,7 +192,7 @@ def test_a_version_1_ledger_still_opens(built: tuple[Path, BuildSummary], tmp_pa
         for chunk in seg["chunks"]:
             del chunk["empty"]
     (root / "ledger.json").write_bytes(orjson.dumps(ledger, option=orjson.OPT_SORT_KEYS))
-    assert _documents(root) == _documents(built[0])
+    assert cache_documents(root) == cache_documents(built[0])
     monkeypatch.setattr(cli_main, "SUBCOMMANDS", ("inspect",))
     assert cli_main.main(["inspect", str(root)]) == 0
     assert f"{len(TEXTS)} documents, " in capsys.readouterr().out

@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import orjson
 import pytest
 from tests.conftest import sample_texts
+from tests.helpers_cache import cache_documents
 from tokenizers import Tokenizer
 
-import shardwise as sw
 from shardwise.cli import main as cli_main
 from shardwise.writer.api import build
 from shardwise.writer.chat import ChatProcessor
@@ -37,14 +36,6 @@ def _reference(tokenizer_path: Path, texts: list[str]) -> list[list[int]]:
     return [clean.encode(t, add_special_tokens=False).ids for t in texts]
 
 
-def _documents(root: Path) -> list[list[int]]:
-    cache = sw.open_cache(root)
-    out = []
-    for i in range(len(cache.chunks)):
-        tokens, lengths = cache.tokens(i), cache.doc_lengths(i)
-        ends = np.cumsum(lengths)
-        out += [tokens[e - n:e].tolist() for e, n in zip(ends, lengths, strict=True)]
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +55,7 @@ def test_a_truncating_tokenizer_stores_every_token(tmp_path: Path, tokenizer_pat
     assert max(map(len, reference)) > 128  # the tokenizer would cut these documents
     summary = build([corpus], tmp_path / "c", tokenizer=saved if given == "path" else tok,
                     workers=1, chunk_docs=50, progress=False)
-    assert _documents(tmp_path / "c") == reference
+    assert cache_documents(tmp_path / "c") == reference
     assert summary.tokens == sum(map(len, reference))
     assert tok.truncation is not None and tok.padding is not None  # the caller's, untouched
     processor = orjson.loads((tmp_path / "c" / "manifest.json").read_bytes())["processor"]
@@ -103,7 +94,7 @@ def test_the_cli_says_it_once(tmp_path: Path, tokenizer_path: Path, corpus: Path
     out = capsys.readouterr().out
     assert code == 0
     assert out.count("note: the tokenizer had truncation (max_length 128) and padding") == 1
-    assert _documents(tmp_path / "c") == _reference(tokenizer_path, TEXTS)
+    assert cache_documents(tmp_path / "c") == _reference(tokenizer_path, TEXTS)
 
 
 def test_chat_processor_loads_tokenizers_the_same_way(tokenizer_path: Path) -> None:

@@ -19,6 +19,7 @@ dispatcher has no dispatcher frame and is not detected; the batch sampler and
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 
 from shardwise.errors import ConfigError
 
@@ -51,27 +52,34 @@ def _frame_class(code: object) -> str:
     return str(qualname).split(".<locals>")[0].rpartition(".")[0]
 
 
-def refuse_framework_sharding(what: str) -> None:
-    """Raise if a sharding or dispatching wrapper is iterating ``what`` (see module docs).
-
-    Frames are matched by their code's qualified name; only a matching frame's ``self``
-    is looked at (reading ``f_locals`` pins a snapshot of a frame's locals on Python <
-    3.13, which would keep e.g. a deleted DataLoader iterator and its workers alive)."""
-    frame = sys._getframe(1)
+def _wrappers_on_stack(classes: tuple[str, ...], depth: int = 2
+                       ) -> Iterator[tuple[str, object]]:
+    """``(class name, self)`` of each caller frame (from ``depth`` frames up) whose code
+    belongs to a class named in ``classes`` and that spans more than one process. Frames
+    are matched by their code's qualified name; only a matching frame's ``self`` is looked
+    at (reading ``f_locals`` pins a snapshot of a frame's locals on Python < 3.13, which
+    would keep e.g. a deleted DataLoader iterator and its workers alive)."""
+    frame = sys._getframe(depth)
     for _ in range(MAX_FRAMES):
         frame = frame.f_back  # type: ignore[assignment]
         if frame is None:
             return
-        if _frame_class(frame.f_code) not in SHARDING_WRAPPERS:
+        if _frame_class(frame.f_code) not in classes:
             continue
         owner = frame.f_locals.get("self")
         name = None if owner is None else sharding_class(owner)
         if name is not None and _shards(owner):
-            does = WHAT_IT_DOES.get(name, "shards it a second time (shardwise readers "
-                                    "already serve this rank's share: each rank would read "
-                                    "1/world_size of it)")
-            raise ConfigError(f"{what} is being read through accelerate's {name}, which "
-                              f"{does}: {FIX}")
+            yield name, owner
+
+
+def refuse_framework_sharding(what: str) -> None:
+    """Raise if a sharding or dispatching wrapper is iterating ``what`` (see module docs)."""
+    for name, _ in _wrappers_on_stack(SHARDING_WRAPPERS):
+        does = WHAT_IT_DOES.get(name, "shards it a second time (shardwise readers already "
+                                "serve this rank's share: each rank would read "
+                                "1/world_size of it)")
+        raise ConfigError(f"{what} is being read through accelerate's {name}, which "
+                          f"{does}: {FIX}")
 
 
 def _shards(owner: object) -> bool:
@@ -108,20 +116,12 @@ def refuse_sharding_sampler(dataset: object, what: str) -> None:
     length — DistributedSampler in ``__init__``, BatchSamplerShard through its inner
     sampler — so the sampler is on the stack then. Matched by qualified name, like
     :func:`refuse_framework_sharding`."""
-    frame = sys._getframe(1)
-    for _ in range(MAX_FRAMES):
-        frame = frame.f_back  # type: ignore[assignment]
-        if frame is None:
-            return
-        if _frame_class(frame.f_code) not in SHARDING_SAMPLERS:
-            continue
-        owner = frame.f_locals.get("self")
-        name = None if owner is None else sharding_class(owner)
-        if name is not None and _shards(owner) and draws_from(owner, dataset):
+    for name, owner in _wrappers_on_stack(SHARDING_SAMPLERS):
+        if draws_from(owner, dataset):
             raise ConfigError(f"{name} splits the indices across ranks, but {what} is "
                               "already this rank's share: each rank would read only "
-                              "1/world_size of its own share (and never the rest). Iterate it "
-                              "in order on every rank (a SequentialSampler, "
+                              "1/world_size of its own share (and never the rest). Iterate "
+                              "it in order on every rank (a SequentialSampler, "
                               "shardwise.torch.loader(..., world=World.single()), or "
                               f"shardwise.hf.ShardwiseTrainer with HF Trainer). {FIX}")
 
