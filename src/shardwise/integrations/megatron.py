@@ -42,6 +42,7 @@ from shardwise.errors import ConfigError
 from shardwise.format.chunk import IGNORE_INDEX
 from shardwise.integrations.torch import ShardwiseLoader, loader
 from shardwise.read.compose.blend import Blend
+from shardwise.read.sampler import accumulation_steps
 from shardwise.read.tokens.dataset import TokenDataset
 from shardwise.storage.cache import Cache, open_cache
 from shardwise.storage.cache_range import DocumentRange
@@ -351,12 +352,7 @@ def num_microbatches(consumed_samples: int, *, global_batch_size: int, micro_bat
                      rampup_batch_size: Sequence[int] | None = None) -> int:
     """Micro-batches per rank in the next step (Megatron's ``get_num_microbatches()``)."""
     gbs = global_batch_size_at(consumed_samples, global_batch_size, rampup_batch_size)
-    step = micro_batch_size * data_parallel_size
-    if gbs % step:
-        raise ConfigError(f"the global batch size at {consumed_samples} consumed samples is "
-                          f"{gbs}, not a multiple of micro_batch_size × data-parallel size "
-                          f"= {step}; choose rampup sizes that are")
-    return gbs // step
+    return accumulation_steps(gbs, micro_batch_size, data_parallel_size)  # B = m × W × k
 
 
 __all__ = ["DataloaderType", "GPTDataset", "build_pretraining_data_loader",
