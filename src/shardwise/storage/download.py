@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
+from shardwise.concurrency import flock
 from shardwise.concurrency.poll import check_wait_args, wait_until
 from shardwise.errors import CacheError, ConfigError, CorruptChunkError
 from shardwise.format.atomic import TMP_PREFIX, temp_path
@@ -135,14 +135,9 @@ class DownloadDir:
         finally:
             tmp.unlink(missing_ok=True)
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        fd = os.open(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        """The node's lock on this directory (a forked child never inherits it held)."""
+        return flock.exclusive(self.dir / LOCK_NAME)
 
     def _claim(self, final: Path, claim: Path, size: int) -> bool:
         """Under the lock: reserve ``size`` bytes and create the claim. False if another

@@ -8,8 +8,6 @@ one against an existing cache is refused with the fields that differ.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -19,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from shardwise._version import __version__
+from shardwise.concurrency import flock
 from shardwise.concurrency.poll import wait_until
 from shardwise.errors import CacheError, CacheMismatchError, ConfigError
 from shardwise.format.atomic import remove_stale_temps
@@ -82,49 +81,28 @@ def _make_processor(tokenizer: str | os.PathLike[str] | Tokenizer | None,
     return FunctionProcessor(processor, vocab_size, version=processor_version, records=records)
 
 
-_HELD_LOCKS: set[int] = set()
-_FORK_HOOK: list[bool] = []
 LOCK_WAIT_SECONDS = 5.0
-
-
-def _drop_locks_in_child() -> None:
-    """A forked worker must not keep the build's lock alive after the build dies."""
-    for fd in _HELD_LOCKS:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _HELD_LOCKS.clear()
 
 
 def _lock(root: Path) -> int:
     """An exclusive advisory lock on the cache directory itself: released by the kernel
     when the process dies, so a crash leaves no lock file behind. Waits a few seconds
     for a build that is just dying (its lock goes with its last process)."""
-    if not _FORK_HOOK:
-        os.register_at_fork(after_in_child=_drop_locks_in_child)
-        _FORK_HOOK.append(True)
     fd = os.open(root, os.O_RDONLY)
-
-    def locked() -> bool:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            return False
+    flock.hold(fd)  # a forked worker must not keep the lock alive after the build dies
 
     try:
-        wait_until(locked, timeout=LOCK_WAIT_SECONDS, poll_interval=0.05,
+        wait_until(lambda: flock.try_lock(fd), timeout=LOCK_WAIT_SECONDS, poll_interval=0.05,
                    what=f"the lock of {root}", on_timeout=lambda waited: CacheError(
                        f"{root}: another build is writing this cache right now"))
     except BaseException:
-        os.close(fd)
+        flock.release(fd)
         raise
-    _HELD_LOCKS.add(fd)
     return fd
 
 
 def _unlock(fd: int) -> None:
-    _HELD_LOCKS.discard(fd)
-    os.close(fd)
+    flock.release(fd)
 
 
 def _prepare_root(root: Path, manifest: Manifest, overwrite: bool) -> Ledger | None:

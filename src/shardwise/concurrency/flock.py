@@ -1,0 +1,70 @@
+"""Advisory file locks that a forked child does not inherit.
+
+``flock`` locks belong to an open file description, which ``fork`` shares: a child forked
+while some thread of its parent holds a lock keeps a copy of the descriptor, so the lock
+outlives the parent's release for as long as the child lives — and the child itself then
+waits for ever on its own ``flock`` of the same file (a DataLoader worker forked while a
+download thread held the node's download lock did exactly that). Every lock taken here is
+recorded, and a fork hook closes the child's copies, so only the process that took a lock
+holds it.
+
+>>> with exclusive(Path("cache/.lock")):      # doctest: +SKIP
+...     ...                                     # one process of the node at a time
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+_HELD: set[int] = set()
+_GUARD = threading.Lock()
+_HOOKED: list[bool] = []
+
+
+def _close_in_child() -> None:
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+def hold(fd: int) -> None:
+    """Record ``fd`` as holding a lock: a forked child closes its copy."""
+    with _GUARD:
+        if not _HOOKED:
+            os.register_at_fork(after_in_child=_close_in_child)
+            _HOOKED.append(True)
+        _HELD.add(fd)
+
+
+def release(fd: int) -> None:
+    """Close ``fd`` (releasing its lock) and forget it."""
+    with _GUARD:
+        _HELD.discard(fd)
+    os.close(fd)
+
+
+def try_lock(fd: int) -> bool:
+    """A non-blocking exclusive ``flock`` of ``fd``."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+@contextlib.contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created if missing) for the block."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    hold(fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        release(fd)
