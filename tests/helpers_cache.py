@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 import shardwise as sw
 from shardwise.format.paths import READER_DIR
@@ -36,3 +37,13 @@ def cache_documents(cache: sw.Cache | Path) -> list[list[int]]:
         ends = np.cumsum(lengths)
         out += [tokens[e - n:e].tolist() for e, n in zip(ends, lengths, strict=True)]
     return out
+
+
+def published_chunks(out: Path) -> int:
+    """Chunks the ledger of a cache being built names now (-1 before it has a readable
+    ledger): how a test decides when to kill a build mid-way."""
+    try:
+        ledger = orjson.loads((out / "ledger.json").read_bytes())
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return -1
+    return sum(len(seg["chunks"]) for src in ledger["sources"] for seg in src["segments"])

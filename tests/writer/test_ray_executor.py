@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 from tests.conftest import write_jsonl
-from tests.helpers_cache import assert_same_cache
+from tests.helpers_cache import assert_same_cache, published_chunks
 
 from shardwise.cli.main import main
 from shardwise.errors import ConfigError, InputError, MissingExtraError
@@ -116,13 +116,6 @@ def test_a_killed_worker_is_retried_and_the_bytes_are_unchanged(
     assert len(segments) == 2 and len(segments[1]["chunks"]) > 1024 // 64
 
 
-def _published(out: Path) -> int:
-    try:
-        ledger = orjson.loads((out / "ledger.json").read_bytes())
-    except (FileNotFoundError, orjson.JSONDecodeError):
-        return -1
-    return sum(len(seg["chunks"]) for src in ledger["sources"] for seg in src["segments"])
-
 
 def test_a_killed_driver_resumes_to_identical_bytes(
         tmp_path: Path, ray_address: str, big_corpus: Path, tokenizer_path: Path,
@@ -135,11 +128,11 @@ def test_a_killed_driver_resumes_to_identical_bytes(
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parents[2],
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
-    while _published(out) < 20 and proc.poll() is None and time.monotonic() < deadline:
+    while published_chunks(out) < 20 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    published = _published(out)
+    published = published_chunks(out)
     assert 20 <= published < reference.chunks, "the kill did not land mid-build"
     summary = build([big_corpus], out, tokenizer=tokenizer_path, workers=2, **SPLIT)
     assert summary.resumed_chunks >= published and summary.chunks == reference.chunks

@@ -9,9 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-import orjson
 import pytest
-from tests.helpers_cache import assert_same_cache
+from tests.helpers_cache import assert_same_cache, published_chunks
 
 import shardwise as sw
 from shardwise.storage.verify import verify_cache
@@ -19,13 +18,6 @@ from shardwise.writer.api import build
 
 ARGS = dict(workers=2, chunk_docs=16, segment_bytes=250_000, progress=False)
 
-
-def _published(out: Path) -> int:
-    try:
-        ledger = orjson.loads((out / "ledger.json").read_bytes())
-    except (FileNotFoundError, orjson.JSONDecodeError):
-        return -1
-    return sum(len(seg["chunks"]) for src in ledger["sources"] for seg in src["segments"])
 
 
 def _start_build(src: Path, out: Path, tok: Path) -> subprocess.Popen[bytes]:
@@ -37,11 +29,11 @@ def _start_build(src: Path, out: Path, tok: Path) -> subprocess.Popen[bytes]:
 def _kill_after(proc: subprocess.Popen[bytes], out: Path, chunks: int, timeout: float = 60
                 ) -> int:
     deadline = time.monotonic() + timeout
-    while _published(out) < chunks and proc.poll() is None and time.monotonic() < deadline:
+    while published_chunks(out) < chunks and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    return _published(out)
+    return published_chunks(out)
 
 
 @pytest.fixture(scope="module")
