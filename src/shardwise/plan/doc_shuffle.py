@@ -26,10 +26,12 @@ complete). Every file is written to a temporary name, fsynced and renamed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -81,16 +83,38 @@ class DocShuffleIndex:
         O(log n_docs + pieces); empty documents never appear.
         """
         start, stop = self.span(w)
-        cum = self.cum_tokens
-        first = int(np.searchsorted(cum, start, side="right")) - 1
-        last = int(np.searchsorted(cum, stop, side="left"))
-        begin = np.asarray(cum[first:last])
-        end = np.asarray(cum[first + 1:last + 1])
-        lo, hi = np.maximum(begin, start), np.minimum(end, stop)
-        keep = hi > lo
-        docs = np.asarray(self.doc_order[first:last])[keep]
-        return [(int(d), int(o), int(n))
-                for d, o, n in zip(docs, (lo - begin)[keep], (hi - lo)[keep], strict=True)]
+        docs, rel, skip = self.span_pieces(start, stop)
+        return [(int(d), skip if j == 0 else 0, b - a)
+                for j, (d, (a, b)) in enumerate(zip(docs.tolist(), pairwise(rel), strict=True))
+                if b > a]
+
+    def span_pieces(self, start: int, stop: int) -> tuple[IntArray, list[int], int]:
+        """Tokens ``[start, stop)`` of the shuffled stream (any span: a run of consecutive
+        windows is read in one call) as the stored documents holding them.
+
+        Returns ``(docs, rel, skip)``: ``docs[j]`` covers shuffled tokens
+        ``start + rel[j]`` to ``start + rel[j + 1]`` (``rel[0] = 0``,
+        ``rel[-1] = stop - start``), from its first token, except ``docs[0]``, which is
+        entered ``skip`` tokens in. An empty document has equal edges. In the worked
+        example, ``span_pieces(4, 9)`` is ``([0, 1], [0, 1, 5], 2)``. One binary search
+        for both ends, O(pieces); the edges are a list (the reader loops over them).
+        """
+        if not 0 <= start < stop <= self.total_tokens:
+            raise ValueError(f"span [{start}, {stop}) is not a non-empty part of the "
+                             f"shuffled stream [0, {self.total_tokens})")
+        cum, order = self._plain
+        first, end = cum.searchsorted((start, stop - 1), side="right").tolist()
+        rel = (cum[first - 1: end + 1] - start).tolist()
+        skip = -rel[0]
+        rel[0], rel[-1] = 0, stop - start
+        return order[first - 1: end], rel, skip
+
+    @functools.cached_property
+    def _plain(self) -> tuple[IntArray, IntArray]:
+        """``cum_tokens`` and ``doc_order`` as plain arrays (a memory map's subclass costs
+        microseconds per slice on the read path)."""
+        return (np.asarray(self.cum_tokens).view(np.ndarray),
+                np.asarray(self.doc_order).view(np.ndarray))
 
     def save(self, directory: Path, fingerprint: str) -> None:
         """Write the arrays and then the metadata file, each atomically."""
