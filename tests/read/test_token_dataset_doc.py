@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardwise as sw
+from shardwise.errors import CorruptChunkError
 from shardwise.plan.doc_shuffle import build_doc_shuffle_index
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
@@ -149,3 +150,36 @@ def test_one_file_cache_reads_the_same(chunked: Path, tmp_path: Path) -> None:
         got, want = b.get_batch(idx), a.get_batch(idx)
         for k in want:
             np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def test_an_id_outside_the_vocabulary_names_its_chunk(tmp_path: Path) -> None:
+    """The per-batch id check on both routes (one run; runs with padding) names the chunk
+    the bad id was read from."""
+    docs = sample_docs(200, seed=5, vocab_size=50)
+    docs[97] = [*docs[97], 77]  # chunk 97 // 7 = 13 of source 0
+    root = make_cache(tmp_path / "cache", [docs], chunk_docs=7, vocab_size=50)
+    stem = "chunks/00000/00000-00013.bin"
+    for idx in (lambda n: list(range(n)), lambda n: [j if j % 5 else sw.PAD for j in range(n)]):
+        ds = sw.TokenDataset(sw.open_cache(root), seq_len=8, seed=3, shuffle="document",
+                             plan_dir=tmp_path)
+        with pytest.raises(CorruptChunkError, match=rf"{stem}: token id 77"):
+            ds.get_batch(idx(len(ds)))
+
+
+def test_prefetch_asks_for_the_chunks_of_every_piece(chunked: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an object store, ``prefetch`` downloads the chunks the examples' pieces are in."""
+    ds = sw.TokenDataset(chunked, seq_len=16, seed=8, shuffle="document", plan_dir=tmp_path)
+    cum, starts = ds.cache.cum_tokens, _doc_starts(ds.cache)
+    index = build_doc_shuffle_index(np.diff(starts), seed=8, epoch=0, seq_len=16,
+                                    drop_last=True)
+    ds.get_batch([0])  # the plan and document starts, made while the cache is local
+    asked: list[int] = []
+    monkeypatch.setattr(ds.cache, "store", object())
+    monkeypatch.setattr(ds.cache, "prefetch", asked.extend)
+    for idx in ([0, 1, 2, 3], [40, sw.PAD, 7]):
+        asked.clear()
+        ds.prefetch(idx)
+        want = {int(np.searchsorted(cum, starts[d] + o + k, side="right")) - 1
+                for i in idx if i >= 0 for d, o, n in index.pieces(i) for k in (0, n - 1)}
+        assert sorted(asked) == sorted(want) and len(asked) == len(set(asked))

@@ -31,7 +31,6 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -83,31 +82,31 @@ class DocShuffleIndex:
         O(log n_docs + pieces); empty documents never appear.
         """
         start, stop = self.span(w)
-        docs, rel, skip = self.span_pieces(start, stop)
-        return [(int(d), skip if j == 0 else 0, b - a)
-                for j, (d, (a, b)) in enumerate(zip(docs.tolist(), pairwise(rel), strict=True))
-                if b > a]
+        docs, skip, end = self.span_pieces(start, stop)
+        cum = self._plain[0]
+        first = int(cum.searchsorted(start, side="right")) - 1
+        lengths = np.diff(cum[first: first + len(docs) + 1]).tolist()
+        lengths[-1] = end
+        lengths[0] -= skip
+        return [(d, skip if j == 0 else 0, n)
+                for j, (d, n) in enumerate(zip(docs.tolist(), lengths, strict=True)) if n]
 
-    def span_pieces(self, start: int, stop: int) -> tuple[IntArray, list[int], int]:
+    def span_pieces(self, start: int, stop: int) -> tuple[IntArray, int, int]:
         """Tokens ``[start, stop)`` of the shuffled stream (any span: a run of consecutive
-        windows is read in one call) as the stored documents holding them.
+        windows is read in one call) as the stored documents holding them, in order.
 
-        Returns ``(docs, rel, skip)``: ``docs[j]`` covers shuffled tokens
-        ``start + rel[j]`` to ``start + rel[j + 1]`` (``rel[0] = 0``,
-        ``rel[-1] = stop - start``), from its first token, except ``docs[0]``, which is
-        entered ``skip`` tokens in. An empty document has equal edges. In the worked
-        example, ``span_pieces(4, 9)`` is ``([0, 1], [0, 1, 5], 2)``. One binary search
-        for both ends, O(pieces); the edges are a list (the reader loops over them).
+        Returns ``(docs, skip, end)``: each of ``docs`` is read whole, except that the
+        first is entered ``skip`` tokens in and the last is left ``end`` tokens in (both
+        apply when there is one). Empty documents between may appear (read whole: no
+        tokens). In the worked example, ``span_pieces(4, 9)`` is ``([0, 1], 2, 4)``. One
+        binary search for both ends, O(pieces).
         """
-        if not 0 <= start < stop <= self.total_tokens:
+        cum, order = self._plain
+        if not 0 <= start < stop <= cum[-1]:
             raise ValueError(f"span [{start}, {stop}) is not a non-empty part of the "
                              f"shuffled stream [0, {self.total_tokens})")
-        cum, order = self._plain
-        first, end = cum.searchsorted((start, stop - 1), side="right").tolist()
-        rel = (cum[first - 1: end + 1] - start).tolist()
-        skip = -rel[0]
-        rel[0], rel[-1] = 0, stop - start
-        return order[first - 1: end], rel, skip
+        first, last = cum.searchsorted((start, stop - 1), side="right").tolist()
+        return order[first - 1: last], start - int(cum[first - 1]), stop - int(cum[last - 1])
 
     @functools.cached_property
     def _plain(self) -> tuple[IntArray, IntArray]:

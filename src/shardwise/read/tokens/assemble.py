@@ -13,9 +13,8 @@ at the 4th token::
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections import OrderedDict
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -24,35 +23,20 @@ import numpy.typing as npt
 from numpy.lib.stride_tricks import as_strided
 
 from shardwise.format.atomic import save_npy
-from shardwise.plan.doc_shuffle import DocShuffleIndex, plan_fingerprint
+from shardwise.plan.doc_shuffle import plan_fingerprint
 from shardwise.read.examples import ignore_unmasked
+from shardwise.read.tokens.doc_rows import (
+    NO_BOUNDS,
+    DocRun,
+    Span,
+    run_bounds,
+    run_offset,
+    span_sources,
+    stage_runs,
+)
 from shardwise.storage.cache import MAX_OPEN_CHUNKS, Cache
 
 MAX_CACHED_DOC_STARTS = 64
-NO_BOUNDS = np.zeros(0, dtype=np.int64)
-NO_BOUNDS.flags.writeable = False
-DocRun = tuple[DocShuffleIndex, int, int, int]
-"""Consecutive windows of one epoch's document order: (its index, first row of the batch,
-first window, how many)."""
-
-
-class _Span:
-    """A run's tokens ``[start, start + len(flat))`` of the shuffled stream, copied out,
-    and where each piece came from: piece ``j`` is ``flat[rel[j]:rel[j + 1]]``, read
-    from its stored document's start ``starts[j]`` (the first one ``skip`` tokens in)."""
-
-    __slots__ = ("flat", "rel", "skip", "starts")
-
-    def __init__(self, flat: npt.NDArray[Any], rel: list[int], starts: npt.NDArray[np.int64],
-                 skip: int) -> None:
-        self.flat, self.rel, self.starts, self.skip = flat, rel, starts, skip
-
-    def stream_offset(self, k: int) -> int:
-        """The stored stream offset of ``flat[k]`` (to name the chunk a bad id came from)."""
-        j = bisect_right(self.rel, k) - 1
-        return int(self.starts[j]) + (self.skip if j == 0 else 0) + k - self.rel[j]
-
-
 class WindowReader:
     """Turns window indices (or document pieces) into example arrays."""
 
@@ -67,9 +51,9 @@ class WindowReader:
         self._views: OrderedDict[int, tuple[int, npt.NDArray[Any]]] = OrderedDict()
         self._all_starts: npt.NDArray[np.int64] | None = None
         # document shuffle: chunk token memory (the maps, as memoryviews: slicing one
-        # costs a third of slicing an array), and the stored doc starts as a plain array
+        # costs a third of slicing an array, and bytes.join copies them in one call), and
+        # the stored doc starts as a plain array
         self._memory: OrderedDict[int, memoryview] = OrderedDict()
-        self._format = memoryview(np.empty(0, dtype=cache.dtype)).format
         self.plain_doc_starts: npt.NDArray[np.int64] | None = None
         # the stream as of the dataset's creation (its windows were counted on it); a
         # plain list, because bisecting it per row is ~10x cheaper than numpy calls
@@ -240,8 +224,7 @@ class WindowReader:
         run of whole windows filling the batch (the common case) turns its buffer
         straight into ``input_ids`` and ``labels``, one conversion each."""
         L = self.cfg.seq_len
-        spans = [self._copy_span(index, w * L, min(w * L + k * L + 1, index.total_tokens),
-                                 doc_starts) for index, _, w, k in runs]
+        spans = [self._copy_span(run, doc_starts) for run in runs]
         if len(runs) == 1 and runs[0][3] == rows and len(spans[0].flat) == rows * L + 1:
             flat = spans[0].flat
             self.cache.checks.batch_ids(flat, spans[0].stream_offset)
@@ -249,91 +232,43 @@ class WindowReader:
             labels = flat[1:].astype(np.int64).reshape(rows, L)
             valid = [L + 1] * rows
         else:
-            stage, valid = self._stage_runs(runs, spans, rows)
-            self.cache.checks.batch_ids(stage, lambda k: _run_offset(runs, spans, L, k))
+            stage, valid = stage_runs(runs, spans, rows, L, self.cache.dtype)
+            self.cache.checks.batch_ids(stage, lambda k: run_offset(runs, spans, L, k))
             input_ids, labels = stage[:, :L].astype(np.int64), stage[:, 1:].astype(np.int64)
-        bounds = self._run_bounds(runs, spans, rows) if self._want_boundaries else None
+        bounds = run_bounds(runs, spans, rows, L) if self._want_boundaries else None
         return self._finish(input_ids, labels, valid, bounds)
 
-    def doc_sources(self, index: DocShuffleIndex, start: int, stop: int,
-                    doc_starts: npt.NDArray[np.int64]) -> tuple[list[int], list[int]]:
-        """Shuffled tokens ``[start, stop)`` as pieces: their stored stream offsets, and
-        their edges relative to ``start`` (one more; equal edges: an empty document)."""
-        docs, rel, skip = index.span_pieces(start, stop)
-        src = doc_starts[docs].tolist()
-        src[0] += skip
-        return src, rel
+    def doc_sources(self, run: DocRun, doc_starts: npt.NDArray[np.int64]
+                    ) -> tuple[list[int], list[int]]:
+        """:func:`~shardwise.read.tokens.doc_rows.span_sources` at this ``seq_len``."""
+        return span_sources(run, self.cfg.seq_len, doc_starts)
 
-    def _copy_span(self, index: DocShuffleIndex, start: int, stop: int,
-                   doc_starts: npt.NDArray[np.int64]) -> _Span:
-        docs, rel, skip = index.span_pieces(start, stop)
-        starts = doc_starts[docs]
-        flat = np.empty(stop - start, dtype=self.cache.dtype)
-        out = memoryview(flat)
+    def _copy_span(self, run: DocRun, doc_starts: npt.NDArray[np.int64]) -> Span:
+        """The run's pieces joined (one copy each, from memoryviews of the chunk maps)."""
+        src, stops = self.doc_sources(run, doc_starts)
         if len(self._cum) == 2:  # one chunk: stored offsets are its offsets
-            src = starts.tolist()
-            src[0] += skip
             mem = self._chunk_memory(0)
-            for s, (a, b) in zip(src, pairwise(rel), strict=True):
-                if b > a:
-                    out[a:b] = mem[s: s + b - a]
+            parts = [mem[a:b] for a, b in zip(src, stops, strict=True)]
         else:  # a document lies inside one chunk
-            chunks = np.searchsorted(self._cum_np, starts, side="right") - 1
-            local = (starts - self._cum_np[chunks]).tolist()
-            local[0] += skip
-            for c, s, (a, b) in zip(chunks.tolist(), local, pairwise(rel), strict=True):
-                if b > a:
-                    out[a:b] = self._chunk_memory(c)[s: s + b - a]
-        return _Span(flat, rel, starts, skip)
+            cum = self._cum
+            chunks = (np.searchsorted(self._cum_np, src, side="right") - 1).tolist()
+            parts = [self._chunk_memory(c)[a - cum[c]: b - cum[c]]
+                     for c, a, b in zip(chunks, src, stops, strict=True) if b > a]
+        flat = np.frombuffer(b"".join(parts), dtype=self.cache.dtype)
+        return Span(flat, src, stops)
 
     def _chunk_memory(self, c: int) -> memoryview:
         """Chunk ``c``'s tokens as a memoryview of its map (kept: as many as the cache
         keeps open)."""
         hit = self._memory.get(c)
         if hit is None:
-            hit = memoryview(self.cache.tokens(c)).cast("B").cast(self._format)
+            hit = self.cache.tokens(c).data
             self._memory[c] = hit
             if len(self._memory) > MAX_OPEN_CHUNKS:
                 self._memory.popitem(last=False)
         else:
             self._memory.move_to_end(c)
         return hit
-
-    def _stage_runs(self, runs: list[DocRun], spans: list[_Span], rows: int
-                    ) -> tuple[npt.NDArray[Any], list[int]]:
-        """``[rows, seq_len + 1]`` of the runs' windows (padding rows: zeros), and each
-        row's real tokens (the stream's last window may be short: drop_last=False)."""
-        L = self.cfg.seq_len
-        stage = np.zeros((rows, L + 1), dtype=self.cache.dtype)
-        valid = [0] * rows
-        for (_, row, _, k), span in zip(runs, spans, strict=True):
-            flat = span.flat
-            full = min(k, (len(flat) - 1) // L)
-            if full:
-                stage[row: row + full] = as_strided(flat, shape=(full, L + 1), strides=(
-                    L * flat.itemsize, flat.itemsize), writeable=False)
-                valid[row: row + full] = [L + 1] * full
-            if full < k:
-                tail = flat[full * L:]
-                stage[row + full, : len(tail)] = tail
-                valid[row + full] = len(tail)
-        return stage, valid
-
-    def _run_bounds(self, runs: list[DocRun], spans: list[_Span], rows: int
-                    ) -> list[npt.NDArray[np.int64]]:
-        """Each row's document starts strictly inside its ``seq_len`` inputs: the span's
-        inner piece edges (an empty document repeats one: counted once)."""
-        L = self.cfg.seq_len
-        bounds = [NO_BOUNDS] * rows
-        for (_, row, _, k), span in zip(runs, spans, strict=True):
-            inner, n = span.rel[1:-1], len(span.flat)
-            for j in range(k):
-                lo = j * L
-                xs = inner[bisect_right(inner, lo): bisect_left(inner, min(lo + L, n))]
-                bounds[row + j] = np.asarray(
-                    [x - lo for i, x in enumerate(xs) if i == 0 or x != xs[i - 1]],
-                    dtype=np.int64)
-        return bounds
 
     def _finish(self, input_ids: npt.NDArray[np.int64], labels: npt.NDArray[np.int64],
                 valid: list[int], bounds: list[npt.NDArray[np.int64]] | None
@@ -379,11 +314,3 @@ class WindowReader:
             self._positions_2d = np.tile(self._positions, (rows, 1))
         return self._positions_2d
 
-
-def _run_offset(runs: list[DocRun], spans: list[_Span], L: int, k: int) -> int:
-    """The stored stream offset of flat element ``k`` of a ``[rows, L + 1]`` stage."""
-    r, col = divmod(k, L + 1)
-    for (_, row, _, count), span in zip(runs, spans, strict=True):
-        if row <= r < row + count:
-            return span.stream_offset((r - row) * L + col)
-    raise ValueError(f"row {r} is padding: it holds no token")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -298,12 +297,10 @@ class TokenDataset(Configured):
             return
         idx = list(indices)
         if self.config.shuffle is Shuffle.DOCUMENT:
-            L, starts, ranges = self.config.seq_len, self._doc_starts(), []
-            for index, _, w, k in self._doc_runs(idx):
-                src, rel = self._reader.doc_sources(
-                    index, w * L, min(w * L + k * L + 1, index.total_tokens), starts)
-                ranges += [(s, s + b - a) for s, (a, b) in zip(src, pairwise(rel), strict=True)
-                           if b > a]
+            starts, ranges = self._doc_starts(), []
+            for run in self._doc_runs(idx):
+                src, stops = self._reader.doc_sources(run, starts)
+                ranges += [(a, b) for a, b in zip(src, stops, strict=True) if b > a]
         else:
             L, total = self.config.seq_len, self.cache.num_tokens
             ranges = [(w * L, min(w * L + L + 1, total)) for w in self._window_list(idx)
@@ -314,7 +311,11 @@ class TokenDataset(Configured):
         """A micro-batch as runs of consecutive windows of one epoch's document order (a
         sampler's micro-batch is one run: its span of the shuffled stream is read in one
         go); :data:`PAD` rows are in no run."""
-        n = self.num_windows
+        n, count = self.num_windows, len(indices)
+        i0 = int(indices[0]) if count else PAD
+        if i0 >= 0 and i0 % n + count <= n and indices == list(range(i0, i0 + count)):
+            epoch, w = divmod(i0, n)  # the usual case, checked in one comparison
+            return [(self._epoch_order(epoch), 0, w, count)]
         runs: list[list[Any]] = []
         last = PAD - 1
         for r, i in enumerate(indices):
