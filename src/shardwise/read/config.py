@@ -117,18 +117,24 @@ class ReadConfig:
         return {str(k): str(v) for k, v in self.blend["sources"].items()}
 
     # -- building the readers -------------------------------------------------------------
-    def build(self, rank: int = 0) -> tuple[Any, BatchSampler | None]:
+    def build(self, rank: int = 0, *, caches: Mapping[str, Any] | None = None
+              ) -> tuple[Any, BatchSampler | None]:
         """The dataset rank ``rank`` reads and its BatchSampler (global placement; ``None``
-        for stream and sft, whose readers place examples themselves)."""
+        for stream and sft, whose readers place examples themselves). ``caches``: caches
+        already open, by their path in this config (opening a large cache reads its
+        whole ledger)."""
         world = World(rank, self.world_size)
+        opened = dict(caches or {})
         if self.reader is ReaderKind.STREAM:
-            return self._call(_stream_dataset(), self._path(), world=world,
-                              batch_size=self.micro_batch_size), None
+            return self._call(_stream_dataset(), opened.get(self._path(), self._path()),
+                              world=world, batch_size=self.micro_batch_size), None
         if self.reader is ReaderKind.SFT:
             from shardwise.read.compose.records import CacheRecords
 
-            return self._call(_packed_sft(), CacheRecords(self._path())), None
-        ds = self._blend() if self.blend is not None else self._tokens(self._path())
+            records = CacheRecords(opened.get(self._path(), self._path()))
+            return self._call(_packed_sft(), records), None
+        ds = (self._blend(opened) if self.blend is not None
+              else self._tokens(opened.get(self._path(), self._path())))
         return ds, self.sampler(len(ds), world)
 
     def sampler(self, n: int, world: World) -> BatchSampler:
@@ -145,18 +151,18 @@ class ReadConfig:
     def _path(self) -> str:
         return str(self.cache)
 
-    def _tokens(self, path: str) -> Any:
+    def _tokens(self, path: Any) -> Any:
         from shardwise.read.tokens.dataset import TokenDataset
 
         return self._call(TokenDataset, path)
 
-    def _blend(self) -> Any:
+    def _blend(self, opened: dict[str, Any]) -> Any:
         from shardwise.read.compose.blend import Blend
 
         assert self.blend is not None  # for mypy: _blend is called only for a blend
         srcs = self.sources()
         names = list(srcs)
-        parts = [self._tokens(p) for p in srcs.values()]
+        parts = [self._tokens(opened.get(p, p)) for p in srcs.values()]
         schedule = self.schedule_examples()
         if schedule is None:
             weights = [float(self.blend["weights"].get(n, 0.0)) for n in names]

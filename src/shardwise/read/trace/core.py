@@ -20,7 +20,7 @@ its ``input_ids``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,14 +103,16 @@ class Tracer:
     tracing many steps (``trace --plot``) reuses them.
 
     ``lines=False`` skips source lines (chunks and files only: no chunk metadata read);
-    ``ids`` adds each piece's token ids; ``decode`` (ids → text) adds its text.
+    ``ids`` adds each piece's token ids; ``decode`` (ids → text) adds its text;
+    ``caches``: caches already open, by their path in the config.
     """
 
     def __init__(self, config: ReadConfig, *, lines: bool = True, ids: bool = False,
-                 decode: Decode | None = None) -> None:
+                 decode: Decode | None = None, caches: Mapping[str, Any] | None = None
+                 ) -> None:
         self.config, self.lines, self.decode = config, lines, decode
         self.ids = ids or decode is not None
-        self.dataset, _ = config.build(rank=0)
+        self.dataset, _ = config.build(rank=0, caches=caches)
         kind = config.reader
         self._stream = StreamExamples(self.dataset) if kind is ReaderKind.STREAM else None
         self._sft = SftRows(self.dataset) if kind is ReaderKind.SFT else None
