@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -258,11 +258,6 @@ def load_read_config(path: str | os.PathLike[str]) -> ReadConfig:
         raise ConfigError(f"{p}: not valid JSON ({e}); a read config is one JSON object "
                           "(see shardwise.read.config)") from None
     return ReadConfig.from_dict(data, where=str(p), base=p.parent)
-
-
-def with_layout(config: ReadConfig, **layout: int) -> ReadConfig:
-    """``config`` under another batch layout (e.g. another world size)."""
-    return replace(config, **layout)
 
 
 def _resolve(value: Any, base: Path | None) -> Any:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -56,7 +56,7 @@ class Where:
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"source_path": self.source_path, "chunk": self.chunk,
+        out: dict[str, Any] = {"source_path": self.source_path, "chunk": self.chunk,
                f"segment_{self.unit}s": [self.range_start, self.range_stop]}
         if self.row is not None:
             out["row"] = self.row
@@ -182,19 +182,17 @@ class Documents:
                          note="a Megatron dataset records no source lines")
         seg = self._segments()[info.stem]
         unit = "row" if m.sources[info.source].format == "parquet" else "byte"
-        base = dict(source_path=m.sources[info.source].path, chunk=info.stem, unit=unit,
-                    range_start=seg.start, range_stop=seg.stop)
+        here = Where(m.sources[info.source].path, info.stem, unit, seg.start, seg.stop)
         if seg.clean:  # every line of the segment is a document: no chunk metadata needed
             x: int | None = seg.docs_before + k
         else:
             x = self._line_from_meta(c, k)
-            if x is None:
-                return Where(**base, note=(  # type: ignore[arg-type]
-                    "records of this chunk were skipped by a build that did not record "
-                    "which (rebuild it for exact lines)"))
+        if x is None:
+            return replace(here, note="records of this chunk were skipped by a build that "
+                                      "did not record which (rebuild it for exact lines)")
         if unit == "row":
-            return Where(**base, row=seg.start + x)  # type: ignore[arg-type]
-        return Where(**base, line=seg.lines_before + x + 1)  # type: ignore[arg-type]
+            return replace(here, row=seg.start + x)
+        return replace(here, line=seg.lines_before + x + 1)
 
     def _line_from_meta(self, c: int, k: int) -> int | None:
         """Document ``k``'s line in its segment from the chunk's ``skipped_lines``."""
