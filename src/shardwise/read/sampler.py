@@ -13,6 +13,19 @@ A sampler is a pure function of ``(consumed, world, micro_batch_size, seed)``
   the world size).
 * ``eval``: one pass in stored order; the last step is padded with index ``-1``, which
   :class:`~shardwise.read.tokens.dataset.TokenDataset` turns into fully masked examples.
+
+**Skip ranges** (``skip=``, :mod:`shardwise.plan.skips`): half-open ranges of positions
+in the global order left out, whole steps of ``micro_batch_size × world size`` — the
+skip-and-resume recipe after a loss spike. Only the skipped steps change: every other
+step reads exactly what it reads without a skip list. ``consumed`` stays a position in the
+unskipped order (a skipped range just makes it jump), so position ``p`` and global step
+``p // B`` mean the same examples with or without skips (``shardwise trace`` of a step
+stays true), and ``total`` is a position too: the run ends where it would without skips,
+serving fewer steps, so adding a skip never reads past the planned data (an epoch bound
+stays an epoch). A state records its skip list (:func:`shardwise.integrations.torch.\
+sampler_state_config`); on resume, ranges before the saved position must be the saved
+ones, later ones may change (:meth:`shardwise.checkpoint.LoaderState.check_matches`).
+The ``eval`` sampler refuses a skip list: an eval pass sees every example once.
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ from shardwise.plan.batches import (
     micro_batch_indices,
     num_eval_steps,
 )
+from shardwise.plan.skips import Skip, advance, normalise_skip, served_segments, skipped_in
 from shardwise.read.drops import Drop
 from shardwise.world import World
 
@@ -68,6 +82,9 @@ class BatchSampler:
     same for every ``B``, so a position saved under one global batch size continues
     exactly under another (Megatron's batch-size ramp-up) whenever it is a whole number
     of the new ``micro_batch_size × world size`` steps.
+
+    ``skip``: ranges of positions to leave out (see the module docs), normalised here
+    (sorted, merged, whole steps).
     """
 
     n: int
@@ -79,6 +96,7 @@ class BatchSampler:
     data_sharding: bool = True
     consumed: int = 0
     total: int | None = None
+    skip: Skip = ()
 
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "micro_batch_size"):
@@ -95,6 +113,11 @@ class BatchSampler:
                               f"micro_batch_size × world size = {step}: it is not a multiple "
                               "(save checkpoints at global-batch boundaries)")
         self.check_in_run(self.consumed)
+        object.__setattr__(self, "skip", normalise_skip(self.skip, step))
+        if self.skip and self.kind is SamplerKind.EVAL:
+            raise ConfigError(f"sampler='eval' sees every example once, but skip={self.skip} "
+                              "was given; skip ranges are for training samplers (single, "
+                              "cyclic): drop the skip list for evaluation")
 
     @property
     def end(self) -> int | None:
@@ -126,7 +149,33 @@ class BatchSampler:
             out.append(Drop(self.total % step, "examples", f"the run's last partial step "
                             f"({self.total:,} is not a multiple of micro_batch × world = "
                             f"{step})", of=self.total))
+        if self.skip:
+            end = None if self.total is None else self.total - self.total % step
+            out.append(Drop(skipped_in(self.skip, 0, end), "examples", f"the skip list "
+                            f"{list(self.skip)} (positions of the global order; the run "
+                            "still ends at the same position)", of=self.total))
         return out
+
+    def advance(self, k: int) -> int:
+        """The position after this sampler serves ``k`` micro-batch steps from
+        ``consumed`` (skipped ranges on the way are jumped)."""
+        if not self.skip:
+            return self.consumed + k * self.step_examples
+        return advance(self.skip, self.consumed, k, self.step_examples)
+
+    def skipped(self, lo: int, hi: int | None) -> int:
+        """Positions in ``[lo, hi)`` the skip list leaves out."""
+        return skipped_in(self.skip, lo, hi)
+
+    def position_of_served(self, served: int) -> int:
+        """The position after ``served`` examples were served from position 0: how a
+        count of examples trained on (Megatron's ``consumed_train_samples``, HF's
+        ``global_step × B``) becomes a position when steps were skipped."""
+        served = as_count(served, "served examples")
+        if served % self.step_examples:
+            raise ConfigError(f"{served} served examples is not a whole number of "
+                              f"micro_batch_size × world size = {self.step_examples} steps")
+        return advance(self.skip, 0, served // self.step_examples, self.step_examples)
 
     def padding(self) -> int:
         """Masked padding examples an eval pass adds to fill its last step."""
@@ -145,25 +194,37 @@ class BatchSampler:
             return max(0, steps - self.consumed // self.step_examples)
         if self.total is None:
             raise TypeError("an endless sampler has no len(); pass total= (or epochs=)")
-        return max(0, self.total - self.consumed) // self.step_examples
+        steps = max(0, self.total - self.consumed) // self.step_examples
+        end = self.consumed + steps * self.step_examples
+        return steps - self.skipped(self.consumed, end) // self.step_examples
 
     def micro_batch(self, k: int) -> list[int]:
-        """This rank's ``k``-th micro-batch counted from ``consumed``."""
+        """This rank's ``k``-th micro-batch counted from ``consumed`` (skipped steps not
+        counted)."""
         m, w = self.micro_batch_size, self.world
-        if self.kind is SamplerKind.SINGLE:
-            idx = micro_batch_indices(k, rank=w.rank, world_size=w.size, micro_batch_size=m,
-                                      consumed=self.consumed)
-        elif self.kind is SamplerKind.CYCLIC:
-            idx = cyclic_micro_batch_indices(k, n=self.n, rank=w.rank, world_size=w.size,
-                                             micro_batch_size=m, seed=self.seed,
-                                             consumed=self.consumed,
-                                             data_sharding=self.data_sharding)
-        else:
+        if self.kind is SamplerKind.EVAL:
             idx = eval_micro_batch_indices(k + self.consumed // self.step_examples, n=self.n,
                                            rank=w.rank, world_size=w.size, micro_batch_size=m)
+            return idx.tolist()
+        return self._at(self.advance(k + 1) - self.step_examples)
+
+    def _at(self, position: int) -> list[int]:
+        """This rank's micro-batch of the step at ``position`` (single, cyclic)."""
+        m, w = self.micro_batch_size, self.world
+        if self.kind is SamplerKind.SINGLE:
+            idx = micro_batch_indices(0, rank=w.rank, world_size=w.size, micro_batch_size=m,
+                                      consumed=position)
+        else:
+            idx = cyclic_micro_batch_indices(0, n=self.n, rank=w.rank, world_size=w.size,
+                                             micro_batch_size=m, seed=self.seed,
+                                             consumed=position,
+                                             data_sharding=self.data_sharding)
         return idx.tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
+        if self.skip:
+            yield from self._iter_skipping()
+            return
         limit = None if (self.total is None and self.kind is not SamplerKind.EVAL) else len(self)
         if self.kind is SamplerKind.SINGLE:  # every step of pretraining: no per-step checks
             w = self.world
@@ -175,3 +236,20 @@ class BatchSampler:
         while limit is None or k < limit:
             yield self.micro_batch(k)
             k += 1
+
+    def _iter_skipping(self) -> Iterator[list[int]]:
+        """The served runs of positions between the skipped ranges, each read as without
+        a skip list."""
+        step, w = self.step_examples, self.world
+        end = None if self.total is None else self.total - self.total % step
+        for lo, hi in served_segments(self.skip, self.consumed, end):
+            if self.kind is SamplerKind.SINGLE:
+                yield from iter_micro_batches(rank=w.rank, world_size=w.size,
+                                              micro_batch_size=self.micro_batch_size,
+                                              consumed=lo,
+                                              steps=None if hi is None else (hi - lo) // step)
+                continue
+            p = lo
+            while hi is None or p < hi:
+                yield self._at(p)
+                p += step
