@@ -40,7 +40,7 @@ def _steps(dl: Any, world_size: int) -> list[np.ndarray]:
     return [np.concatenate(batches[i:i + per_step]) for i in range(0, len(batches), per_step)]
 
 
-def _run(ds: sw.TokenDataset, world_size: int, **kw: Any) -> list[np.ndarray]:
+def _run(ds: Any, world_size: int, **kw: Any) -> list[np.ndarray]:
     per_rank = [_steps(loader(ds, global_batch_size=B, micro_batch_size=M,
                               world=sw.World(r, world_size), total_samples=TOTAL, **kw), world_size)
                 for r in range(world_size)]
@@ -84,7 +84,7 @@ def test_the_state_holds_the_skip_list_and_describe_counts_it(ds: sw.TokenDatase
     assert dl.consumed == 32 + M
 
 
-def _stopped(ds: sw.TokenDataset, steps: int, **kw: Any) -> dict[str, Any]:
+def _stopped(ds: Any, steps: int, **kw: Any) -> dict[str, Any]:
     dl = loader(ds, global_batch_size=B, micro_batch_size=M, world=sw.World(0, 1),
                 total_samples=TOTAL, **kw)
     it = iter(dl)
@@ -93,7 +93,7 @@ def _stopped(ds: sw.TokenDataset, steps: int, **kw: Any) -> dict[str, Any]:
     return json.loads(json.dumps(dl.state_dict()))
 
 
-def _resumed(ds: sw.TokenDataset, state: dict[str, Any], **kw: Any) -> list[np.ndarray]:
+def _resumed(ds: Any, state: dict[str, Any], **kw: Any) -> list[np.ndarray]:
     dl = loader(ds, global_batch_size=B, micro_batch_size=M, world=sw.World(0, 1),
                 total_samples=TOTAL, **kw)
     dl.load_state_dict(state)
@@ -229,3 +229,17 @@ def test_real_tensors_are_counts(ds: sw.TokenDataset) -> None:
     dl = loader(ds, global_batch_size=B, micro_batch_size=M, world=sw.World(0, 1),
                 skip_steps=[(torch.tensor(1), np.int64(2))])
     assert dl.state_dict()["config"]["skip"] == [[8, 16]]
+
+
+def test_a_blend_skips_and_resumes_through_its_seek_hints(ds: sw.TokenDataset) -> None:
+    """A Blend's state carries per-source counts at the position (its O(1) seek): with
+    skips the position is still one of the global order, so they stay right."""
+    blend = sw.Blend([ds, sw.TokenDataset(ds.cache.root, seq_len=8, seed=5)], [0.6, 0.4],
+                     seed=3)
+    plain = _run(blend, 1)
+    _same(_run(blend, 1, skip_steps=[(1, 3)]),
+          [s for i, s in enumerate(plain) if i not in (1, 2)])
+    state = _stopped(blend, 2, skip_steps=[(1, 3)])  # steps 0, 3: at position 32
+    assert state["consumed"] == 4 * B and state["extra"]  # the per-source counts
+    _same(_resumed(blend, state, skip_steps=[(1, 3), (5, 6)]),
+          [s for i, s in enumerate(plain) if i == 4 or i >= 6])

@@ -42,9 +42,9 @@ from shardwise.choice import Choice
 from shardwise.errors import ConfigError
 from shardwise.format.chunk import IGNORE_INDEX
 from shardwise.integrations.torch import ShardwiseLoader, loader
-from shardwise.plan.skips import advance, normalise_skip, skip_from_steps
+from shardwise.plan.skips import advance
 from shardwise.read.compose.blend import Blend
-from shardwise.read.sampler import accumulation_steps
+from shardwise.read.sampler import accumulation_steps, normalise_skip, skip_from_steps
 from shardwise.read.tokens.dataset import TokenDataset
 from shardwise.storage.cache import Cache, open_cache
 from shardwise.storage.cache_range import DocumentRange

@@ -42,11 +42,10 @@ import numpy as np
 
 from shardwise.checkpoint import SKIP_KEY, Configured, LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, MissingExtraError, StateError
-from shardwise.plan.skips import skip_from_steps
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.guard import refuse_framework_sharding
 from shardwise.read.rows import stacked
-from shardwise.read.sampler import BatchSampler, SamplerKind
+from shardwise.read.sampler import BatchSampler, SamplerKind, skip_from_steps
 from shardwise.world import World
 
 try:

@@ -32,9 +32,8 @@ from typing import Any
 from shardwise.checkpoint import Configured, LoaderState, Resumable
 from shardwise.errors import StateError
 from shardwise.integrations.torch import sampler_state_config
-from shardwise.plan.skips import skip_from_steps
 from shardwise.read.guard import refuse_framework_sharding
-from shardwise.read.sampler import BatchSampler, SamplerKind
+from shardwise.read.sampler import BatchSampler, SamplerKind, skip_from_steps
 from shardwise.world import World
 
 

@@ -14,76 +14,15 @@ position counter (a state's ``consumed``) jumps over a skipped range::
     consumed after 1, 2, 3 served steps:  2, 4, 10   (4 is just before the jump)
 
 Every function is pure arithmetic over the (sorted, merged) ranges: O(ranges), never a
-walk over steps.
+walk over steps. The ranges are checked and normalised where a reader takes them
+(:func:`shardwise.read.sampler.normalise_skip`).
 """
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Iterable, Iterator
-from typing import Any
-
-from shardwise.errors import ConfigError
+from collections.abc import Iterator
 
 Skip = tuple[tuple[int, int], ...]
-
-
-def _as_int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or getattr(value, "ndim", 0) != 0:
-        raise ConfigError(f"{where} must be an integer position, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise ConfigError(f"{where} must be an integer position, got {value!r} "
-                          f"({type(value).__name__})") from None
-
-
-def normalise_skip(ranges: Iterable[Any] | None, step: int, *, unit: str = "examples") -> Skip:
-    """``ranges`` sorted and merged (overlapping or touching ranges become one), each
-    checked: two integers ``start < stop``, both multiples of ``step`` (a skip leaves out
-    whole steps of ``micro_batch_size × world size``, so every rank skips the same step)::
-
-        normalise_skip([(8, 12), (0, 4), (4, 6)], 2) == ((0, 6), (8, 12))
-    """
-    out: list[tuple[int, int]] = []
-    for r in ranges or ():
-        if isinstance(r, (str, bytes)) or not hasattr(r, "__len__") or len(r) != 2:
-            raise ConfigError(f"skip: each range is a pair (start, stop) of {unit}, got {r!r}")
-        start = _as_int(r[0], f"skip range {tuple(r)!r}: start")
-        stop = _as_int(r[1], f"skip range {tuple(r)!r}: stop")
-        if not 0 <= start < stop:
-            raise ConfigError(f"skip range ({start}, {stop}) of {unit} is empty or negative: "
-                              "a range is half-open [start, stop) with 0 <= start < stop")
-        if start % step or stop % step:
-            lo, hi = start - start % step, -(-stop // step) * step
-            raise ConfigError(f"skip range ({start}, {stop}) of {unit} is not a whole number "
-                              f"of steps of micro_batch_size × world size = {step}: every "
-                              f"rank must skip the same steps; use ({lo}, {hi}) to cover it")
-        out.append((start, stop))
-    merged: list[tuple[int, int]] = []
-    for start, stop in sorted(out):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(stop, merged[-1][1]))
-        else:
-            merged.append((start, stop))
-    return tuple(merged)
-
-
-def skip_from_steps(steps: Iterable[Any] | None, global_batch_size: int) -> Skip:
-    """Global-step ranges ``[a, b)`` → position ranges ``[a·B, b·B)`` (not yet
-    normalised): a step ``s`` is positions ``[s·B, (s+1)·B)``."""
-    out = []
-    for r in steps or ():
-        if isinstance(r, (str, bytes)) or not hasattr(r, "__len__") or len(r) != 2:
-            raise ConfigError(f"skip_steps: each range is a pair (first step, stop step), "
-                              f"got {r!r}")
-        a = _as_int(r[0], f"skip_steps range {tuple(r)!r}: start")
-        b = _as_int(r[1], f"skip_steps range {tuple(r)!r}: stop")
-        if not 0 <= a < b:
-            raise ConfigError(f"skip_steps range ({a}, {b}) is empty or negative: a range "
-                              "is half-open [start, stop) of global steps, 0 <= start < stop")
-        out.append((a * global_batch_size, b * global_batch_size))
-    return tuple(out)
 
 
 def skipped_in(skip: Skip, lo: int, hi: int | None) -> int:

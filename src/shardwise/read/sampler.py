@@ -26,12 +26,16 @@ stays an epoch). A state records its skip list (:func:`shardwise.integrations.to
 sampler_state_config`); on resume, ranges before the saved position must be the saved
 ones, later ones may change (:meth:`shardwise.checkpoint.LoaderState.check_matches`).
 The ``eval`` sampler refuses a skip list: an eval pass sees every example once.
+Stream placement (StreamDataset, RecordStream, PackedSFT, a Blend of streams) has no
+sampler and refuses one too (:func:`refuse_skip`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import operator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from shardwise.checkpoint import as_count, check_not_past_end
 from shardwise.choice import Choice
@@ -43,7 +47,7 @@ from shardwise.plan.batches import (
     micro_batch_indices,
     num_eval_steps,
 )
-from shardwise.plan.skips import Skip, advance, normalise_skip, served_segments, skipped_in
+from shardwise.plan.skips import Skip, advance, served_segments, skipped_in
 from shardwise.read.drops import Drop
 from shardwise.world import World
 
@@ -69,6 +73,79 @@ def accumulation_steps(global_batch_size: int, micro_batch_size: int, world_size
                           f"micro_batch_size × world size ({micro_batch_size} × {world_size}"
                           f" = {step})")
     return global_batch_size // step
+
+
+def _as_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or getattr(value, "ndim", 0) != 0:
+        raise ConfigError(f"{where} must be an integer position, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{where} must be an integer position, got {value!r} "
+                          f"({type(value).__name__})") from None
+
+
+def normalise_skip(ranges: Iterable[Any] | None, step: int, *, unit: str = "examples") -> Skip:
+    """``ranges`` sorted and merged (overlapping or touching ranges become one), each
+    checked: two integers ``start < stop``, both multiples of ``step`` (a skip leaves out
+    whole steps of ``micro_batch_size × world size``, so every rank skips the same step)::
+
+        normalise_skip([(8, 12), (0, 4), (4, 6)], 2) == ((0, 6), (8, 12))
+    """
+    out: list[tuple[int, int]] = []
+    for r in ranges or ():
+        if isinstance(r, (str, bytes)) or not hasattr(r, "__len__") or len(r) != 2:
+            raise ConfigError(f"skip: each range is a pair (start, stop) of {unit}, got {r!r}")
+        start = _as_int(r[0], f"skip range {tuple(r)!r}: start")
+        stop = _as_int(r[1], f"skip range {tuple(r)!r}: stop")
+        if not 0 <= start < stop:
+            raise ConfigError(f"skip range ({start}, {stop}) of {unit} is empty or negative: "
+                              "a range is half-open [start, stop) with 0 <= start < stop")
+        if start % step or stop % step:
+            lo, hi = start - start % step, -(-stop // step) * step
+            raise ConfigError(f"skip range ({start}, {stop}) of {unit} is not a whole number "
+                              f"of steps of micro_batch_size × world size = {step}: every "
+                              f"rank must skip the same steps; use ({lo}, {hi}) to cover it")
+        out.append((start, stop))
+    merged: list[tuple[int, int]] = []
+    for start, stop in sorted(out):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(stop, merged[-1][1]))
+        else:
+            merged.append((start, stop))
+    return tuple(merged)
+
+
+def skip_from_steps(steps: Iterable[Any] | None, global_batch_size: int) -> Skip:
+    """Global-step ranges ``[a, b)`` → position ranges ``[a·B, b·B)`` (not yet
+    normalised): a step ``s`` is positions ``[s·B, (s+1)·B)``."""
+    out = []
+    for r in steps or ():
+        if isinstance(r, (str, bytes)) or not hasattr(r, "__len__") or len(r) != 2:
+            raise ConfigError(f"skip_steps: each range is a pair (first step, stop step), "
+                              f"got {r!r}")
+        a = _as_int(r[0], f"skip_steps range {tuple(r)!r}: start")
+        b = _as_int(r[1], f"skip_steps range {tuple(r)!r}: stop")
+        if not 0 <= a < b:
+            raise ConfigError(f"skip_steps range ({a}, {b}) is empty or negative: a range "
+                              "is half-open [start, stop) of global steps, 0 <= start < stop")
+        out.append((a * global_batch_size, b * global_batch_size))
+    return tuple(out)
+
+
+def refuse_skip(skip: object, reader: str) -> None:
+    """A ConfigError for a non-empty skip list given to a reader without a sampler.
+
+    Why not yet: such a reader's ranks read their own streams ahead of the training step
+    (a prefetch thread per rank, a batch size of its own), so skipping a range means
+    restarting that read-ahead at the range's end on every rank — a seek each reader
+    family (streams, records, packed SFT, blends of them) would implement on its own.
+    The global placement skips by index arithmetic in one place, the sampler."""
+    if skip:
+        raise ConfigError(f"{reader} reads with stream placement, which cannot skip ranges "
+                          f"(skip={skip!r}); skip steps with global placement (a "
+                          "TokenDataset or Blend through shardwise.torch.loader(..., "
+                          "skip_steps=)), or drop the skip list")
 
 
 @dataclass(frozen=True)

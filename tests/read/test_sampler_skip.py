@@ -1,6 +1,7 @@
-"""Skip ranges as arithmetic (plan/skips.py) and in the batch sampler: a skip list changes
-only the skipped steps, for every rank of 1 and 2, single and cyclic; the position
-arithmetic agrees with a walk over the steps; bad ranges are refused naming the fix."""
+"""Skip ranges as arithmetic (plan/skips.py) and in the batch sampler (read/sampler.py):
+a skip list changes only the skipped steps, for every rank of 1 and 2, single and cyclic;
+the position arithmetic agrees with a walk over the steps; bad ranges are refused naming
+the fix."""
 
 from __future__ import annotations
 
@@ -9,14 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise.errors import ConfigError
-from shardwise.plan.skips import (
-    advance,
-    normalise_skip,
-    served_segments,
-    skip_from_steps,
-    skipped_in,
-)
-from shardwise.read.sampler import BatchSampler, SamplerKind
+from shardwise.plan.skips import advance, served_segments, skipped_in
+from shardwise.read.sampler import BatchSampler, SamplerKind, normalise_skip, skip_from_steps
 from shardwise.world import World
 
 STEP = 4
@@ -105,3 +100,11 @@ def test_eval_refuses_a_skip_list_and_drops_name_the_skipped_examples() -> None:
     assert "skip list" in drop.reason
     # after 8 served examples the position is 8: the jump over (8, 16) comes with the next
     assert s.position_of_served(8) == 8 and s.position_of_served(12) == 20
+
+
+def test_stream_placement_refuses_a_skip_list() -> None:
+    from shardwise.read.sampler import refuse_skip
+
+    refuse_skip([], "StreamDataset")  # nothing to skip: fine
+    with pytest.raises(ConfigError, match=r"StreamDataset.*stream placement.*skip_steps="):
+        refuse_skip([(0, 8)], "StreamDataset")
