@@ -243,3 +243,23 @@ def test_a_blend_skips_and_resumes_through_its_seek_hints(ds: sw.TokenDataset) -
     assert state["consumed"] == 4 * B and state["extra"]  # the per-source counts
     _same(_resumed(blend, state, skip_steps=[(1, 3), (5, 6)]),
           [s for i, s in enumerate(plain) if i == 4 or i >= 6])
+
+
+def test_an_hf_epoch_whose_rest_is_skipped_goes_on_with_the_next(
+        ds: sw.TokenDataset, tmp_path: Path) -> None:
+    """Trainer epochs are whole global steps of the order (62 // 8 = 7 steps); a skip of
+    steps 6 to 8 covers the end of epoch 0 and the start of epoch 1."""
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+    from shardwise.hf import ShardwiseTrainer
+
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=M,
+                             gradient_accumulation_steps=B // M, max_steps=3, report_to=[],
+                             use_cpu=True)
+    cfg = GPT2Config(vocab_size=1000, n_positions=8, n_embd=8, n_layer=1, n_head=1,
+                     bos_token_id=0, eos_token_id=0)
+    dl = ShardwiseTrainer(model=GPT2LMHeadModel(cfg), args=args, train_dataset=ds,
+                          shardwise_skip_steps=[(6, 8)]).get_train_dataloader()
+    plain = _run(ds, 1)
+    _same(_steps(dl, 1), plain[:6])
+    _same(_steps(dl, 1), plain[8:14])  # not an empty epoch at position 48

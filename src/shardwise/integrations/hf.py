@@ -56,6 +56,7 @@ from shardwise.errors import ConfigError, MissingExtraError, StateError
 from shardwise.format.atomic import atomic_write_bytes
 from shardwise.integrations.torch import ShardwiseLoader, loader
 from shardwise.integrations.torch import collate as torch_collate
+from shardwise.plan.skips import advance
 from shardwise.read.examples import NEXT_TOKEN
 from shardwise.world import World
 
@@ -109,9 +110,11 @@ class _Epochs:
         return self.epoch_examples // self.step
 
     def __iter__(self) -> Iterator[Any]:
-        c, e = self.loader.consumed, self.epoch_examples
+        sampler, e = self.loader._indices.sampler, self.epoch_examples
+        # the next step served (past a skipped range that starts here): its epoch is this one
+        c = advance(sampler.skip, self.loader.consumed, 1, self.step) - self.step
         end = (c // e + 1) * e
-        left = (end - c - self.loader._indices.sampler.skipped(c, end)) // self.step
+        left = (end - c - sampler.skipped(c, end)) // self.step
         it = cast(Generator[Any, None, None], iter(self.loader))
         try:
             for _ in range(left):

@@ -325,7 +325,9 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
     (0: only on demand; local caches never prefetch). ``collate_fn`` (default
     :func:`collate`) gets what torch gives any collator: a list of per-example dicts (HF's
     ``default_data_collator`` works). ``skip_steps``: half-open ranges of global steps
-    (of ``global_batch_size``) to leave out (see the module docs).
+    (of ``global_batch_size``) to leave out (see the module docs); ``epochs`` and
+    ``total_samples`` still count positions of the order, skipped ones included, so the
+    run ends where it would without skips and never reads past its planned data.
 
     >>> dl = loader(ds, global_batch_size=64, micro_batch_size=8,  # doctest: +SKIP
     ...             world=World(0, 2))
