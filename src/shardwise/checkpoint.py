@@ -82,7 +82,11 @@ SKIP_KEY = "skip"  # a sampler's skip ranges in a state's config (see check_matc
 
 
 def _ranges(value: Any) -> list[tuple[int, int]]:
-    return [(int(a), int(b)) for a, b in (value or ())]
+    try:
+        return [(as_count(a, "skip start"), as_count(b, "skip stop")) for a, b in (value or ())]
+    except (TypeError, ValueError):
+        raise StateError(f"config.skip must be a list of [start, stop] pairs, got {value!r}; "
+                         "the state was edited or damaged") from None
 
 
 def _past_skip_differences(saved: Any, current: Any, consumed: int) -> list[str]:

@@ -98,8 +98,8 @@ def test_eval_refuses_a_skip_list_and_drops_name_the_skipped_examples() -> None:
     assert partial.count == 2  # the run's last partial step, as without skips
     assert drop.count == 8 and drop.of == 98  # (96, 120) lies past the last whole step
     assert "skip list" in drop.reason
-    # after 8 served examples the position is 8: the jump over (8, 16) comes with the next
-    assert s.position_of_served(8) == 8 and s.position_of_served(12) == 20
+    assert s.advance(2) == 8 and s.advance(3) == 20  # the jump comes with the next step
+    assert s.skipped(0, 20) == 8
 
 
 def test_stream_placement_refuses_a_skip_list() -> None:
@@ -108,3 +108,16 @@ def test_stream_placement_refuses_a_skip_list() -> None:
     refuse_skip([], "StreamDataset")  # nothing to skip: fine
     with pytest.raises(ConfigError, match=r"StreamDataset.*stream placement.*skip_steps="):
         refuse_skip([(0, 8)], "StreamDataset")
+
+
+def test_a_damaged_skip_list_in_a_state_is_a_state_error() -> None:
+    from shardwise.checkpoint import LoaderState
+    from shardwise.errors import StateError
+
+    st = LoaderState("f0", 16, config={"n": 1, "skip": "bad"})
+    with pytest.raises(StateError, match="config.skip must be a list"):
+        st.check_matches("loader", "f1", {"n": 1, "skip": [[0, 8]]})
+    ok = LoaderState("f0", 16, config={"n": 1, "skip": [[0, 8]]})
+    ok.check_matches("loader", "f1", {"n": 1, "skip": [[0, 8], [16, 24]]})  # a future range
+    with pytest.raises(StateError, match=r"skip range \[8, 24\)"):
+        ok.check_matches("loader", "f1", {"n": 1, "skip": [[0, 8], [8, 24]]})  # [8, 16) was served

@@ -244,16 +244,6 @@ class BatchSampler:
         """Positions in ``[lo, hi)`` the skip list leaves out."""
         return skipped_in(self.skip, lo, hi)
 
-    def position_of_served(self, served: int) -> int:
-        """The position after ``served`` examples were served from position 0: how a
-        count of examples trained on (Megatron's ``consumed_train_samples``, HF's
-        ``global_step × B``) becomes a position when steps were skipped."""
-        served = as_count(served, "served examples")
-        if served % self.step_examples:
-            raise ConfigError(f"{served} served examples is not a whole number of "
-                              f"micro_batch_size × world size = {self.step_examples} steps")
-        return advance(self.skip, 0, served // self.step_examples, self.step_examples)
-
     def padding(self) -> int:
         """Masked padding examples an eval pass adds to fill its last step."""
         return 0 if self.kind is not SamplerKind.EVAL else (self.end or 0) - self.n
