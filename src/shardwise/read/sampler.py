@@ -22,12 +22,12 @@ unskipped order (a skipped range just makes it jump), so position ``p`` and glob
 ``p // B`` mean the same examples with or without skips (``shardwise trace`` of a step
 stays true), and ``total`` is a position too: the run ends where it would without skips,
 serving fewer steps, so adding a skip never reads past the planned data (an epoch bound
-stays an epoch). A state records its skip list (:func:`shardwise.integrations.torch.\
-sampler_state_config`); on resume, ranges before the saved position must be the saved
-ones, later ones may change (:meth:`shardwise.checkpoint.LoaderState.check_matches`).
-The ``eval`` sampler refuses a skip list: an eval pass sees every example once.
-Stream placement (StreamDataset, RecordStream, PackedSFT, a Blend of streams) has no
-sampler and refuses one too (:func:`refuse_skip`).
+stays an epoch). A loader's state records its skip list (``config["skip"]``); on resume,
+ranges before the saved position must be the saved ones, later ones may change
+(:meth:`shardwise.checkpoint.LoaderState.check_matches`). The ``eval`` sampler refuses a
+skip list: an eval pass sees every example once. Stream placement (StreamDataset,
+RecordStream, PackedSFT, a Blend of streams) has no sampler and takes no skip list; a
+config that gives one for it is refused with :func:`refuse_skip`.
 """
 
 from __future__ import annotations
