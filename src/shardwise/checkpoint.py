@@ -78,6 +78,34 @@ def fingerprint(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+SKIP_KEY = "skip"  # a sampler's skip ranges in a state's config (see check_matches)
+
+
+def _ranges(value: Any) -> list[tuple[int, int]]:
+    try:
+        return [(as_count(a, "skip start"), as_count(b, "skip stop")) for a, b in (value or ())]
+    except (TypeError, ValueError):
+        raise StateError(f"config.skip must be a list of [start, stop] pairs, got {value!r}; "
+                         "the state was edited or damaged") from None
+
+
+def _past_skip_differences(saved: Any, current: Any, consumed: int) -> list[str]:
+    """Skip ranges whose part before ``consumed`` differs between a state and a reader
+    (each compared clipped to ``[0, consumed)``, so extending a range past the position or
+    splitting it there is not a difference)."""
+    def past(ranges: list[tuple[int, int]]) -> dict[tuple[int, int], tuple[int, int]]:
+        return {(a, min(b, consumed)): (a, b) for a, b in ranges if a < consumed}
+
+    old, new = past(_ranges(saved)), past(_ranges(current))
+    where = (f"lies (at least partly) before the saved position ({consumed:,} examples of "
+             "the global order)")
+    out = [f"skip range [{a:,}, {b:,}) {where}, but the state was saved without it"
+           for key, (a, b) in new.items() if key not in old]
+    out += [f"the state was saved skipping [{a:,}, {b:,}), which {where}, but this reader's "
+            "skip list no longer has it" for key, (a, b) in old.items() if key not in new]
+    return out
+
+
 def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     return [f"{k}: state has {saved.get(k)!r}, this reader has {current.get(k)!r}"
             for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
@@ -126,11 +154,41 @@ class LoaderState:
             raise StateError(f"this state belongs to a {self.kind!r} reader, not {kind!r}")
         if self.fingerprint == fingerprint or (self.config and self.config == config):
             return  # the same config (a state from before a fingerprint change included)
+        rest = {k: v for k, v in config.items() if k != SKIP_KEY}
+        if self.config and {k: v for k, v in self.config.items() if k != SKIP_KEY} == rest:
+            self._check_skip(config.get(SKIP_KEY))
+            return
         diffs = _differences(self.config, config) or [
             f"fingerprint: state has {self.fingerprint}, this reader has {fingerprint}"]
         raise StateError("refusing to resume: the state does not match this data and "
                          "configuration:\n  " + "\n  ".join(diffs) + "\nresume with the "
                          "configuration and cache the state was saved with")
+
+    def _check_skip(self, current: Any) -> None:
+        """The one exception to "the config must match": a sampler's skip ranges
+        (``config["skip"]``, positions of the global order).
+
+        The past cannot change: what was served (or skipped) before ``consumed`` is what
+        the state's list says, and ``shardwise trace`` of a past step must tell the truth,
+        so ranges reaching before ``consumed`` must be the saved ones. Ranges at or after
+        it may be added or removed: that is the skip-and-resume recipe (restore a
+        checkpoint from before a loss spike, skip the steps around it); a position at the
+        start of a new range continues at its end::
+
+            saved at 800 with skip [(400, 480), (800, 960)]; resume with
+              [(400, 480)]                ok: a future range removed
+              [(400, 480), (800, 1040)]   ok: a future range grown
+              [(400, 560)]                refused: [480, 560) was served
+              [(400, 480), (720, 880)]    refused: 720 < 800
+        """
+        diffs = _past_skip_differences(self.config.get(SKIP_KEY), current, self.consumed)
+        if diffs:
+            raise StateError("refusing to resume: the skip list differs before the saved "
+                             "position, where the data was already served:\n  "
+                             + "\n  ".join(diffs) + f"\nkeep the ranges before "
+                             f"{self.consumed:,} as the state has them ("
+                             f"{_ranges(self.config.get(SKIP_KEY))}) and start new ones at or "
+                             f"after {self.consumed:,}, or resume from an earlier checkpoint")
 
     def extra_counts(self, *keys: str) -> tuple[int, ...]:
         """``extra[key]`` for each key, as integer counts; a :class:`StateError` naming the
