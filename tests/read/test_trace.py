@@ -218,3 +218,34 @@ def test_skipped_steps_are_named_and_the_rest_is_what_the_loader_yields(
     assert again.skip == ((1, 3),)
     assert [e.position for e in Tracer(again).example_range(8, 12).examples] == [8, 9, 10, 11]
     assert {e.status for e in Tracer(again).example_range(8, 12).examples} == {"skipped"}
+
+
+def _sft_record(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """A toy SFT processor: ids from the bytes of the text, loss on the second half."""
+    if "text" not in rec:
+        return None
+    ids = list(rec["text"].encode()[:40])
+    return {"input_ids": ids, "labels": [-100] * (len(ids) // 2) + ids[len(ids) // 2:]}
+
+
+def test_packed_sft_over_a_record_cache(tmp_path: Path) -> None:
+    from conftest import sample_texts
+
+    src = _corpus(tmp_path / "sft.jsonl", [t[:60] for t in sample_texts()[:60]],
+                  {4: "{oops", 20: '{"id": 1}'})
+    cache = tmp_path / "records"
+    sw.build([str(src)], cache, processor=_sft_record, vocab_size=256, records=True,
+             chunk_docs=7, on_error="skip", workers=1, progress=False)
+    cfg = ReadConfig.from_dict({"cache": str(cache), "reader": "sft", "seq_len": 128,
+                                "seed": 5, "window": 16, "global_batch_size": 4,
+                                "micro_batch_size": 2, "world_size": 2})
+    ds, _ = cfg.build()
+    rows = list(itertools.islice(iter(ds), 12))
+    lines = src.read_text().splitlines()
+    for e in Tracer(cfg).step(2).examples:
+        ids = rows[e.position]["input_ids"].tolist()
+        assert e.pieces
+        for p in e.pieces:
+            want = _sft_record(json.loads(lines[p.where.line - 1]))
+            assert want is not None
+            assert ids[p.at: p.at + p.tokens] == want["input_ids"][: p.tokens]

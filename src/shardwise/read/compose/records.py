@@ -48,9 +48,12 @@ class CacheRecords:
     def __getitem__(self, d: int) -> dict[str, Any]:
         c, k = self.locate(int(d))
         if self.cache.chunks[c].kind is ChunkKind.TOKENS:
-            lengths = self.cache.doc_lengths(c)
-            start = int(np.sum(lengths[:k], dtype=np.int64))
-            ids = self.cache.tokens(c)[start: start + int(lengths[k])]
+            idx = self.cache.index(c)
+            if idx.num_documents == idx.num_sequences:  # a pointer: O(1)
+                start = int(idx.sequence_pointers[k]) // idx.dtype.itemsize
+            else:  # a Megatron document of several sequences
+                start = int(np.sum(idx.document_lengths[:k], dtype=np.int64))
+            ids = self.cache.tokens(c)[start: start + int(idx.document_lengths[k])]
             return {"input_ids": np.asarray(ids, dtype=np.int64)}
         return self._rows(c)[k]
 
