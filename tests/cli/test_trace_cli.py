@@ -110,6 +110,9 @@ def test_a_saved_state_traces_its_last_step(cli, run_dir: Path, tmp_path: Path,
     assert got["examples"] == orjson.loads(orjson.dumps(want["examples"]))
     code, _, err = cli("trace", path, "--cache", run_dir / "cache_a")
     assert code == 2 and "global_batch_size" in err
+    code, _, err = cli("trace", path, "--cache", run_dir / "cache_b", *layout)
+    assert code == 2 and "another read" in err and "cache: state has" in err
+    assert err.count("\n") == 1
 
 
 def test_plot_terminal_and_svg(cli, run_dir: Path, tmp_path: Path) -> None:
@@ -138,3 +141,20 @@ def test_errors_are_one_line(cli, run_dir: Path, tmp_path: Path) -> None:
     assert code == 2 and "bad.json" in err
     code, _, err = cli("trace", tmp_path / "missing.json", "--step", 0)
     assert code == 3 and "missing.json" in err
+
+
+def test_a_blend_state(cli, run_dir: Path, tmp_path: Path) -> None:
+    cfg = load_read_config(run_dir / "blend.json")
+    ds, _ = cfg.build(rank=1)
+    dl = loader(ds, global_batch_size=4, micro_batch_size=1, world=sw.World(1, 2))
+    for _ in itertools.islice(iter(dl), 5 * cfg.accumulation):
+        pass
+    (tmp_path / "s.json").write_text(json.dumps(dl.state_dict()))
+    layout = [x for k, v in LAYOUT.items() for x in (f"--{k.replace('_', '-')}", v)]
+    code, out, err = cli("trace", tmp_path / "s.json", "--blend",
+                         f"web={run_dir / 'cache_a'}", f"code={run_dir / 'cache_b'}",
+                         *layout, "--seq-len", 16, "--json")
+    assert code == 0, err
+    got = orjson.loads(out)
+    assert got["step"] == 4
+    assert got["examples"] == orjson.loads(orjson.dumps(trace(cfg, 4).to_dict()["examples"]))

@@ -58,15 +58,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     state = p.add_argument_group("with a state (the order is in it; these are not)")
     state.add_argument("--cache", metavar="DIR", help="the cache the run read")
     state.add_argument("--blend", nargs="+", metavar="NAME=DIR", help="a blend's caches")
-    for name in ("global-batch-size", "micro-batch-size", "world-size"):
+    for name in ("global-batch-size", "micro-batch-size", "world-size", "seq-len"):
         state.add_argument(f"--{name}", type=int)
+    state.add_argument("--set", nargs="+", default=[], metavar="KEY=JSON", help="any other "
+                       "field a state lacks (a blend's holds no reader options), e.g. "
+                       "shuffle='\"block\"'")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     config, state = _config(args)
     decode = _decoder(args, config) if args.text else None
-    tracer = Tracer(config, lines=args.plot is None, decode=decode)
+    tracer = Tracer(config, lines=args.plot is None, decode=decode, state=state)
     if args.plot is not None:
         a, b = _range(args.plot, "--plot")
         mix = step_mix(tracer, a, b)
@@ -91,8 +94,17 @@ def _config(args: argparse.Namespace) -> tuple[ReadConfig, dict[str, Any] | None
     if state is None:
         return load_read_config(args.input), None
     given: dict[str, Any] = {k: v for k in ("global_batch_size", "micro_batch_size",
-                                            "world_size")
+                                            "world_size", "seq_len")
                              if (v := getattr(args, k)) is not None}
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        try:
+            given[key] = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            eq = ""
+        if not eq or not key:
+            raise ConfigError(f"--set takes KEY=JSON (e.g. seed=3, shuffle='\"block\"'), "
+                              f"got {item!r}")
     if args.cache:
         given["cache"] = args.cache
     if args.blend:

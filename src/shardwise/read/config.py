@@ -249,6 +249,24 @@ class ReadConfig:
         return cls.from_dict(d, where=f"the config of a {st.kind!r} state")
 
 
+_SAMPLER_KEYS = {"sampler", "skip", "sampler_seed", "data_sharding", "world_size",
+                 "epoch_examples"}
+
+
+def check_state(dataset: Any, state: Mapping[str, Any]) -> None:
+    """Refuse a state the reader ``dataset`` (built from :meth:`ReadConfig.from_state`)
+    did not save: its order fields must be the state's, named when they differ (a
+    wrong ``--cache``, ``seq_len`` or seed would trace another run's data)."""
+    saved = {k: v for k, v in dict(state.get("config", {})).items() if k not in _SAMPLER_KEYS}
+    mine = dict(dataset.state_config())
+    diffs = [f"{k}: state has {saved.get(k)!r}, this config has {mine.get(k)!r}"
+             for k in sorted(set(saved) | set(mine)) if saved.get(k) != mine.get(k)]
+    if diffs:
+        raise ConfigError("the state was saved by another read than this config "
+                          "describes (" + "; ".join(diffs) + "); give the cache and "
+                          "options the run used")
+
+
 def load_read_config(path: str | os.PathLike[str]) -> ReadConfig:
     """Read a config file; paths in it are relative to the file's directory."""
     p = Path(path)

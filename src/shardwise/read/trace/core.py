@@ -28,7 +28,7 @@ import numpy as np
 
 from shardwise.errors import ConfigError
 from shardwise.plan.stream import rank_example_to_global
-from shardwise.read.config import ReadConfig, ReaderKind
+from shardwise.read.config import ReadConfig, ReaderKind, check_state
 from shardwise.read.trace.examples import SftRows, StreamExamples, token_runs
 from shardwise.read.trace.lines import Documents, Where
 from shardwise.world import World
@@ -105,15 +105,22 @@ class Tracer:
 
     ``lines=False`` skips source lines (chunks and files only: no chunk metadata read);
     ``ids`` adds each piece's token ids; ``decode`` (ids → text) adds its text;
-    ``caches``: caches already open, by their path in the config.
+    ``caches``: caches already open, by their path in the config; ``state``: the loader
+    state the config came from (its seek hints speed up a blend's look-ups).
     """
 
     def __init__(self, config: ReadConfig, *, lines: bool = True, ids: bool = False,
-                 decode: Decode | None = None, caches: Mapping[str, Any] | None = None
-                 ) -> None:
+                 decode: Decode | None = None, caches: Mapping[str, Any] | None = None,
+                 state: Mapping[str, Any] | None = None) -> None:
         self.config, self.lines, self.decode = config, lines, decode
         self.ids = ids or decode is not None
         self.dataset, _ = config.build(rank=0, caches=caches)
+        if state is not None:
+            check_state(self.dataset, state)
+            # a loader state's seek hints (a Blend's per-source counts at its position)
+            # make looking up examples near that position O(1), not O(position)
+            if hasattr(self.dataset, "apply_seek_hints"):
+                self.dataset.apply_seek_hints(int(state["consumed"]), state.get("extra", {}))
         kind = config.reader
         self._stream = StreamExamples(self.dataset) if kind is ReaderKind.STREAM else None
         self._sft = SftRows(self.dataset) if kind is ReaderKind.SFT else None
