@@ -146,6 +146,12 @@ def test_packed_sft_rows(built: dict[str, Any]) -> None:
         for p in e.pieces:
             doc = _line_tokens(built, p.where.source_path, p.where.line)
             assert ids[p.at: p.at + p.tokens] == doc[: p.tokens]
+    state = ds.state_dict()  # row 24: bin b of some window; trace from there and before
+    again = ReadConfig.from_state(state, cache=str(built["cache"]), global_batch_size=B,
+                                  micro_batch_size=M, world_size=1)
+    anchored = Tracer(again, state=state)
+    assert anchored.step(3).to_dict() == Tracer(cfg).step(3).to_dict()
+    assert anchored.step(2).to_dict() == got.to_dict()
 
 
 def test_skipped_lines_are_recorded(built: dict[str, Any]) -> None:

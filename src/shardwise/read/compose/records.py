@@ -2,7 +2,8 @@
 of records by index).
 
 Record ``d`` is document ``d`` of the cache in ledger order: ``{"input_ids": ids}`` for a
-token cache (its ``.idx`` gives the document's place in its chunk's ``.bin``), or the row
+token cache (a read-only view of the chunk's memory-mapped ``.bin``, in the cache's
+dtype, found by the ``.idx``'s pointer: nothing is read until it is used), or the row
 of a record cache's Parquet chunk (``input_ids`` and whatever else the processor kept,
 e.g. ``labels``). Only the chunk holding a record is opened; record chunks are read whole
 and the last few kept.
@@ -53,8 +54,9 @@ class CacheRecords:
                 start = int(idx.sequence_pointers[k]) // idx.dtype.itemsize
             else:  # a Megatron document of several sequences
                 start = int(np.sum(idx.document_lengths[:k], dtype=np.int64))
-            ids = self.cache.tokens(c)[start: start + int(idx.document_lengths[k])]
-            return {"input_ids": np.asarray(ids, dtype=np.int64)}
+            # a view of the memory map: len() (a packing plan) reads no token
+            return {"input_ids": self.cache.tokens(c)[start: start + int(
+                idx.document_lengths[k])]}
         return self._rows(c)[k]
 
     def _rows(self, c: int) -> list[dict[str, Any]]:

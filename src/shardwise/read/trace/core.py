@@ -124,6 +124,10 @@ class Tracer:
         kind = config.reader
         self._stream = StreamExamples(self.dataset) if kind is ReaderKind.STREAM else None
         self._sft = SftRows(self.dataset) if kind is ReaderKind.SFT else None
+        if self._sft is not None and state is not None and state.get("kind") == "sft_pack":
+            x = state.get("extra", {})
+            self._sft.anchor(int(state["consumed"]), int(x["epoch"]), int(x["window"]),
+                             int(x["bin"]))
         self._names = list(config.sources()) if config.blend is not None else [None]
         parts = self.dataset.sources if config.blend is not None else [self.dataset]
         self._parts = parts

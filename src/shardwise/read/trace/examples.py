@@ -105,20 +105,28 @@ class SftRows:
 
     def __init__(self, ds: Any) -> None:
         self.ds = ds
-        self._cum = [0]  # rows before window t of the run (t = epoch · windows + w)
+        self._t0 = 0  # the counts start at window t0 (t = epoch · windows + w) ...
+        self._cum = [0]  # ... and _cum[i] rows come before window t0 + i
+
+    def anchor(self, consumed: int, epoch: int, window: int, bin_: int) -> None:
+        """Start counting at a PackedSFT state's position (row ``consumed`` is bin
+        ``bin_`` of window ``window`` of ``epoch``): rows from there cost no earlier plan."""
+        self._t0, self._cum = epoch * self.ds.num_windows + window, [consumed - bin_]
 
     def locate(self, p: int) -> tuple[int, int, int] | None:
         """``(epoch, window, bin)`` of row ``p``; ``None`` past the end of the run."""
         ds, nw = self.ds, self.ds.num_windows
+        if p < self._cum[0]:  # before the anchor: count from the start
+            self._t0, self._cum = 0, [0]
         while self._cum[-1] <= p:
-            t = len(self._cum) - 1
+            t = self._t0 + len(self._cum) - 1
             if ds.epochs is not None and t >= ds.epochs * nw:
                 return None
             plan, _ = ds.plan(*divmod(t, nw))
             self._cum.append(self._cum[-1] + plan.num_bins)
-        t = bisect_right(self._cum, p) - 1
-        e, w = divmod(t, nw)
-        return e, w, p - self._cum[t]
+        i = bisect_right(self._cum, p) - 1
+        e, w = divmod(self._t0 + i, nw)
+        return e, w, p - self._cum[i]
 
     def records(self, p: int) -> list[tuple[int, int, int]] | None:
         """``(record index, offset in row, tokens)`` of row ``p``'s records."""
