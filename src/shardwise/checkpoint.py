@@ -78,9 +78,56 @@ def fingerprint(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    return [f"{k}: state has {saved.get(k)!r}, this reader has {current.get(k)!r}"
-            for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+STAGED = "staged_from"
+
+
+def staged(entries: Any) -> dict[str, Any]:
+    """A config value made of entries that each take effect from a position on — a blend
+    schedule's later stages, a skip list's ranges: ``[(start, value), ...]``, ``start`` in
+    examples of the reader's global order. A state saved at position ``p`` matches a
+    reader whose entries starting before ``p`` are the same: entries at or after ``p`` may
+    be added, changed or removed (nothing consumed so far depended on them), so a run can
+    change its plan for later and still resume exactly. A key missing on one side counts
+    as no entries::
+
+        staged([(1000, [0.4, 0.6])]) == {"staged_from": [[1000, [0.4, 0.6]]]}
+    """
+    return {STAGED: [[int(start), value] for start, value in entries]}
+
+
+def _started(value: Any, position: int) -> list[Any] | None:
+    """The entries of a :func:`staged` value that start before ``position`` (a missing
+    key: none); ``None`` when the value is not staged."""
+    if value is None:
+        return []
+    entries = value.get(STAGED) if isinstance(value, dict) and len(value) == 1 else None
+    if not isinstance(entries, list) or not all(
+            isinstance(e, list) and e and isinstance(e[0], int) for e in entries):
+        return None
+    return [e for e in entries if e[0] < position]
+
+
+def _stage_difference(key: str, saved: list[Any], current: list[Any], position: int) -> str:
+    """Name the first entry starting before ``position`` that differs."""
+    bad = next((x if x[0] <= y[0] else y for x, y in zip(saved, current, strict=False)
+                if x != y), None) or max(saved, current, key=len)[min(len(saved), len(current))]
+    return (f"{key}: the entry from example {bad[0]:,} differs (state has {saved!r}, this "
+            f"reader has {current!r}); only entries starting at or after the saved position "
+            f"{position:,} may change")
+
+
+def _differences(saved: dict[str, Any], current: dict[str, Any], position: int) -> list[str]:
+    out = []
+    for k in sorted(set(saved) | set(current)):
+        a, b = saved.get(k), current.get(k)
+        if a == b:
+            continue
+        a_started, b_started = _started(a, position), _started(b, position)
+        if a_started is None or b_started is None:
+            out.append(f"{k}: state has {a!r}, this reader has {b!r}")
+        elif a_started != b_started:
+            out.append(_stage_difference(k, a_started, b_started, position))
+    return out
 
 
 @dataclass(frozen=True)
@@ -126,7 +173,10 @@ class LoaderState:
             raise StateError(f"this state belongs to a {self.kind!r} reader, not {kind!r}")
         if self.fingerprint == fingerprint or (self.config and self.config == config):
             return  # the same config (a state from before a fingerprint change included)
-        diffs = _differences(self.config, config) or [
+        diffs = _differences(self.config, config, self.consumed)
+        if self.config and not diffs:
+            return  # only staged entries from the saved position on differ: see staged()
+        diffs = diffs or [
             f"fingerprint: state has {self.fingerprint}, this reader has {fingerprint}"]
         raise StateError("refusing to resume: the state does not match this data and "
                          "configuration:\n  " + "\n  ".join(diffs) + "\nresume with the "
