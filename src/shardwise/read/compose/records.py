@@ -1,0 +1,68 @@
+"""A cache's documents as a sequence of records, for :class:`PackedSFT` (and any reader
+of records by index).
+
+Record ``d`` is document ``d`` of the cache in ledger order: ``{"input_ids": ids}`` for a
+token cache (its ``.idx`` gives the document's place in its chunk's ``.bin``), or the row
+of a record cache's Parquet chunk (``input_ids`` and whatever else the processor kept,
+e.g. ``labels``). Only the chunk holding a record is opened; record chunks are read whole
+and the last few kept.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from shardwise.format.chunk import ChunkKind
+from shardwise.storage.cache import Cache, reader_cache
+
+KEEP_CHUNKS = 4
+
+
+class CacheRecords:
+    """``records[d]`` is document ``d`` of the cache; ``len`` is its documents."""
+
+    def __init__(self, cache: Cache | str | os.PathLike[str], *,
+                 verify: bool | None = None) -> None:
+        self.cache = reader_cache(cache, verify)
+        self._tables: OrderedDict[int, list[dict[str, Any]]] = OrderedDict()
+
+    @property
+    def fingerprint(self) -> str:
+        """What a PackedSFT state records about its records: the cache and its size."""
+        return f"{self.cache.fingerprint}:{self.cache.num_documents}"
+
+    def __len__(self) -> int:
+        return self.cache.num_documents
+
+    def locate(self, d: int) -> tuple[int, int]:
+        """``(chunk, document within it)`` of document ``d``."""
+        if not 0 <= d < len(self):
+            raise IndexError(f"document {d} is outside the cache's {len(self)} documents")
+        c = int(np.searchsorted(self.cache.cum_docs, d, side="right")) - 1
+        return c, d - int(self.cache.cum_docs[c])
+
+    def __getitem__(self, d: int) -> dict[str, Any]:
+        c, k = self.locate(int(d))
+        if self.cache.chunks[c].kind is ChunkKind.TOKENS:
+            lengths = self.cache.doc_lengths(c)
+            start = int(np.sum(lengths[:k], dtype=np.int64))
+            ids = self.cache.tokens(c)[start: start + int(lengths[k])]
+            return {"input_ids": np.asarray(ids, dtype=np.int64)}
+        return self._rows(c)[k]
+
+    def _rows(self, c: int) -> list[dict[str, Any]]:
+        hit = self._tables.get(c)
+        if hit is None:
+            import pyarrow.parquet as pq
+
+            table = self.cache.with_chunk_file(c, ".parquet", pq.read_table)
+            hit = self._tables[c] = table.to_pylist()
+            if len(self._tables) > KEEP_CHUNKS:
+                self._tables.popitem(last=False)
+        else:
+            self._tables.move_to_end(c)
+        return hit
