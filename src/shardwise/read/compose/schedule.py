@@ -3,8 +3,9 @@
 A schedule is ``[(start, weights), ...]``: from example ``start`` of the blend's global
 order on, the sources mix with ``weights`` (a list, one per source, or a dict by source
 name where a missing name means 0). The first stage starts at 0. A read config counts in
-training steps; :func:`steps_to_examples` turns those into examples (``step × global batch
-size``), the unit of the global order, which does not depend on the number of ranks::
+training steps; ``ReadConfig.schedule_examples`` turns those into examples (``step ×
+global batch size``), the unit of the global order, which does not depend on the number
+of ranks::
 
     [(0, {"web": .7, "code": .3}), (100_000, {"web": .4, "code": .3, "math": .3})]
     with global batch 512  ->  stages from examples 0 and 51_200_000
@@ -72,8 +73,30 @@ def stages_of(weights: Any, schedule: Any, names: Sequence[str]) -> Stages:
     return stages
 
 
-def steps_to_examples(schedule: Sequence[tuple[int, Any]], global_batch_size: int
-                      ) -> list[tuple[int, Any]]:
-    """A schedule in training steps (a read config's) as one in examples of the order."""
-    b = as_count(global_batch_size, "global_batch_size", minimum=1, error=ConfigError)
-    return [(as_count(step, "schedule step", error=ConfigError) * b, w) for step, w in schedule]
+def planned_mix(stages: Stages, start: int, stop: int) -> npt.NDArray[np.float64]:
+    """Each source's planned share of examples ``[start, stop)``: the stages' weights
+    averaged over their overlap with the range. The blend realises it to within one
+    example per source and stage (the rule's guarantee); no example is computed."""
+    if stop <= start:
+        raise ConfigError(f"an empty range [{start}, {stop})")
+    total = np.zeros_like(stages[0][1])
+    ends = [s for s, _ in stages[1:]] + [max(stop, stages[-1][0])]
+    for (s, w), e in zip(stages, ends, strict=True):
+        overlap = min(e, stop) - max(s, start)
+        if overlap > 0:
+            total += overlap * w
+    return total / (stop - start)
+
+
+def mix_by_steps(stages: Stages, names: Sequence[str], global_batch_size: int, steps: int,
+                 rows: int = 24) -> list[tuple[str, dict[str, float]]]:
+    """``(label, {name: share})`` for at most ``rows`` buckets of consecutive steps of a
+    run of ``steps`` steps: what ``inspect --plot`` draws."""
+    per = max(1, -(-steps // rows))
+    out = []
+    for a in range(0, steps, per):
+        b = min(a + per, steps)
+        share = planned_mix(stages, a * global_batch_size, b * global_batch_size)
+        label = f"step {a}" if b == a + 1 else f"steps {a}-{b - 1}"
+        out.append((label, {n: float(x) for n, x in zip(names, share, strict=True) if x}))
+    return out
