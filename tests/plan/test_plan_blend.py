@@ -183,6 +183,11 @@ def test_seeding_a_stage_continues_across_the_next_boundary_without_replay() -> 
     with pytest.raises(ValueError, match="counts at that stage's start are needed"):
         StagedBlend(stages).seed(CHECKPOINT_EVERY + 20, full.counts_at(CHECKPOINT_EVERY + 20),
                                  None)
+    known = StagedBlend(stages)
+    known.counts_at(CHECKPOINT_EVERY + 10)  # the stage's start is known: a forged one is not
+    forged = full.base(1) + np.asarray([1, -1, 0])
+    with pytest.raises(ValueError, match="differ from this blend's"):
+        known.seed(CHECKPOINT_EVERY + 20, full.counts_at(CHECKPOINT_EVERY + 20), forged)
     with pytest.raises(ValueError, match="cannot precede"):
         StagedBlend(stages).seed(CHECKPOINT_EVERY + 20, full.counts_at(CHECKPOINT_EVERY + 20),
                                  [0, 0, 0])

@@ -292,8 +292,11 @@ class StagedBlend:
         if base.size != self.sources or int(base.sum()) != self.starts[k] or (base > c).any():
             raise ValueError(f"counts {base.tolist()} at the start of stage {k} (example "
                              f"{self.starts[k]}) cannot precede counts {c.tolist()} at {t}")
+        if k in self._base and not np.array_equal(self._base[k], base):
+            raise ValueError(f"counts {base.tolist()} at the start of stage {k} differ from "
+                             f"this blend's {self._base[k].tolist()}")
         self.stages[k].seed(t - self.starts[k], c - base)
-        self._base.setdefault(k, base)
+        self._base[k] = base
 
     def slice(self, start: int, stop: int) -> tuple[IntArray, IntArray]:
         """``(source_ids, source_offsets)`` of examples ``[start, stop)``."""
