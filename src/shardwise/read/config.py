@@ -40,7 +40,7 @@ _TOP = {"cache", "blend", "reader", "seq_len", "seed", "skip", "tokenizer", *_LA
 # fields of a dataset's state_config that are not reader arguments
 _NOT_ARGS = {"cache", "cache_tokens", "order_version", "permutation_version", "sampler",
              "blend", "weights", "length", "blend_version", "sft_packing_version",
-             "records", "source", "skip"}
+             "records", "source", "skip", "schedule"}
 
 
 class ReaderKind(Choice):
