@@ -85,6 +85,13 @@ def _tokens(d: dict[str, Any], other: bool) -> Any:
                   global_batch_size=4, micro_batch_size=2, world=ONE)
 
 
+def _tokens_skipping(d: dict[str, Any], other: bool) -> Any:
+    """The loader with skip ranges: its position jumps them; every step still resumes."""
+    return loader(sw.TokenDataset(d["caches"][0], seq_len=16, seed=2 if other else 1),
+                  global_batch_size=4, micro_batch_size=2, world=ONE,
+                  skip_steps=[(0, 1), (2, 4)])
+
+
 def _torchdata(d: dict[str, Any], other: bool) -> Any:
     """The batch sampler a StatefulDataLoader checkpoints (its index lists as rows)."""
     ds = sw.TokenDataset(d["caches"][0], seq_len=16, seed=2 if other else 1)
@@ -166,6 +173,7 @@ class _ShardFile(list):  # type: ignore[type-arg]
 # name -> (factory(data, other_config) -> a resumable iterable, the classes it covers)
 READERS: dict[str, tuple[Callable[[dict[str, Any], bool], Any], tuple[type, ...]]] = {
     "TokenDataset+loader": (_tokens, (sw.TokenDataset, ShardwiseLoader)),
+    "TokenDataset+loader(skip)": (_tokens_skipping, (ShardwiseLoader,)),
     "TokenDataset+torchdata": (_torchdata, (StatefulBatchSampler,)),
     "StreamDataset": (_stream, (sw.StreamDataset,)),
     "RecordStream": (_records, (sw.RecordStream,)),
