@@ -193,3 +193,28 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
         ReadConfig.from_dict({"blend": {"sources": {"a": "x"}, "weights": {"b": 1}},
                               "seq_len": 8, "global_batch_size": 4, "micro_batch_size": 4,
                               "world_size": 1})
+
+
+def test_skipped_steps_are_named_and_the_rest_is_what_the_loader_yields(
+        built: dict[str, Any]) -> None:
+    cfg = _token_config(built, 2, skip=[[1, 3]])
+    tracer = Tracer(cfg)
+    assert {e.status for e in tracer.step(1).examples} == {"skipped"}
+    assert not any(e.pieces for e in tracer.step(2).examples)
+    acc = cfg.accumulation
+    for r in range(2):
+        ds, sampler = cfg.build(rank=r)
+        assert sampler is not None and sampler.skip == ((B, 3 * B),)
+        dl = loader(ds, global_batch_size=B, micro_batch_size=M, world=sw.World(r, 2),
+                    skip_steps=cfg.skip)
+        batches = list(itertools.islice(iter(dl), 3 * acc))  # steps 0, 3 and 4
+        for served, k in ((0, 0), (1, 3), (2, 4)):
+            for e in (e for e in tracer.step(k).examples if e.rank == r):
+                batch = {key: v.numpy() for key, v in batches[served * acc + e.micro_batch].items()}
+                _check_pieces(built, _window(batch, e.row), e)
+    state = dl.state_dict()
+    again = ReadConfig.from_state(state, cache=str(built["cache"]), global_batch_size=B,
+                                  micro_batch_size=M, world_size=2)
+    assert again.skip == ((1, 3),)
+    assert [e.position for e in Tracer(again).example_range(8, 12).examples] == [8, 9, 10, 11]
+    assert {e.status for e in Tracer(again).example_range(8, 12).examples} == {"skipped"}

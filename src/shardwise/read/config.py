@@ -22,8 +22,8 @@ the dataset's and the sampler's fields, never paths or the batch layout: give th
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,12 @@ import orjson
 from shardwise.checkpoint import LoaderState, as_count
 from shardwise.choice import Choice
 from shardwise.errors import ConfigError
-from shardwise.read.sampler import BatchSampler, accumulation_steps
+from shardwise.read.sampler import (
+    BatchSampler,
+    accumulation_steps,
+    refuse_skip,
+    skip_from_steps,
+)
 from shardwise.world import World
 
 _LAYOUT = ("global_batch_size", "micro_batch_size", "world_size")
@@ -82,15 +87,18 @@ class ReadConfig:
                                                     error=ConfigError))
         object.__setattr__(self, "seed", as_count(self.seed, "seed", error=ConfigError))
         accumulation_steps(self.global_batch_size, self.micro_batch_size, self.world_size)
-        object.__setattr__(self, "skip", _steps(self.skip, self.where))
+        try:  # the sampler's own check of step ranges (pairs, 0 <= start < stop)
+            skip_from_steps(self.skip, self.global_batch_size)
+        except ConfigError as e:
+            raise ConfigError(f"{self.where}: {e}") from None
+        object.__setattr__(self, "skip", tuple(sorted((int(a), int(b)) for a, b in self.skip)))
         if self.blend is not None:
             _check_blend(self.blend, self.where)
             if self.reader is not ReaderKind.TOKENS:
                 raise ConfigError(f"{self.where}: a blend reads map-style 'tokens' readers "
                                   f"through the loader, not reader={self.reader.value!r}")
         if self.skip and self.reader is not ReaderKind.TOKENS:
-            raise ConfigError(f"{self.where}: 'skip' needs the sampler of global placement "
-                              f"(reader 'tokens'), not {self.reader.value!r}")
+            refuse_skip(self.skip, f"{self.where}: reader {self.reader.value!r}")
 
     # -- derived ------------------------------------------------------------------------
     @property
@@ -100,8 +108,7 @@ class ReadConfig:
 
     def skip_examples(self) -> tuple[tuple[int, int], ...]:
         """``skip`` as half-open example ranges of the global order (steps × B)."""
-        b = self.global_batch_size
-        return tuple((a * b, z * b) for a, z in self.skip)
+        return skip_from_steps(self.skip, self.global_batch_size)
 
     def schedule_examples(self) -> list[tuple[int, dict[str, float]]] | None:
         """A blend ``schedule`` with its steps as example positions (steps × B)."""
@@ -117,53 +124,52 @@ class ReadConfig:
         return {str(k): str(v) for k, v in self.blend["sources"].items()}
 
     # -- building the readers -------------------------------------------------------------
-    def build(self, rank: int = 0) -> tuple[Any, BatchSampler | None]:
+    def build(self, rank: int = 0, *, caches: Mapping[str, Any] | None = None
+              ) -> tuple[Any, BatchSampler | None]:
         """The dataset rank ``rank`` reads and its BatchSampler (global placement; ``None``
-        for stream and sft, whose readers place examples themselves)."""
+        for stream and sft, whose readers place examples themselves). ``caches``: caches
+        already open, by their path in this config (opening a large cache reads its
+        whole ledger)."""
         world = World(rank, self.world_size)
+        opened = dict(caches or {})
         if self.reader is ReaderKind.STREAM:
-            return self._call(_stream_dataset(), self._path(), world=world,
-                              batch_size=self.micro_batch_size), None
+            return self._call(_stream_dataset(), opened.get(self._path(), self._path()),
+                              world=world, batch_size=self.micro_batch_size), None
         if self.reader is ReaderKind.SFT:
             from shardwise.read.compose.records import CacheRecords
 
-            return self._call(_packed_sft(), CacheRecords(self._path())), None
-        ds = self._blend() if self.blend is not None else self._tokens(self._path())
+            records = CacheRecords(opened.get(self._path(), self._path()))
+            return self._call(_packed_sft(), records), None
+        ds = (self._blend(opened) if self.blend is not None
+              else self._tokens(opened.get(self._path(), self._path())))
         return ds, self.sampler(len(ds), world)
 
     def sampler(self, n: int, world: World) -> BatchSampler:
         """The BatchSampler of ``world``'s rank over ``n`` examples per epoch."""
-        skip = self.skip_examples()
-        extra: dict[str, Any] = {"skip": skip} if skip else {}
-        try:
-            return BatchSampler(n, self.global_batch_size, self.micro_batch_size, world,
-                                **extra)
-        except TypeError as e:  # a BatchSampler without skip ranges
-            raise ConfigError(f"{self.where}: 'skip' is not supported by this shardwise's "
-                              f"BatchSampler ({e})") from None
+        return BatchSampler(n, self.global_batch_size, self.micro_batch_size, world,
+                            skip=self.skip_examples())
 
     def _path(self) -> str:
         return str(self.cache)
 
-    def _tokens(self, path: str) -> Any:
+    def _tokens(self, path: Any) -> Any:
         from shardwise.read.tokens.dataset import TokenDataset
 
         return self._call(TokenDataset, path)
 
-    def _blend(self) -> Any:
+    def _blend(self, opened: dict[str, Any]) -> Any:
         from shardwise.read.compose.blend import Blend
 
         assert self.blend is not None  # for mypy: _blend is called only for a blend
         srcs = self.sources()
         names = list(srcs)
-        parts = [self._tokens(p) for p in srcs.values()]
+        parts = [self._tokens(opened.get(p, p)) for p in srcs.values()]
         schedule = self.schedule_examples()
         if schedule is None:
             weights = [float(self.blend["weights"].get(n, 0.0)) for n in names]
             return Blend(parts, weights, seed=self.seed, names=names)
-        first = [float(schedule[0][1].get(n, 0.0)) for n in names]
         try:
-            return Blend(parts, first, seed=self.seed, names=names,
+            return Blend(parts, None, seed=self.seed, names=names,  # type: ignore[arg-type]
                          schedule=schedule)  # type: ignore[call-arg]
         except TypeError as e:
             raise ConfigError(f"{self.where}: a blend 'schedule' is not supported by this "
@@ -254,28 +260,10 @@ def load_read_config(path: str | os.PathLike[str]) -> ReadConfig:
     return ReadConfig.from_dict(data, where=str(p), base=p.parent)
 
 
-def with_layout(config: ReadConfig, **layout: int) -> ReadConfig:
-    """``config`` under another batch layout (e.g. another world size)."""
-    return replace(config, **layout)
-
-
 def _resolve(value: Any, base: Path | None) -> Any:
     if base is None or not isinstance(value, str) or "://" in value or os.path.isabs(value):
         return value
     return str(base / value)
-
-
-def _steps(ranges: Sequence[Any], where: str) -> tuple[tuple[int, int], ...]:
-    out = []
-    for r in ranges:
-        if not isinstance(r, list | tuple) or len(r) != 2:
-            raise ConfigError(f"{where}: each skip range is [start_step, stop_step], got {r!r}")
-        a = as_count(r[0], "skip start", error=ConfigError)
-        z = as_count(r[1], "skip stop", error=ConfigError)
-        if z <= a:
-            raise ConfigError(f"{where}: skip range {[a, z]} is empty (stop must be > start)")
-        out.append((a, z))
-    return tuple(sorted(out))
 
 
 def _example_ranges_as_steps(ranges: Any, b: int) -> list[list[int]]:

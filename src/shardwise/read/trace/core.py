@@ -20,8 +20,8 @@ its ``input_ids``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -63,13 +63,14 @@ class Piece:
 class TracedExample:
     """Position ``position`` of the global order, read by ``rank`` in its micro-batch
     ``micro_batch`` (0‥accumulation-1 within the step) at row ``row``. ``status``:
-    ``data``, ``pad`` (a masked padding example), ``end`` (past a finite run),
+    ``data``, ``skipped`` (the skip list leaves the step out: nobody reads it; ``rank``
+    is who would have), ``pad`` (a masked padding example), ``end`` (past a finite run),
     ``unpublished`` (a stream block the build has not finished)."""
 
     position: int
-    rank: int | None
-    micro_batch: int | None
-    row: int | None
+    rank: int
+    micro_batch: int
+    row: int
     status: str = "data"
     source: str | None = None
     source_position: int | None = None
@@ -95,7 +96,7 @@ class StepTrace:
                 "examples": [e.to_dict() for e in self.examples]}
 
 
-Slot = tuple[int, int | None, int | None, int | None]  # position, rank, micro-batch, row
+Slot = tuple[int, int, int, int, str]  # position, rank, micro-batch, row, status
 
 
 class Tracer:
@@ -103,14 +104,16 @@ class Tracer:
     tracing many steps (``trace --plot``) reuses them.
 
     ``lines=False`` skips source lines (chunks and files only: no chunk metadata read);
-    ``ids`` adds each piece's token ids; ``decode`` (ids → text) adds its text.
+    ``ids`` adds each piece's token ids; ``decode`` (ids → text) adds its text;
+    ``caches``: caches already open, by their path in the config.
     """
 
     def __init__(self, config: ReadConfig, *, lines: bool = True, ids: bool = False,
-                 decode: Decode | None = None) -> None:
+                 decode: Decode | None = None, caches: Mapping[str, Any] | None = None
+                 ) -> None:
         self.config, self.lines, self.decode = config, lines, decode
         self.ids = ids or decode is not None
-        self.dataset, _ = config.build(rank=0)
+        self.dataset, _ = config.build(rank=0, caches=caches)
         kind = config.reader
         self._stream = StreamExamples(self.dataset) if kind is ReaderKind.STREAM else None
         self._sft = SftRows(self.dataset) if kind is ReaderKind.SFT else None
@@ -124,22 +127,33 @@ class Tracer:
 
     # -- placement ------------------------------------------------------------------------
     def slots(self, step: int) -> list[Slot]:
-        """``(position, rank, micro-batch, row)`` of every example of global step ``step``."""
+        """Every example of global step ``step`` (positions ``[step·B, (step+1)·B)``):
+        ``(position, rank, micro-batch, row, status)``, by rank, micro-batch and row."""
         c = self.config
         acc, m, W = c.accumulation, c.micro_batch_size, c.world_size
         out: list[Slot] = []
+        for r in range(W):
+            for a in range(acc):
+                out += self._micro_step(r, a, step * c.global_batch_size + a * m * W)
+        return sorted(out, key=lambda s: (s[1], s[2], s[3]))
+
+    def _micro_step(self, rank: int, a: int, q: int) -> list[Slot]:
+        """Rank ``rank``'s micro-batch (``a``-th of its step) of the micro-step at
+        position ``q``. Global placement: the BatchSampler's own ``micro_batch`` from
+        ``q``; a micro-step its skip list leaves out lists the positions it would have
+        read, status ``skipped``. Stream placement: rank ``r``'s ``j``-th example is
+        global ``j·R + r`` (:func:`~shardwise.plan.stream.rank_example_to_global`)."""
+        c = self.config
+        m, W = c.micro_batch_size, c.world_size
         if c.reader is ReaderKind.STREAM:
-            for r in range(W):
-                for j in range(step * acc * m, (step + 1) * acc * m):
-                    out.append((int(rank_example_to_global(j, r, W)), r, j // m - step * acc,
-                                j % m))
-        else:
-            for r in range(W):
-                sampler = self._sampler(r)
-                for a in range(acc):
-                    for row, p in enumerate(sampler.micro_batch(step * acc + a)):
-                        out.append((int(p), r, a, row))
-        return sorted(out, key=lambda s: (s[1] or 0, s[2] or 0, s[3] or 0))
+            j0 = q // W
+            return [(int(rank_example_to_global(j0 + row, rank, W)), rank, a, row, "data")
+                    for row in range(m)]
+        s = replace(self._sampler(rank), consumed=q)
+        if s.skip and s.advance(1) - s.step_examples != q:  # the sampler jumps past q
+            idx = replace(s, skip=()).micro_batch(0)
+            return [(int(p), rank, a, row, "skipped") for row, p in enumerate(idx)]
+        return [(int(p), rank, a, row, "data") for row, p in enumerate(s.micro_batch(0))]
 
     def _sampler(self, rank: int) -> Any:
         s = self._samplers.get(rank)
@@ -150,16 +164,15 @@ class Tracer:
         return s
 
     def placement(self, p: int) -> Slot:
-        """Where position ``p`` is read when no skip range moves it (example ranges)."""
+        """The slot of position ``p``: found in its micro-step's slots (the same rules)."""
         c = self.config
-        if c.skip:
-            return (p, None, None, None)
-        B, m, W = c.global_batch_size, c.micro_batch_size, c.world_size
-        within = p % B
-        if c.reader is ReaderKind.STREAM:
-            j = p // W
-            return (p, p % W, j // m - (p // B) * c.accumulation, j % m)
-        return (p, (within % (m * W)) // m, within // (m * W), within % m)
+        mw, B = c.micro_batch_size * c.world_size, c.global_batch_size
+        q = p - p % mw
+        for r in range(c.world_size):
+            for slot in self._micro_step(r, (q % B) // mw, q):
+                if slot[0] == p:
+                    return slot
+        raise ConfigError(f"position {p} is read by no rank of micro-step {q}")  # unreachable
 
     # -- tracing --------------------------------------------------------------------------
     def step(self, step: int) -> StepTrace:
@@ -184,7 +197,9 @@ class Tracer:
                 "skip": [list(r) for r in c.skip]}
 
     def example(self, slot: Slot) -> TracedExample:
-        p, rank, mb, row = slot
+        p, rank, mb, row, status = slot
+        if status != "data":
+            return TracedExample(p, rank, mb, row, status)
         kind = self.config.reader
         if kind is ReaderKind.SFT:
             return self._sft_example(slot)
@@ -221,7 +236,7 @@ class Tracer:
         return Piece(at, n, docs.document_id(c, k), off, where, ids, text)
 
     def _sft_example(self, slot: Slot) -> TracedExample:
-        p, rank, mb, row = slot
+        p, rank, mb, row, _ = slot
         assert self._sft is not None  # for mypy: set for the sft reader
         recs = self._sft.records(p)
         if recs is None:
