@@ -148,7 +148,10 @@ class Blend(Resumable):
         return self._relabel[s], off
 
     def counts_at(self, t: int) -> npt.NDArray[np.int64]:
-        """Examples taken from each source among the first ``t`` of the blend."""
+        """Examples taken from each source among the first ``t`` of the blend (``t`` =
+        steps × global batch size). O(sources) where the schedule knows the position (a
+        stage start once computed, a restored state's position); elsewhere the rule runs
+        from the latest known position (:mod:`shardwise.plan.blend`: the cost)."""
         counts = np.zeros(len(self.sources), dtype=np.int64)
         counts[self._relabel] = self._schedule.counts_at(t)
         return counts
