@@ -133,6 +133,13 @@ def _blend_map(d: dict[str, Any], other: bool) -> Any:
                   global_batch_size=4, micro_batch_size=2, world=ONE)
 
 
+def _blend_schedule(d: dict[str, Any], other: bool) -> Any:
+    parts = [sw.TokenDataset(c, seq_len=16, seed=1) for c in d["caches"]]
+    schedule = [(0, [0.7, 0.3]), (6, [0.1, 0.9]), (13, [0.5, 0.5])]  # inside steps of 4
+    return loader(sw.Blend(parts, seed=2 if other else 1, schedule=schedule),
+                  global_batch_size=4, micro_batch_size=2, world=ONE)
+
+
 def _blend_streams(d: dict[str, Any], other: bool) -> Any:
     parts = [sw.StreamDataset(c, seq_len=16, streams=2, seed=1, world=ONE)
              for c in d["caches"]]
@@ -181,6 +188,7 @@ READERS: dict[str, tuple[Callable[[dict[str, Any], bool], Any], tuple[type, ...]
     "ContiguousShards+loader": (_contiguous, (sw.ContiguousShards,)),
     "SequentialConsumer": (_consumer, (sw.SequentialConsumer,)),
     "Blend(map)+loader": (_blend_map, (sw.Blend,)),
+    "Blend(schedule)+loader": (_blend_schedule, (sw.Blend,)),
     "Blend(streams)": (_blend_streams, (sw.Blend,)),
     "PackedSFT": (_packed, (sw.PackedSFT,)),
     "compat.llm": (_llm, (DistributedShardedDataset, ResumableSequentialSampler)),
