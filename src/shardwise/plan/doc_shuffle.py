@@ -95,11 +95,11 @@ class DocShuffleIndex:
         """Tokens ``[start, stop)`` of the shuffled stream (any span: a run of consecutive
         windows is read in one call) as the stored documents holding them, in order.
 
-        Returns ``(docs, skip, end)``: each of ``docs`` is read whole, except that the
-        first is entered ``skip`` tokens in and the last is left ``end`` tokens in (both
-        apply when there is one). Empty documents between may appear (read whole: no
-        tokens). In the worked example, ``span_pieces(4, 9)`` is ``([0, 1], 2, 4)``. One
-        binary search for both ends, O(pieces).
+        Returns ``(docs, skip, end)``: each of ``docs`` is read whole, except the first,
+        read from ``skip`` tokens in, and the last, read up to ``end`` tokens in (both
+        when there is one). Empty documents may appear between them (no tokens). In the
+        worked example, ``span_pieces(4, 9)`` is ``([0, 1], 2, 4)``. One binary search
+        for both ends, O(pieces).
         """
         cum, order = self._plain
         if not 0 <= start < stop <= cum[-1]:
