@@ -42,7 +42,6 @@ import contextlib
 import functools
 import itertools
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -61,6 +60,7 @@ from shardwise.bench.read_data import (
     quiet,
 )
 from shardwise.bench.read_fresh import CLOCKS, measure_rss, measure_startup
+from shardwise.bench.read_once import measure_first_epoch, measure_seek, measure_verify_once
 from shardwise.bench.read_report import CHUNKED, DOC, TRUSTED, figure_rows, format_report, targets
 from shardwise.errors import ConfigError
 
@@ -221,68 +221,6 @@ def measure_throughput(readers: dict[str, Any], mm: npt.NDArray[Any],
         out[k] = {"examples_per_s": n / best, "tokens_per_s": n * args.seq_len / best,
                   "batches_per_s": args.batches / best, "seconds": best, "runs": secs,
                   "examples": n}
-    return out
-
-
-def measure_verify_once(cache_dir: Path, clock: str) -> dict[str, Any]:
-    """The per-chunk checksum check the background verification runs once per node, over
-    the whole chunked cache (``verify_cache`` runs the same ``check_chunk``)."""
-    from shardwise.storage.verify import verify_cache
-
-    now = getattr(time, CLOCKS[clock])
-    started = now()
-    report = verify_cache(cache_dir)
-    seconds = now() - started
-    return {"seconds": seconds, "bytes": report.bytes_checked, "ok": report.ok,
-            "chunks": report.chunks_checked, "mb_per_s": report.bytes_checked / 1e6 / seconds}
-
-
-def measure_first_epoch(cache_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """One epoch of ``cache_dir`` through ``__getitems__`` on a node that has verified
-    nothing yet (its log removed), the background hashing included (waited for), beside
-    the same epoch with ``verify=False``; best of ``--repeat``."""
-    from shardwise import TokenDataset, open_cache
-    from shardwise.format.paths import READER_DIR
-    from shardwise.storage.integrity import LOG_DIR
-
-    now, m = getattr(time, CLOCKS[args.clock]), args.micro_batch
-    best = {"checks": float("inf"), "trusted": float("inf")}
-    n = hashed = 0
-    for _ in range(args.repeat):
-        for name, verify in (("checks", True), ("trusted", False)):
-            shutil.rmtree(cache_dir / READER_DIR / LOG_DIR, ignore_errors=True)
-            ds = TokenDataset(open_cache(cache_dir, verify=verify), seq_len=args.seq_len,
-                              seed=args.seed)
-            n = len(ds) // m * m
-            started = now()
-            for k in range(0, n, m):
-                ds.__getitems__(list(range(k, k + m)))
-            ds.cache.wait_for_verify()
-            ds.cache.raise_if_damaged()
-            best[name] = min(best[name], now() - started)
-            hashed = max(hashed, ds.cache.verify_stats()["hashed"])
-            ds.cache.close()
-    return {**best, "examples": n, "hashed_chunks": hashed}
-
-
-def measure_seek(prefix: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Loader construction plus its first batch, deep in the data (epoch 3) vs at 0."""
-    from shardwise import TokenDataset, World, open_cache
-    from shardwise.torch import loader
-
-    m, now = args.micro_batch, getattr(time, CLOCKS[args.clock])
-    probe = TokenDataset(open_cache(prefix), seq_len=args.seq_len, seed=args.seed)
-    deep = (3 * len(probe) + len(probe) // 2) // m * m
-    out: dict[str, Any] = {"consumed": deep}
-    for name, consumed in (("zero", 0), ("deep", deep)):
-        best = float("inf")
-        for _ in range(args.repeat):
-            ds = TokenDataset(open_cache(prefix), seq_len=args.seq_len, seed=args.seed)
-            started = now()
-            next(iter(loader(ds, global_batch_size=m, micro_batch_size=m, world=World(0, 1),
-                             num_workers=0, consumed=consumed)))
-            best = min(best, now() - started)
-        out[name] = best
     return out
 
 
