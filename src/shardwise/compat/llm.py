@@ -60,7 +60,8 @@ from shardwise.checkpoint import (
     fingerprint,
 )
 from shardwise.errors import ConfigError
-from shardwise.read.external.contiguous import ContiguousShards, sampler_over
+from shardwise.read.external.contiguous import ContiguousShards
+from shardwise.read.guard import sampler_over
 from shardwise.world import World
 
 DatasetParams = tuple[tuple[Any, ...], Mapping[str, Any]]

@@ -74,8 +74,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardwise.errors import ConfigError
-from shardwise.read.external.contiguous import sampler_over
 from shardwise.read.external.producer_dir import ProducerDirDataset
+from shardwise.read.guard import sampler_over
 from shardwise.world import World
 
 COMPLETED = ".completed"

@@ -74,8 +74,8 @@ from shardwise.checkpoint import Configured, LoaderState, Resumable, as_count
 from shardwise.concurrency.poll import check_wait_args, wait_until
 from shardwise.errors import ConfigError, InputError, ProducerTimeoutError, StateError
 from shardwise.format.atomic import atomic_write_bytes
-from shardwise.read.external.contiguous import OneAhead
 from shardwise.read.external.names import DEFAULT_PATTERN, ChunkNames
+from shardwise.read.external.one_ahead import OneAhead
 from shardwise.read.guard import refuse_framework_sharding, refuse_sharding_sampler
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES, parse_line
 from shardwise.world import World
