@@ -212,7 +212,7 @@ def format_report(report: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """``shardwise bench records``: write the corpus, measure, print (``--json``: a dict)."""
-    from shardwise.bench.build import sample_dir
+    from shardwise.bench.text_corpus import sample_dir
 
     if not args.gb > 0 or args.records < 1 or args.workers < 0 or args.repeat < 1:
         raise ConfigError("--gb must be positive, --records and --repeat at least 1, "

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from shardwise.bench import add_common, add_inputs
-from shardwise.bench.build import MB, make_corpus, read_texts, resolve_inputs
+from shardwise.bench.text_corpus import MB, make_corpus, read_texts, resolve_inputs
 from shardwise.errors import ConfigError, MissingExtraError
 
 TARGET_VS_GLOBAL = 0.8
