@@ -93,7 +93,7 @@ def test_shuffle_is_a_reproducible_permutation_per_epoch() -> None:
     orders: dict[int, list[int]] = {}
     for epoch in (0, 1, 2, 1):
         with make() as c:
-            c.shuffle(epoch)
+            c.set_epoch(epoch)
             got = drain(c)
         assert sorted(got) == list(range(N))
         if epoch in orders:
@@ -104,20 +104,20 @@ def test_shuffle_is_a_reproducible_permutation_per_epoch() -> None:
     assert sorted(orders[1][:8]) == list(range(8))
     # the order does not depend on the consumers, batch size or prefetch
     with make(batch_size=3, consumers=5, prefetch=2) as c:
-        c.shuffle(1)
+        c.set_epoch(1)
         assert drain(c, 13) == orders[1]
 
 
 def test_exact_resume_at_random_points_with_shuffle_on() -> None:
     rng = random.Random(0)
     with make(cycle=True) as c:
-        c.shuffle(1)
+        c.set_epoch(1)
         reference = [x for _ in range(30) for x in c.get_next_batch(5)]  # 3 epochs
     for _ in range(12):
         cut = rng.randrange(0, 150)
         with make(cycle=True, batch_size=rng.randrange(1, 9), consumers=rng.randrange(1, 4)
                   ) as first:
-            first.shuffle(1)
+            first.set_epoch(1)
             head: list[int] = []
             while len(head) < cut:
                 head += first.get_next_batch(min(rng.randrange(1, 9), cut - len(head)))
@@ -145,16 +145,16 @@ def test_object_reader_restarts_from_its_origin_and_honours_set_epoch() -> None:
     reader = EpochReader(list(range(1, 11)))
     with SequentialConsumer(reader, batch_size=4) as c:  # no consumer-side shuffle
         assert drain(c) == list(range(1, 11))
-        c.shuffle(1)  # allowed: the reader reorders itself per epoch
+        c.set_epoch(1)  # allowed: the reader reorders itself per epoch
         assert drain(c) == [-x for x in range(1, 11)]
         state = c.state_dict()
-        c.shuffle(2)
+        c.set_epoch(2)
         assert c.get_next_batch(3) == [1, 2, 3]
         c.load_state_dict(state)
         assert c.get_next_batch(3) == []  # the state was at the end of epoch 1
     with SequentialConsumer(lambda: ListReader([1, 2])) as c, pytest.raises(
             ConfigError, match="would not change the order"):
-        c.shuffle(1)
+        c.set_epoch(1)
     assert isinstance(reader, ResumableSource)
 
 
@@ -198,3 +198,32 @@ def test_numpy_counts_are_counts_and_a_damaged_position_is_refused() -> None:
             c.load_state_dict(dict(state, extra={**state["extra"], **extra}))
     with make() as c, pytest.raises(StateError, match="needs extra.source"):
         c.load_state_dict(dict(state, extra={"epoch": 0, "window": 0, "offset": 0}))
+
+
+def _records_reader(tmp_path: Any, n: int) -> Any:
+    from shardwise.read.records.stream import RecordStream
+
+    path = tmp_path / "ten.jsonl"
+    path.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(n)))
+    return RecordStream([str(path)], streams=1, epochs=1, shuffle=False)
+
+
+@pytest.mark.parametrize("reader", ["RecordStream", "SequentialConsumer"])
+def test_the_last_batch_is_short_unless_padded_in_every_reader(reader: str, tmp_path: Any
+                                                               ) -> None:
+    """One rule for ``get_next_batch`` at the end of a finite run: what is left, then
+    ``[]``; ``pad=True`` fills the last batch up to ``n`` with pad examples."""
+    from shardwise.read.records.pipeline import is_pad
+
+    def make_reader() -> Any:
+        return (_records_reader(tmp_path, 10) if reader == "RecordStream"
+                else SequentialConsumer(ListReader([{"id": i} for i in range(10)])))
+
+    short, padded = make_reader(), make_reader()
+    assert [len(short.get_next_batch(4)) for _ in range(4)] == [4, 4, 2, 0]
+    batches = [padded.get_next_batch(4, pad=True) for _ in range(4)]
+    assert [len(b) for b in batches] == [4, 4, 4, 0]
+    assert [is_pad(x) for x in batches[2]] == [False, False, True, True]
+    assert [x["id"] for b in batches for x in b if not is_pad(x)] == list(range(10))
+    for r in (short, padded):
+        r.close()

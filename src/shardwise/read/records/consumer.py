@@ -41,6 +41,7 @@ from shardwise.checkpoint import LoaderState, Resumable, as_count
 from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import ConfigError, StateError
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation, derive_seed
+from shardwise.read.records.pipeline import pad_batch
 
 ORDER_VERSION = 1
 DEFAULT_BATCH = 32
@@ -139,8 +140,11 @@ class SequentialConsumer(Resumable):
         return self._pos.epoch
 
     # -- the caller's side ----------------------------------------------------------------
-    def get_next_batch(self, n: int | None = None) -> list[Any]:
-        """The next ``n`` examples (default ``batch_size``); fewer only at the end."""
+    def get_next_batch(self, n: int | None = None, *, pad: bool = False) -> list[Any]:
+        """The next ``n`` examples (default ``batch_size``). At the end of a pass the last
+        batch is what is left (``pad=True``: filled up to ``n`` with pad examples,
+        :func:`~shardwise.read.records.pipeline.is_pad`), then ``[]`` — as
+        :meth:`RecordStream.get_next_batch`."""
         n = _check(n if n is not None else self.batch_size or DEFAULT_BATCH, "n", 1)
         out: list[Any] = []
         while len(out) < n and self._done is None:
@@ -158,18 +162,19 @@ class SequentialConsumer(Resumable):
             self.consumed += 1
         if isinstance(self._done, BaseException) and not out:
             raise self._done
-        return out
+        return pad_batch(out, n) if pad and self._done is _END else out  # not before an error
 
     def __iter__(self) -> Iterator[list[Any]]:
         """Batches of ``batch_size`` until the end of the pass (forever with ``cycle``)."""
         while batch := self.get_next_batch():
             yield batch
 
-    def shuffle(self, epoch: int) -> None:
-        """Start pass ``epoch`` from its beginning, in that epoch's order (reproducible)."""
+    def set_epoch(self, epoch: int) -> None:
+        """Start pass ``epoch`` from its beginning, in that epoch's order (reproducible);
+        the reader's own ``set_epoch`` is called with it."""
         _check(epoch, "epoch", 0)
         if self.shuffle_window <= 1 and not self._has_set_epoch():
-            raise ConfigError("shuffle(epoch) would not change the order: pass "
+            raise ConfigError("set_epoch(epoch) would not change the order: pass "
                               "shuffle_window > 1, or a reader with set_epoch()")
         self._restart(Position(epoch=epoch))
 

@@ -44,7 +44,14 @@ import xxhash
 from shardwise.checkpoint import LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, StateError
 from shardwise.read.guard import refuse_framework_sharding
-from shardwise.read.records.pipeline import FINISHED, PAD_KEY, Pipeline, is_pad, make_pad
+from shardwise.read.records.pipeline import (
+    FINISHED,
+    PAD_KEY,
+    Pipeline,
+    is_pad,
+    make_pad,
+    pad_batch,
+)
 from shardwise.read.records.pool import Processor, Reject
 from shardwise.read.records.ranges import RangeKind, plan_ranges, resolve_files
 from shardwise.read.records.ranks import (
@@ -164,7 +171,7 @@ class RecordStream(Resumable):
     def bind(self, world: World) -> None:
         """Serve ``world`` from now on: for a reader made before the data-parallel layout
         is known (slime's ``set_train_parallel_config``). Allowed until the first read
-        after the reader was made, ``shuffle()``-d or ``load_state_dict()``-ed (the
+        after the reader was made, ``set_epoch()``-ed or ``load_state_dict()``-ed (the
         position restarts under the new world from that epoch or that state); binding
         the same world again is a no-op."""
         world = World.resolve(world, reader="RecordStream")
@@ -188,7 +195,7 @@ class RecordStream(Resumable):
         pipe = self._pipeline()
         take = self._taker(pipe)
         while True:
-            if self._pipe is not pipe:  # the position was reset (load_state_dict, shuffle)
+            if self._pipe is not pipe:  # the position was reset (load_state_dict, set_epoch)
                 pipe = self._pipeline()
                 take = self._taker(pipe)
             x = take()
@@ -196,16 +203,17 @@ class RecordStream(Resumable):
                 return
             yield x
 
-    def get_next_batch(self, n: int) -> list[Any]:
-        """The next ``n`` examples; in finite mode the last batch is padded to ``n`` and
-        then the batches are empty."""
-        n = as_count(n, "n", error=ConfigError)
+    def get_next_batch(self, n: int, *, pad: bool = False) -> list[Any]:
+        """The next ``n`` examples. At the end of a finite run the last batch is what is
+        left (``pad=True``: filled up to ``n`` with pad examples, :func:`is_pad`), then the
+        batches are empty — as :meth:`SequentialConsumer.get_next_batch`."""
+        n = as_count(n, "n", minimum=1, error=ConfigError)
         take = self._taker(self._pipeline())
         out: list[Any] = []
         while len(out) < n:
             x = take()
             if x is FINISHED:
-                return out + [make_pad() for _ in range(n - len(out))] if out else []
+                return pad_batch(out, n) if pad else out
             out.append(x)
         return out
 
@@ -216,13 +224,14 @@ class RecordStream(Resumable):
         done; by default an all-reduce over torch.distributed (world size 1: local)."""
         reduce = all_done or default_all_done(self.world)
         while True:
-            batch = self.get_next_batch(n)
+            batch = self.get_next_batch(n, pad=True)
             if reduce(not batch):
                 return
             yield batch or [make_pad() for _ in range(n)]
 
-    def shuffle(self, epoch: int) -> None:
-        """Restart every stream at the start of ``epoch`` (its own reproducible order)."""
+    def set_epoch(self, epoch: int) -> None:
+        """Restart every stream at the start of ``epoch`` (its own reproducible order);
+        torch's name for it (``DistributedSampler.set_epoch``), as every reader here."""
         epoch = as_count(epoch, "epoch", error=ConfigError)
         self._reset(self._fresh_positions(epoch))
         self._origin = epoch
