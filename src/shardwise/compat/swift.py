@@ -7,7 +7,7 @@ while training runs; rank ``r`` of ``R`` reads only the chunks with
 
     ms-swift (plan)                                  shardwise
     LazyShardedDataset(directory, encode_fn,         ProducerDirDataset(directory,
-        chunk_pattern=r'chunk_(\\d+)\\.jsonl',            encode_fn=…, pattern=…,
+        chunk_pattern=r'chunk_(\\d+)\\.jsonl',            map_fn=encode_fn, pattern=…,
         samples_per_chunk=1000,                          records_per_chunk=…,
         max_samples=10_000_000,                          (len = the declared count)
         wait_poll_interval=5.0,                          poll_interval=…,
@@ -187,7 +187,7 @@ class LazyShardedDataset:
                               f"{max_wait_time!r}")
         self.max_samples, self.samples_per_chunk = max_samples, samples_per_chunk
         self.dataset = ProducerDirDataset(
-            directory, encode_fn=None if encode_fn is None else _Encode(encode_fn),
+            directory, map_fn=None if encode_fn is None else _Encode(encode_fn),
             world=_world(world_size, rank), pattern=chunk_pattern,
             records_per_chunk=samples_per_chunk,
             timeout=max_wait_time or math.inf, poll_interval=wait_poll_interval,

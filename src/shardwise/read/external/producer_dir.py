@@ -47,6 +47,7 @@ from shardwise.checkpoint import Configured
 from shardwise.concurrency.poll import check_wait_args, wait_until
 from shardwise.errors import ConfigError, InputError, ProducerTimeoutError
 from shardwise.format.atomic import atomic_write_bytes
+from shardwise.read.deprecated import renamed
 from shardwise.read.external.names import DEFAULT_PATTERN, ChunkNames
 from shardwise.read.external.one_ahead import OneAhead
 from shardwise.read.external.producer import (
@@ -74,8 +75,10 @@ ORDER_VERSION = 1
 class ProducerDirDataset(Configured):
     """This rank's records of a directory a producer fills; map-style (see module doc).
 
-    ``encode_fn(record) -> example`` runs once per record when its chunk loads (an error
-    in it is an :class:`InputError` naming file and line). ``timeout`` is how long one
+    ``map_fn(record) -> example`` runs once per record when its chunk loads (an error
+    in it is an :class:`InputError` naming file and line, reason ``map_error``, as in
+    :class:`~shardwise.read.records.stream.RecordStream`; ``encode_fn=`` is its
+    deprecated name). ``timeout`` is how long one
     wait (for a chunk, or for ``_EXPECTED``) may last (``math.inf``: wait for ever); polls
     follow the one rule of :func:`~shardwise.concurrency.poll.wait_until` (10 ms doubling
     up to ``poll_interval``). ``pattern`` is
@@ -85,7 +88,7 @@ class ProducerDirDataset(Configured):
     rank's marker of it exists was consumed and deleted: asking for it again raises
     :class:`InputError` instead of waiting for a file that will not come back.
 
-    >>> ds = ProducerDirDataset("/shared/sft", encode_fn=chat_template,     # doctest: +SKIP
+    >>> ds = ProducerDirDataset("/shared/sft", map_fn=chat_template,        # doctest: +SKIP
     ...                         world=World.detect(), timeout=1800)
     >>> len(ds), ds[0]["input_ids"][:4]                                    # doctest: +SKIP
     """
@@ -93,13 +96,15 @@ class ProducerDirDataset(Configured):
     is_sharded = True
 
     def __init__(self, directory: str | os.PathLike[str], *,
-                 encode_fn: Callable[[dict[str, Any]], Any] | None = None,
+                 map_fn: Callable[[dict[str, Any]], Any] | None = None,
                  world: World | None = None, pattern: Pattern = DEFAULT_PATTERN,
                  num_chunks: int | None = None, records_per_chunk: int | None = None,
                  timeout: float = 600.0, poll_interval: float = 0.5, done_marker: bool = True,
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
-                 marker: str = DEFAULT_MARKER) -> None:
+                 marker: str = DEFAULT_MARKER,
+                 encode_fn: Callable[[dict[str, Any]], Any] | None = None) -> None:
         self.names = ChunkNames(pattern)
+        map_fn = renamed("encode_fn", encode_fn, "map_fn", map_fn, "ProducerDirDataset")
         if not marker or "/" in marker:
             raise ConfigError(f"marker must be a non-empty file-name suffix such as "
                               f"{DEFAULT_MARKER!r}, got {marker!r}")
@@ -107,7 +112,7 @@ class ProducerDirDataset(Configured):
         self._given = Declared.given(num_chunks, records_per_chunk)
         self.directory = Path(directory)
         self.world = World.resolve(world, reader="ProducerDirDataset")
-        self.pattern, self.encode_fn = self.names.text, encode_fn
+        self.pattern, self.map_fn = self.names.text, map_fn
         self.marker = marker.format(rank=self.world.rank)
         self.timeout, self.poll_interval = float(timeout), float(poll_interval)
         self.done_marker, self.max_record_bytes = done_marker, max_record_bytes
@@ -237,13 +242,13 @@ class ProducerDirDataset(Configured):
                            max_record_bytes=self.max_record_bytes)
         if isinstance(value, InputError):
             raise value
-        if self.encode_fn is None:
+        if self.map_fn is None:
             return value
         try:
-            return self.encode_fn(value)
+            return self.map_fn(value)
         except Exception as e:
-            raise InputError(f"{path}:{line}: encode_fn raised {type(e).__name__}: {e}",
-                             path=path, line=line, reason="encode_failed") from e
+            raise InputError(f"{path}:{line}: map_fn raised {type(e).__name__}: {e}",
+                             path=path, line=line, reason="map_error") from e
 
     def chunk(self, index: int) -> Chunk:
         """Chunk ``index`` (waiting for it), prefetching this rank's next published one."""
