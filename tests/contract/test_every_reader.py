@@ -117,7 +117,7 @@ def _contiguous(d: dict[str, Any], other: bool) -> Any:
 
 def _consumer(d: dict[str, Any], other: bool) -> Any:
     return Rows(sw.SequentialConsumer(lambda: ListReader(list(range(50))), batch_size=3,
-                                      shuffle_window=8, seed=2 if other else 1))
+                                      shuffle_block=8, seed=2 if other else 1))
 
 
 def _blend_map(d: dict[str, Any], other: bool) -> Any:

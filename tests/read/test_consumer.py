@@ -53,7 +53,7 @@ class EpochReader(ListReader):
 
 
 def make(**kw: Any) -> SequentialConsumer:
-    kw.setdefault("shuffle_window", 8)
+    kw.setdefault("shuffle_block", 8)
     kw.setdefault("seed", 11)
     return SequentialConsumer(lambda: ListReader(list(range(N))), **kw)
 
@@ -100,7 +100,7 @@ def test_shuffle_is_a_reproducible_permutation_per_epoch() -> None:
             assert got == orders[epoch]
         orders[epoch] = got
     assert orders[0] != orders[1] != orders[2] != list(range(N))
-    # windows stay windows: the shuffle never moves an example across a window boundary
+    # blocks stay blocks: the shuffle never moves an example across a block boundary
     assert sorted(orders[1][:8]) == list(range(8))
     # the order does not depend on the consumers, batch size or prefetch
     with make(batch_size=3, consumers=5, prefetch=2) as c:
@@ -129,14 +129,14 @@ def test_exact_resume_at_random_points_with_shuffle_on() -> None:
         assert head + tail == reference, cut
 
 
-def test_resume_rereads_at_most_one_window() -> None:
+def test_resume_rereads_at_most_one_shuffle_block() -> None:
     with make() as c:
         c.get_next_batch(21)
         state = c.state_dict()
     reader = ListReader(list(range(N)))
-    with SequentialConsumer(reader, shuffle_window=8, seed=11, prefetch=1) as c:
+    with SequentialConsumer(reader, shuffle_block=8, seed=11, prefetch=1) as c:
         c.load_state_dict(state)
-        assert state["extra"]["source"] == {"pos": 16}  # window 2 starts at example 16
+        assert state["extra"]["source"] == {"pos": 16}  # block 2 starts at example 16
         c.get_next_batch(1)
         assert reader.read_up_to <= 16 + 8 + 8 + 1
 
@@ -191,7 +191,7 @@ def test_numpy_counts_are_counts_and_a_damaged_position_is_refused() -> None:
         c.load_state_dict(np_state)
         assert c.get_next_batch(4) == want
         assert type(c.state_dict()["consumed"]) is int
-    for extra, match in (({"offset": 8}, "past the end of a shuffle window of 8"),
+    for extra, match in (({"offset": 8}, "past the end of a shuffle block of 8"),
                          ({"window": -1}, "extra.window must be >= 0"),
                          ({"epoch": 0.5}, "extra.epoch must be an integer")):
         with make() as c, pytest.raises(StateError, match=match):
@@ -227,3 +227,13 @@ def test_the_last_batch_is_short_unless_padded_in_every_reader(reader: str, tmp_
     assert [x["id"] for b in batches for x in b if not is_pad(x)] == list(range(10))
     for r in (short, padded):
         r.close()
+
+
+def test_shuffle_window_is_the_deprecated_name_of_shuffle_block() -> None:
+    with pytest.warns(DeprecationWarning, match="use shuffle_block="):
+        old = SequentialConsumer(ListReader(list(range(N))), seed=3, shuffle_window=8)
+    with old, SequentialConsumer(ListReader(list(range(N))), seed=3, shuffle_block=8) as new:
+        assert drain(old) == drain(new)
+        assert old.state_dict()["fingerprint"] == new.state_dict()["fingerprint"]
+    with pytest.raises(ConfigError, match="pass only shuffle_block="):
+        SequentialConsumer(ListReader([]), shuffle_block=4, shuffle_window=8)

@@ -253,12 +253,12 @@ def test_stream_plugs_into_the_sequential_consumer(tmp_path: Path) -> None:
     def make() -> ProducerDirStream:
         return open_dir(tmp_path, world=World(0, 2), done_marker=False).stream()
 
-    with SequentialConsumer(make, batch_size=5, shuffle_window=4, seed=2) as c:
+    with SequentialConsumer(make, batch_size=5, shuffle_block=4, seed=2) as c:
         first = ids(c.get_next_batch()) + ids(c.get_next_batch(2))
         state = c.state_dict()
         rest = [x for b in c for x in ids(b)]
     assert sorted(first + rest) == sorted(ids([r for k in (0, 2, 4) for r in records(k, 4)]))
-    with SequentialConsumer(make, batch_size=5, shuffle_window=4, seed=2) as c:
+    with SequentialConsumer(make, batch_size=5, shuffle_block=4, seed=2) as c:
         c.load_state_dict(state)
         assert [x for b in c for x in ids(b)] == rest
 
