@@ -133,7 +133,7 @@ def _blend_streams(d: dict[str, Any], other: bool) -> Any:
 
 
 def _packed(d: dict[str, Any], other: bool) -> Any:
-    return sw.PackedSFT(d["sft"], seq_len=24, window=16, seed=2 if other else 1,
+    return sw.PackedSFT(d["sft"], seq_len=24, group_size=16, seed=2 if other else 1,
                         epochs=None)
 
 
