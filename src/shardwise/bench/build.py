@@ -38,6 +38,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from shardwise.bench import add_common, add_inputs, check_counts
 from shardwise.bench.build_report import BUSY_LOAD, format_report, plural, targets
 from shardwise.bench.text_corpus import MB, Corpus, make_corpus, read_texts, resolve_inputs
 from shardwise.bench.tokenizer_baseline import BATCH, measure_tokenizer
@@ -188,8 +189,6 @@ def _ray_session(workers: int, corpus: Corpus, tokenizer: Path, work: Path
 
 def add_subparser(which: Any) -> argparse.ArgumentParser:
     """``build`` under ``shardwise bench``'s subcommands."""
-    from shardwise.bench import add_common, add_inputs
-
     b = which.add_parser("build", help="tokens/s of the build for 1..N workers vs the "
                                         "tokenizer's own single-thread speed")
     add_inputs(b, corpus="JSONL with a 'text' field, repeated to --mb")
@@ -206,9 +205,7 @@ def run(args: argparse.Namespace) -> int:
     """``shardwise bench build``: make the corpus, measure, print (``--json``: a dict)."""
     if not args.mb > 0:
         raise ConfigError(f"--mb must be positive, got {args.mb}")
-    for name in ("workers", "repeat"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    check_counts(args, workers=1, repeat=1)
     source, tokenizer = resolve_inputs(args.corpus, args.tokenizer)
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
     with tempfile.TemporaryDirectory(prefix="shardwise-bench-", dir=args.tmp_dir) as tmp:

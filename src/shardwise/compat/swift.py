@@ -73,6 +73,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from shardwise.checkpoint import as_count
 from shardwise.errors import ConfigError
 from shardwise.read.external.producer_dir import ProducerDirDataset
 from shardwise.read.guard import sampler_over
@@ -180,8 +181,7 @@ class LazyShardedDataset:
                  wait_poll_interval: float = 5.0, max_wait_time: float = 0,
                  mark_completed: bool = True, world_size: int | None = None,
                  rank: int | None = None) -> None:
-        if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 0:
-            raise ConfigError(f"max_samples must be a non-negative integer, got {max_samples!r}")
+        max_samples = as_count(max_samples, "max_samples", error=ConfigError)
         if not max_wait_time >= 0:
             raise ConfigError(f"max_wait_time must be >= 0 (0 waits for ever), got "
                               f"{max_wait_time!r}")

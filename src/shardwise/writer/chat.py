@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from shardwise.checkpoint import as_count
 from shardwise.errors import ConfigError, InputError
 from shardwise.format.chunk import IGNORE_INDEX
 from shardwise.writer.chat_template import BUILTIN_TEMPLATE, compile_template, load_template
@@ -81,10 +82,9 @@ class ChatConfig:
     template_vars: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.max_length is not None and (not isinstance(self.max_length, int)
-                                            or self.max_length < 1):
-            raise ConfigError(f"max_length must be a positive integer or None, "
-                              f"got {self.max_length!r}")
+        if self.max_length is not None:  # None: no limit
+            object.__setattr__(self, "max_length", as_count(self.max_length, "max_length",
+                                                            minimum=1, error=ConfigError))
         if self.label_key is not None and self.input_key is None:
             raise ConfigError("label_key needs input_key (the prompt field of the record)")
         if not self.train_on or not all(isinstance(r, str) for r in self.train_on):

@@ -84,11 +84,7 @@ def _check_lengths(lengths: Sequence[int], n: int) -> list[int]:
     if len(out) != n:
         raise ConfigError(f"lengths= has {len(out)} entries for {n} shards; give one length "
                           "per source, in the order of the sources")
-    bad = [v for v in out if isinstance(v, bool) or not isinstance(v, int | np.integer)
-           or v < 0]
-    if bad:
-        raise ConfigError(f"lengths must be non-negative integers, got {bad[0]!r}")
-    return [int(v) for v in out]
+    return [as_count(v, f"lengths[{i}]", error=ConfigError) for i, v in enumerate(out)]
 
 
 class ContiguousShards(Configured):
@@ -147,8 +143,7 @@ class ContiguousShards(Configured):
     def set_epoch(self, epoch: int) -> None:
         """Read in epoch ``epoch``'s order (see the class docstring); releases the shards
         held, whose positions change."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
+        epoch = as_count(epoch, "epoch", error=ConfigError)
         if epoch != self.epoch:
             self._shards.close()
             self._shards = OneAhead(self._open)

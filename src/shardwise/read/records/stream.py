@@ -90,13 +90,11 @@ class RecordStreamConfig:
     def __post_init__(self) -> None:
         for name, low in (("seed", 0), ("streams", 1), ("range_bytes", 1),
                           ("shuffle_buffer", 0), ("num_workers", 0), ("task_size", 1)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ConfigError(f"{name} must be an integer >= {low}, got {v!r}")
-        if self.epochs is not None and (isinstance(self.epochs, bool) or
-                                        not isinstance(self.epochs, int) or self.epochs < 1):
-            raise ConfigError(f"epochs must be None (forever) or an integer >= 1, got "
-                              f"{self.epochs!r}")
+            object.__setattr__(self, name, as_count(getattr(self, name), name, minimum=low,
+                                                    error=ConfigError))
+        if self.epochs is not None:  # None: forever
+            object.__setattr__(self, "epochs", as_count(self.epochs, "epochs", minimum=1,
+                                                        error=ConfigError))
         if not isinstance(self.align_epochs, bool):
             raise ConfigError(f"align_epochs must be True or False, got {self.align_epochs!r}")
         object.__setattr__(self, "on_error", OnError.parse(self.on_error))

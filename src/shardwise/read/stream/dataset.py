@@ -122,16 +122,12 @@ class StreamConfig(Layout):
     """What defines a stream order (all of it is fingerprinted)."""
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "streams", "block_chunks"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
-        e = self.epochs
-        if e is not None and (isinstance(e, bool) or not isinstance(e, int) or e < 1):
-            raise ConfigError(f"epochs must be None (cycle forever) or a positive integer, "
-                              f"got {e!r}")
+        for name, low in (("seq_len", 1), ("streams", 1), ("block_chunks", 1), ("seed", 0)):
+            object.__setattr__(self, name, as_count(getattr(self, name), name, minimum=low,
+                                                    error=ConfigError))
+        if self.epochs is not None:  # None: cycle forever
+            object.__setattr__(self, "epochs", as_count(self.epochs, "epochs", minimum=1,
+                                                        error=ConfigError))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -169,11 +165,9 @@ class StreamDataset(Resumable):
         self.share = self.world.stream_share(streams)
         self.streams = self.share.streams
         check_wait_args(timeout, poll_interval)
-        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-            raise ConfigError(f"batch_size must be None or a positive integer, got "
-                              f"{batch_size!r}")
-        if not isinstance(prefetch_chunks, int) or prefetch_chunks < 0:
-            raise ConfigError(f"prefetch_chunks must be >= 0, got {prefetch_chunks!r}")
+        if batch_size is not None:
+            batch_size = as_count(batch_size, "batch_size", minimum=1, error=ConfigError)
+        prefetch_chunks = as_count(prefetch_chunks, "prefetch_chunks", error=ConfigError)
         self.follow, self.poll_interval, self.timeout = follow, poll_interval, timeout
         self.batch_size, self.prefetch_chunks = batch_size, prefetch_chunks
         if isinstance(cache, Cache):  # a growing cache is refreshed on the prefetch
