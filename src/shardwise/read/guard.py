@@ -40,10 +40,10 @@ FIX = ("use shardwise.hf.ShardwiseTrainer (or ShardwiseTrainerMixin) with HF Tra
        "batch.to(accelerator.device))")
 
 
-def sharding_class(obj: object) -> str | None:
-    """The first name in :data:`SHARDING_WRAPPERS` among ``obj``'s classes, else None."""
+def sharding_class(obj: object, among: Sequence[str] = SHARDING_WRAPPERS) -> str | None:
+    """The first name in ``among`` (sorted) among ``obj``'s classes, else None."""
     names = {c.__name__ for c in type(obj).__mro__}
-    hit = sorted(names.intersection(SHARDING_WRAPPERS))
+    hit = sorted(names.intersection(among))
     return hit[0] if hit else None
 
 
@@ -127,12 +127,6 @@ def refuse_sharding_sampler(dataset: object, what: str) -> None:
                               f"shardwise.hf.ShardwiseTrainer with HF Trainer). {FIX}")
 
 
-def _shards_again(obj: Any) -> str | None:
-    names = {c.__name__ for c in type(obj).__mro__}
-    hit = sorted(names.intersection(SHARDING_SAMPLERS))
-    return hit[0] if hit else None
-
-
 def check_sampler(sampler_or_loader: Any) -> None:
     """Raise :class:`ConfigError` if a sampler (or a DataLoader's sampler / batch sampler)
     would split indices across ranks again over an already per-rank dataset."""
@@ -142,7 +136,7 @@ def check_sampler(sampler_or_loader: Any) -> None:
         if inner is not None:
             candidates += [inner, getattr(inner, "sampler", None)]
     for obj in candidates:
-        name = None if obj is None else _shards_again(obj)
+        name = None if obj is None else sharding_class(obj, SHARDING_SAMPLERS)
         if name is not None:
             raise ConfigError(f"{name} splits the indices across ranks, but this dataset is "
                               "already this rank's share (is_sharded = True): each rank "

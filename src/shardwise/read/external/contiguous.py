@@ -236,15 +236,6 @@ class ContiguousShards(Configured):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers: no threads, no shards
-        state = self.__dict__.copy()
-        state["_shards"] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._shards = OneAhead(self._open)
-
 
 class ContiguousSampler:
     """This rank's indices ``start, start + 1, …, len(ds) - 1``, in order.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from shardwise.concurrency.readahead import ReadAhead
 
@@ -83,6 +83,14 @@ class OneAhead(Generic[K, V]):
         """Release ``key`` if it is the current item (e.g. a chunk read to its end)."""
         if self._current is not None and self._current[0] == key:
             self._current = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickled copy (a DataLoader worker's dataset) keeps only its loader: no
+        thread, no item; the copy loads its own."""
+        return {"load": self._load}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["load"])  # type: ignore[misc]
 
     def close(self) -> None:
         """Release everything; waits for a running background load to finish."""

@@ -341,15 +341,6 @@ class ProducerDirDataset(Configured):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers: no threads, no chunks
-        state = self.__dict__.copy()
-        state["_chunks"] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._chunks = OneAhead(self._load)
-
 
 # the producer's helpers (producer.py) and the stream (producer_stream.py) are imported
 # from here by users: one import path for a producer directory
