@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from shardwise._version import __version__
+from shardwise.choice import Choice
 from shardwise.errors import CacheError, ConfigError
 from shardwise.format.chunk import ChunkKind
 from shardwise.format.files import Root, where
@@ -83,9 +83,10 @@ def _ordered_tasks(ledger: Ledger, infos: list[Any]) -> list[Task]:
     return [t for _, _, t in sorted(tasks, key=lambda x: (x[0], x[1]))]
 
 
-class ExecutorKind(str, Enum):
-    """Where build tasks run: local processes, or a Ray cluster."""
+class ExecutorKind(Choice):
+    """Where build tasks run: local processes, or a Ray cluster (or an executor object)."""
 
+    __option__ = "executor"
     LOCAL = "local"
     RAY = "ray"
 
@@ -105,11 +106,7 @@ def _make_executor(executor: str | ExecutorKind | Executor | None, workers: int 
             raise ConfigError("address= is for executor='ray'; with an executor object, give "
                               "the address to it: RayExecutor(address=...)")
         return executor, lambda: None
-    try:
-        kind = ExecutorKind(executor or ExecutorKind.LOCAL)
-    except ValueError:
-        raise ConfigError(f"executor must be one of {[k.value for k in ExecutorKind]} or an "
-                          f"executor object, got {executor!r}") from None
+    kind = ExecutorKind.parse(executor or ExecutorKind.LOCAL)
     if kind is ExecutorKind.RAY:
         from shardwise.writer.ray_executor import RayExecutor
 

@@ -46,22 +46,23 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 import numpy as np
 import xxhash
 
 from shardwise.checkpoint import as_count
+from shardwise.choice import Choice
 from shardwise.errors import ConfigError, InputError
 from shardwise.format.chunk import IGNORE_INDEX
 from shardwise.writer.chat_template import BUILTIN_TEMPLATE, compile_template, load_template
 from shardwise.writer.processors import Document, find_eod, load_tokenizer, parse_tokenizer
 
 
-class Overflow(str, Enum):
+class Overflow(Choice):
     """What to do with a record longer than ``max_length`` tokens."""
 
+    __option__ = "overflow"
     TRUNCATE = "truncate"
     DROP = "drop"
 
@@ -133,14 +134,9 @@ class ChatProcessor:
                  bos_token: str | None = None, eos_token: str | None = None,
                  template_vars: Mapping[str, Any] | None = None,
                  check_alignment: bool = True) -> None:
-        try:
-            overflow = Overflow(overflow)
-        except ValueError:
-            raise ConfigError(f"overflow must be one of {[m.value for m in Overflow]}, "
-                              f"got {overflow!r}") from None
         self.config = ChatConfig(messages_key, input_key, label_key, tuple(metadata_keys),
-                                 max_length, overflow, tuple(train_on), bos_token, eos_token,
-                                 dict(template_vars or {}))
+                                 max_length, Overflow.parse(overflow), tuple(train_on),
+                                 bos_token, eos_token, dict(template_vars or {}))
         loaded = load_tokenizer(tokenizer)  # truncation and padding off, as every build
         self.tokenizer_json, self.switched_off = loaded.json, loaded.switched_off
         self.template_source = load_template(template)
