@@ -59,6 +59,7 @@ from shardwise.read.records.ranks import (
     gather_states,
     merge_states,
     register_with_torch,
+    take_shared,
     torch_worker,
 )
 from shardwise.read.records.streams import (
@@ -345,24 +346,9 @@ class RecordStream(Resumable):
 
     def _taker(self, pipe: Pipeline) -> Callable[[], Any]:
         """``pipe.next`` itself when ``R`` divides ``R*`` (the fast path), else
-        :meth:`_take_shared` on it."""
-        return pipe.next if self._pipe_share.step == 1 else partial(self._take_shared, pipe)
-
-    def _take_shared(self, pipe: Pipeline) -> Any:
-        """The next example of this consumer's share of its group's order when ranks share
-        the group's streams: the one position ``≡ offset (mod step)`` of the next ``step``,
-        passing over the others' (so every rank sharing the group stands at the same
-        position after each step, and their states agree)."""
-        share = self._pipe_share
-        skip = (share.offset - pipe.taken) % share.step
-        for _ in range(skip):
-            if pipe.next() is FINISHED:
-                return FINISHED
-        x = pipe.next()
-        for _ in range(share.step - skip - 1):
-            if pipe.next() is FINISHED:
-                break
-        return x
+        :func:`~shardwise.read.records.ranks.take_shared` on it."""
+        return (pipe.next if self._pipe_share.step == 1
+                else partial(take_shared, pipe, self._pipe_share))
 
     def _fresh_positions(self, epoch: int) -> dict[int, StreamPosition]:
         stop = None if self.config.epochs is None else epoch + self.config.epochs
