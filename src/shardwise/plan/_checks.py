@@ -46,6 +46,14 @@ def as_index_array(idx: IndexLike, name: str) -> tuple[IntArray, bool]:
     return arr.astype(np.int64, copy=False), arr.ndim == 0
 
 
+def as_position_array(idx: IndexLike, name: str) -> tuple[IntArray, bool]:
+    """:func:`as_index_array` for positions and counts: every element ``>= 0``."""
+    arr, scalar = as_index_array(idx, name)
+    if arr.size and arr.min() < 0:
+        raise ConfigError(f"{name} must be >= 0, got {arr.min()}")
+    return arr, scalar
+
+
 def check_in_range(arr: IntArray, n: int, name: str, what: str = "indices") -> None:
     """Raise if any element of ``arr`` is outside ``[0, n)``."""
     if arr.size == 0:
