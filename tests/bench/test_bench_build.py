@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from shardwise.bench import build as bench_build
+from shardwise.bench import text_corpus
 from shardwise.cli import main as cli_main
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample"
@@ -83,7 +83,7 @@ def test_a_given_corpus_is_used(cli, tmp_path: Path) -> None:
 
 def test_without_the_repository_sample_it_asks_for_corpus(cli, monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
-    monkeypatch.setattr(bench_build, "sample_dir", lambda: None)
+    monkeypatch.setattr(text_corpus, "sample_dir", lambda: None)
     code, out, err = cli("bench", "build", "--mb", "0.1", "--json")
     assert code == 2 and out == ""
     assert "bundled sample" in err and "--corpus FILE and --tokenizer FILE" in err

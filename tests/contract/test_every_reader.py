@@ -124,7 +124,7 @@ def _contiguous(d: dict[str, Any], other: bool) -> Any:
 
 def _consumer(d: dict[str, Any], other: bool) -> Any:
     return Rows(sw.SequentialConsumer(lambda: ListReader(list(range(50))), batch_size=3,
-                                      shuffle_window=8, seed=2 if other else 1))
+                                      shuffle_block=8, seed=2 if other else 1))
 
 
 def _blend_map(d: dict[str, Any], other: bool) -> Any:
@@ -147,7 +147,7 @@ def _blend_streams(d: dict[str, Any], other: bool) -> Any:
 
 
 def _packed(d: dict[str, Any], other: bool) -> Any:
-    return sw.PackedSFT(d["sft"], seq_len=24, window=16, seed=2 if other else 1,
+    return sw.PackedSFT(d["sft"], seq_len=24, group_size=16, seed=2 if other else 1,
                         epochs=None)
 
 

@@ -50,7 +50,7 @@ def encode(rec):  # a stand-in for a chat template
     ids = [ord(ch) for ch in rec["text"]]
     return {"id": rec["id"], "input_ids": ids, "labels": [-100] + ids[1:]}
 
-ds = ProducerDirDataset(d, encode_fn=encode, world=World(rank, 2), timeout=timeout,
+ds = ProducerDirDataset(d, map_fn=encode, world=World(rank, 2), timeout=timeout,
                         poll_interval=0.02)
 out = {"rank": rank, "ids": []}
 last = time.monotonic()

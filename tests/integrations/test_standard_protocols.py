@@ -125,8 +125,8 @@ def test_packed_sft_through_a_plain_dataloader() -> None:
     """PackedSFT is an IterableDataset for torch; its rows carry their own cu_seqlens
     (different lengths), which shardwise's collate flattens over the batch."""
     recs = [{"input_ids": list(range(1, 3 + j % 9))} for j in range(60)]
-    rows = list(sw.PackedSFT(recs, seq_len=24, window=16, seed=1))[:4]
-    batch = next(iter(DataLoader(sw.PackedSFT(recs, seq_len=24, window=16, seed=1),
+    rows = list(sw.PackedSFT(recs, seq_len=24, group_size=16, seed=1))[:4]
+    batch = next(iter(DataLoader(sw.PackedSFT(recs, seq_len=24, group_size=16, seed=1),
                                  batch_size=4, collate_fn=collate)))
     assert np.array_equal(batch["input_ids"].numpy(), np.stack([r["input_ids"] for r in rows]))
     want = [0] + [int(c) + 24 * i for i, r in enumerate(rows) for c in r["cu_seqlens"][1:]]

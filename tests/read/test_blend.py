@@ -165,7 +165,7 @@ def test_iterable_blend_resumes_exactly(caches: tuple[Path, Path]) -> None:
     recs = packed_records(40, 10_000)
 
     def make() -> Blend:
-        return Blend([Stream(1_000_000), PackedSFT(recs, seq_len=16, window=8, epochs=None),
+        return Blend([Stream(1_000_000), PackedSFT(recs, seq_len=16, group_size=8, epochs=None),
                       datasets(caches)[1]], [0.5, 0.3, 0.2], names=["s", "sft", "tok"])
 
     assert_resumes_exactly(make, steps=40, stop_points=[0, 1, 7, 20, 39])
@@ -275,7 +275,7 @@ def test_a_schedule_resumes_exactly_around_every_boundary(caches: tuple[Path, Pa
     recs = packed_records(40, 10_000)
 
     def streams() -> Blend:
-        return Blend([Stream(1_000_000), PackedSFT(recs, seq_len=16, window=8, epochs=None)],
+        return Blend([Stream(1_000_000), PackedSFT(recs, seq_len=16, group_size=8, epochs=None)],
                      schedule=[(0, [0.5, 0.5]), (9, [0.1, 0.9]), (15, [1, 0])])
 
     assert_resumes_exactly(streams, steps=30)

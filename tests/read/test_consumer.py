@@ -53,7 +53,7 @@ class EpochReader(ListReader):
 
 
 def make(**kw: Any) -> SequentialConsumer:
-    kw.setdefault("shuffle_window", 8)
+    kw.setdefault("shuffle_block", 8)
     kw.setdefault("seed", 11)
     return SequentialConsumer(lambda: ListReader(list(range(N))), **kw)
 
@@ -93,31 +93,31 @@ def test_shuffle_is_a_reproducible_permutation_per_epoch() -> None:
     orders: dict[int, list[int]] = {}
     for epoch in (0, 1, 2, 1):
         with make() as c:
-            c.shuffle(epoch)
+            c.set_epoch(epoch)
             got = drain(c)
         assert sorted(got) == list(range(N))
         if epoch in orders:
             assert got == orders[epoch]
         orders[epoch] = got
     assert orders[0] != orders[1] != orders[2] != list(range(N))
-    # windows stay windows: the shuffle never moves an example across a window boundary
+    # blocks stay blocks: the shuffle never moves an example across a block boundary
     assert sorted(orders[1][:8]) == list(range(8))
     # the order does not depend on the consumers, batch size or prefetch
     with make(batch_size=3, consumers=5, prefetch=2) as c:
-        c.shuffle(1)
+        c.set_epoch(1)
         assert drain(c, 13) == orders[1]
 
 
 def test_exact_resume_at_random_points_with_shuffle_on() -> None:
     rng = random.Random(0)
     with make(cycle=True) as c:
-        c.shuffle(1)
+        c.set_epoch(1)
         reference = [x for _ in range(30) for x in c.get_next_batch(5)]  # 3 epochs
     for _ in range(12):
         cut = rng.randrange(0, 150)
         with make(cycle=True, batch_size=rng.randrange(1, 9), consumers=rng.randrange(1, 4)
                   ) as first:
-            first.shuffle(1)
+            first.set_epoch(1)
             head: list[int] = []
             while len(head) < cut:
                 head += first.get_next_batch(min(rng.randrange(1, 9), cut - len(head)))
@@ -129,14 +129,14 @@ def test_exact_resume_at_random_points_with_shuffle_on() -> None:
         assert head + tail == reference, cut
 
 
-def test_resume_rereads_at_most_one_window() -> None:
+def test_resume_rereads_at_most_one_shuffle_block() -> None:
     with make() as c:
         c.get_next_batch(21)
         state = c.state_dict()
     reader = ListReader(list(range(N)))
-    with SequentialConsumer(reader, shuffle_window=8, seed=11, prefetch=1) as c:
+    with SequentialConsumer(reader, shuffle_block=8, seed=11, prefetch=1) as c:
         c.load_state_dict(state)
-        assert state["extra"]["source"] == {"pos": 16}  # window 2 starts at example 16
+        assert state["extra"]["source"] == {"pos": 16}  # block 2 starts at example 16
         c.get_next_batch(1)
         assert reader.read_up_to <= 16 + 8 + 8 + 1
 
@@ -145,16 +145,16 @@ def test_object_reader_restarts_from_its_origin_and_honours_set_epoch() -> None:
     reader = EpochReader(list(range(1, 11)))
     with SequentialConsumer(reader, batch_size=4) as c:  # no consumer-side shuffle
         assert drain(c) == list(range(1, 11))
-        c.shuffle(1)  # allowed: the reader reorders itself per epoch
+        c.set_epoch(1)  # allowed: the reader reorders itself per epoch
         assert drain(c) == [-x for x in range(1, 11)]
         state = c.state_dict()
-        c.shuffle(2)
+        c.set_epoch(2)
         assert c.get_next_batch(3) == [1, 2, 3]
         c.load_state_dict(state)
         assert c.get_next_batch(3) == []  # the state was at the end of epoch 1
     with SequentialConsumer(lambda: ListReader([1, 2])) as c, pytest.raises(
             ConfigError, match="would not change the order"):
-        c.shuffle(1)
+        c.set_epoch(1)
     assert isinstance(reader, ResumableSource)
 
 
@@ -191,10 +191,49 @@ def test_numpy_counts_are_counts_and_a_damaged_position_is_refused() -> None:
         c.load_state_dict(np_state)
         assert c.get_next_batch(4) == want
         assert type(c.state_dict()["consumed"]) is int
-    for extra, match in (({"offset": 8}, "past the end of a shuffle window of 8"),
+    for extra, match in (({"offset": 8}, "past the end of a shuffle block of 8"),
                          ({"window": -1}, "extra.window must be >= 0"),
                          ({"epoch": 0.5}, "extra.epoch must be an integer")):
         with make() as c, pytest.raises(StateError, match=match):
             c.load_state_dict(dict(state, extra={**state["extra"], **extra}))
     with make() as c, pytest.raises(StateError, match="needs extra.source"):
         c.load_state_dict(dict(state, extra={"epoch": 0, "window": 0, "offset": 0}))
+
+
+def _records_reader(tmp_path: Any, n: int) -> Any:
+    from shardwise.read.records.stream import RecordStream
+
+    path = tmp_path / "ten.jsonl"
+    path.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(n)))
+    return RecordStream([str(path)], streams=1, epochs=1, shuffle=False)
+
+
+@pytest.mark.parametrize("reader", ["RecordStream", "SequentialConsumer"])
+def test_the_last_batch_is_short_unless_padded_in_every_reader(reader: str, tmp_path: Any
+                                                               ) -> None:
+    """One rule for ``get_next_batch`` at the end of a finite run: what is left, then
+    ``[]``; ``pad=True`` fills the last batch up to ``n`` with pad examples."""
+    from shardwise.read.records.pipeline import is_pad
+
+    def make_reader() -> Any:
+        return (_records_reader(tmp_path, 10) if reader == "RecordStream"
+                else SequentialConsumer(ListReader([{"id": i} for i in range(10)])))
+
+    short, padded = make_reader(), make_reader()
+    assert [len(short.get_next_batch(4)) for _ in range(4)] == [4, 4, 2, 0]
+    batches = [padded.get_next_batch(4, pad=True) for _ in range(4)]
+    assert [len(b) for b in batches] == [4, 4, 4, 0]
+    assert [is_pad(x) for x in batches[2]] == [False, False, True, True]
+    assert [x["id"] for b in batches for x in b if not is_pad(x)] == list(range(10))
+    for r in (short, padded):
+        r.close()
+
+
+def test_shuffle_window_is_the_deprecated_name_of_shuffle_block() -> None:
+    with pytest.warns(DeprecationWarning, match="use shuffle_block="):
+        old = SequentialConsumer(ListReader(list(range(N))), seed=3, shuffle_window=8)
+    with old, SequentialConsumer(ListReader(list(range(N))), seed=3, shuffle_block=8) as new:
+        assert drain(old) == drain(new)
+        assert old.state_dict()["fingerprint"] == new.state_dict()["fingerprint"]
+    with pytest.raises(ConfigError, match="pass only shuffle_block="):
+        SequentialConsumer(ListReader([]), shuffle_block=4, shuffle_window=8)

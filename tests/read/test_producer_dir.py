@@ -63,7 +63,7 @@ def test_len_is_this_ranks_declared_records_and_union_is_everything(tmp_path: Pa
     produce(tmp_path, [4] * 5)
     seen = []
     for r, want in ((0, 12), (1, 8)):  # rank 0 owns chunks 0, 2, 4; rank 1 owns 1, 3
-        ds = open_dir(tmp_path, encode_fn=encode, world=World(r, 2))
+        ds = open_dir(tmp_path, map_fn=encode, world=World(r, 2))
         assert len(ds) == want and list(ds.my_chunks()) == list(range(r, 5, 2))
         got = ids([ds[i] for i in range(len(ds))])
         assert {int(x.split("-")[0]) % 2 for x in got} == {r}
@@ -148,15 +148,26 @@ def test_bad_line_names_file_and_line(tmp_path: Path) -> None:
     publish_chunk(tmp_path, 0, records(0, 3))
     (tmp_path / "chunk_00001.jsonl").write_bytes(b'{"id": "a", "text": "x"}\n'
                                                  b'{"id": "b", "text": "y"}\n{"id": oops\n')
-    ds = open_dir(tmp_path, encode_fn=encode)
+    ds = open_dir(tmp_path, map_fn=encode)
     assert ds[2]["id"] == "0-2"
     with pytest.raises(InputError, match=r"chunk_00001\.jsonl:3: invalid JSON") as e:
         ds[3]
     assert e.value.line == 3 and e.value.path.endswith("chunk_00001.jsonl")
     (tmp_path / "chunk_00001.jsonl").write_bytes(b'{"id": "a", "text": "x"}\n{"id": "b"}\n')
-    ds = open_dir(tmp_path, encode_fn=encode)
-    with pytest.raises(InputError, match=r"chunk_00001\.jsonl:2: encode_fn raised KeyError"):
+    ds = open_dir(tmp_path, map_fn=encode)
+    with pytest.raises(InputError, match=r"chunk_00001\.jsonl:2: map_fn raised KeyError") as e:
         ds[3]
+    assert e.value.reason == "map_error"  # RecordStream's reason for the same failure
+
+
+def test_encode_fn_is_the_deprecated_name_of_map_fn(tmp_path: Path) -> None:
+    write_expected(tmp_path, num_chunks=1, records_per_chunk=3)
+    publish_chunk(tmp_path, 0, records(0, 3))
+    with pytest.warns(DeprecationWarning, match="use map_fn="):
+        ds = open_dir(tmp_path, encode_fn=encode)
+    assert ds[0] == open_dir(tmp_path, map_fn=encode)[0]
+    with pytest.raises(ConfigError, match="pass only map_fn="):
+        open_dir(tmp_path, encode_fn=encode, map_fn=lambda r: r)
 
 
 def test_done_markers_let_the_producer_delete_finished_chunks(tmp_path: Path) -> None:
@@ -242,12 +253,12 @@ def test_stream_plugs_into_the_sequential_consumer(tmp_path: Path) -> None:
     def make() -> ProducerDirStream:
         return open_dir(tmp_path, world=World(0, 2), done_marker=False).stream()
 
-    with SequentialConsumer(make, batch_size=5, shuffle_window=4, seed=2) as c:
+    with SequentialConsumer(make, batch_size=5, shuffle_block=4, seed=2) as c:
         first = ids(c.get_next_batch()) + ids(c.get_next_batch(2))
         state = c.state_dict()
         rest = [x for b in c for x in ids(b)]
     assert sorted(first + rest) == sorted(ids([r for k in (0, 2, 4) for r in records(k, 4)]))
-    with SequentialConsumer(make, batch_size=5, shuffle_window=4, seed=2) as c:
+    with SequentialConsumer(make, batch_size=5, shuffle_block=4, seed=2) as c:
         c.load_state_dict(state)
         assert [x for b in c for x in ids(b)] == rest
 
@@ -256,7 +267,7 @@ def test_map_view_pickles_and_refuses_distributed_samplers(tmp_path: Path) -> No
     from torch.utils.data import DataLoader, DistributedSampler
 
     produce(tmp_path, [3] * 4)
-    ds = open_dir(tmp_path, encode_fn=encode, world=World(0, 2))
+    ds = open_dir(tmp_path, map_fn=encode, world=World(0, 2))
     copy = pickle.loads(pickle.dumps(ds))
     assert copy[0] == ds[0] and ds.is_sharded
     dl: DataLoader[Any] = DataLoader(ds, batch_size=2, collate_fn=list)  # type: ignore[arg-type]

@@ -164,9 +164,9 @@ def test_order_is_shuffled_and_reshuffles_reproducibly(corpus: dict[str, Any]) -
     assert first == ids(make(corpus).get_next_batch(400))
     assert first != sorted(first)
     rs = make(corpus)
-    rs.shuffle(epoch=2)
+    rs.set_epoch(epoch=2)
     two = ids(rs.get_next_batch(400))
-    rs.shuffle(epoch=2)
+    rs.set_epoch(epoch=2)
     assert ids(rs.get_next_batch(400)) == two != first
     assert ids(make(corpus, seed=6).get_next_batch(400)) != first
 
@@ -297,7 +297,7 @@ def test_one_epoch_is_every_record_once_across_streams(corpus: dict[str, Any]) -
         sets = []
         for e in range(2):
             one = make(corpus, world=World(r, 2), epochs=1)
-            one.shuffle(e)
+            one.set_epoch(e)
             sets.append(sorted(x for x in ids(list(one)) if x is not None))  # type: ignore[type-var]
         got = ids(make(corpus, world=World(r, 2)).get_next_batch(len(sets[0]) + len(sets[1])))
         assert sorted(got[:len(sets[0])]) == sets[0]  # type: ignore[type-var]
@@ -383,8 +383,8 @@ def test_state_counts_may_be_numpy_integers(corpus: dict[str, Any]) -> None:
     with pytest.raises(StateError, match="epoch must be an integer"):
         make(corpus, epochs=2).load_state_dict(state)
     fresh, same = make(corpus), make(corpus)
-    fresh.shuffle(np.int64(1))
-    same.shuffle(1)
+    fresh.set_epoch(np.int64(1))
+    same.set_epoch(1)
     assert ids(fresh.get_next_batch(np.int64(5))) == ids(same.get_next_batch(5))
     with pytest.raises(ConfigError, match="n must be an integer count"):
         fresh.get_next_batch(2.5)

@@ -37,7 +37,7 @@ def records_in(row: dict[str, np.ndarray]) -> list[int]:
 @pytest.mark.parametrize("seed", [None, 7])
 def test_each_epoch_packs_every_record_once(seed: int | None) -> None:
     recs = make_records(150)
-    rows = list(PackedSFT(recs, seq_len=64, window=32, seed=seed, epochs=2))
+    rows = list(PackedSFT(recs, seq_len=64, group_size=32, seed=seed, epochs=2))
     seen = [r for row in rows for r in records_in(row)]
     half = len(seen) // 2
     assert sorted(seen[:half]) == sorted(seen[half:]) == list(range(150))
@@ -71,13 +71,13 @@ def test_labels_default_to_the_loss_mask_or_all_tokens() -> None:
 
 
 @settings(max_examples=15, deadline=None)
-@given(seed=st.none() | st.integers(0, 1000), window=st.integers(1, 40),
+@given(seed=st.none() | st.integers(0, 1000), group=st.integers(1, 40),
        stop=st.integers(0, 59))
-def test_resume_is_exact_at_random_points(seed: int | None, window: int, stop: int) -> None:
+def test_resume_is_exact_at_random_points(seed: int | None, group: int, stop: int) -> None:
     recs = make_records(90, seed=3)
 
     def make() -> PackedSFT:
-        return PackedSFT(recs, seq_len=48, window=window, seed=seed, epochs=None)
+        return PackedSFT(recs, seq_len=48, group_size=group, seed=seed, epochs=None)
 
     assert_resumes_exactly(make, steps=60, stop_points=[stop])
     assert_resumes_exactly(make, steps=60, stop_points=[stop], key="labels")
@@ -85,36 +85,36 @@ def test_resume_is_exact_at_random_points(seed: int | None, window: int, stop: i
 
 def test_state_is_position_and_refuses_other_configs() -> None:
     recs = make_records(60)
-    rows = PackedSFT(recs, seq_len=64, window=16, seed=1)
+    rows = PackedSFT(recs, seq_len=64, group_size=16, seed=1)
     take(rows, 5)
     state = json.loads(json.dumps(rows.state_dict()))
     assert state["kind"] == "sft_pack" and state["consumed"] == 5
     assert set(state["extra"]) == {"epoch", "window", "bin"}
     with pytest.raises(StateError, match="seq_len"):
-        PackedSFT(recs, seq_len=32, window=16, seed=1).load_state_dict(state)
+        PackedSFT(recs, seq_len=32, group_size=16, seed=1).load_state_dict(state)
     with pytest.raises(StateError, match="records"):
-        PackedSFT(recs[:50], seq_len=64, window=16, seed=1).load_state_dict(state)
+        PackedSFT(recs[:50], seq_len=64, group_size=16, seed=1).load_state_dict(state)
     bad = dict(state, extra={"epoch": 0, "window": 99, "bin": 0})
     with pytest.raises(StateError, match="outside"):
-        PackedSFT(recs, seq_len=64, window=16, seed=1).load_state_dict(bad)
+        PackedSFT(recs, seq_len=64, group_size=16, seed=1).load_state_dict(bad)
 
 
 def test_state_counts_may_be_numpy_and_past_the_end_is_refused() -> None:
     recs = make_records(60)
-    rows = PackedSFT(recs, seq_len=64, window=16, seed=1, epochs=1)
+    rows = PackedSFT(recs, seq_len=64, group_size=16, seed=1, epochs=1)
     take(rows, 5)
     state = json.loads(json.dumps(rows.state_dict()))
     want = take(rows, 2)
-    back = PackedSFT(recs, seq_len=64, window=16, seed=1, epochs=1)
+    back = PackedSFT(recs, seq_len=64, group_size=16, seed=1, epochs=1)
     back.load_state_dict(dict(state, consumed=np.int64(5),
                               extra={k: np.int64(v) for k, v in state["extra"].items()}))
     assert [r["input_ids"].tolist() for r in take(back, 2)] == [
         r["input_ids"].tolist() for r in want]
     assert type(back.state_dict()["extra"]["bin"]) is int
-    end = PackedSFT(recs, seq_len=64, window=16, seed=1, epochs=1)
-    total = len(list(end))  # a finished pass stops at epoch 1, window 0, bin 0
+    end = PackedSFT(recs, seq_len=64, group_size=16, seed=1, epochs=1)
+    total = len(list(end))  # a finished pass stops at epoch 1, group 0, bin 0
     assert end.state_dict()["extra"] == {"epoch": 1, "window": 0, "bin": 0}
-    again = PackedSFT(recs, seq_len=64, window=16, seed=1, epochs=1)
+    again = PackedSFT(recs, seq_len=64, group_size=16, seed=1, epochs=1)
     again.load_state_dict(end.state_dict())
     assert list(again) == [] and total > 0
     for extra, match in (({"epoch": 5, "window": 0, "bin": 0}, "past the end of this run"),
@@ -142,3 +142,14 @@ def test_overlong_and_bad_records() -> None:
         PackedSFT([], seq_len=8)
     with pytest.raises(ConfigError, match="nothing to pack"):
         list(PackedSFT([{"input_ids": []}], seq_len=8, epochs=None))
+
+
+def test_window_is_the_deprecated_name_of_group_size() -> None:
+    recs = [{"input_ids": list(range(1, 2 + i % 7))} for i in range(40)]
+    with pytest.warns(DeprecationWarning, match="use group_size="):
+        old = PackedSFT(recs, seq_len=16, window=8, seed=1)
+    new = PackedSFT(recs, seq_len=16, group_size=8, seed=1)
+    assert [r["input_ids"].tolist() for r in old] == [r["input_ids"].tolist() for r in new]
+    assert old.state_dict() == new.state_dict()  # the fingerprint did not change
+    with pytest.raises(ConfigError, match="pass only group_size="):
+        PackedSFT(recs, seq_len=16, group_size=4, window=8)

@@ -135,7 +135,7 @@ def test_blend_names_each_source(built: dict[str, Any], tmp_path: Path) -> None:
 
 def test_packed_sft_rows(built: dict[str, Any]) -> None:
     cfg = ReadConfig.from_dict({"cache": str(built["cache"]), "reader": "sft", "seq_len": 96,
-                                "seed": 3, "window": 8, "epochs": 1, "overlong": "truncate",
+                                "seed": 3, "group_size": 8, "epochs": 1, "overlong": "truncate",
                                 "global_batch_size": B, "micro_batch_size": M,
                                 "world_size": 1})
     ds, _ = cfg.build()
@@ -243,7 +243,7 @@ def test_packed_sft_over_a_record_cache(tmp_path: Path) -> None:
     sw.build([str(src)], cache, processor=_sft_record, vocab_size=256, records=True,
              chunk_docs=7, on_error="skip", workers=1, progress=False)
     cfg = ReadConfig.from_dict({"cache": str(cache), "reader": "sft", "seq_len": 128,
-                                "seed": 5, "window": 16, "global_batch_size": 4,
+                                "seed": 5, "group_size": 16, "global_batch_size": 4,
                                 "micro_batch_size": 2, "world_size": 2})
     ds, _ = cfg.build()
     rows = list(itertools.islice(iter(ds), 12))

@@ -170,7 +170,7 @@ def test_options_are_checked(tmp_path: Path, ray_address: str, sample_corpus: Pa
         build([sample_corpus], tmp_path / "c", tokenizer=tokenizer_path, executor="dask")
     with pytest.raises(ConfigError, match="already connected to the Ray cluster"):
         RayExecutor(address="10.0.0.1:6379").connect()
-    with pytest.raises(ConfigError, match="workers must be at least 1"):
+    with pytest.raises(ConfigError, match="workers must be >= 1"):
         RayExecutor(0)
 
 

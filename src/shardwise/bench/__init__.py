@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import argparse
 
+from shardwise.checkpoint import as_count
+from shardwise.errors import ConfigError
+
 BENCHES = ("build", "read", "stream", "records", "trace")
 
 
@@ -21,6 +24,14 @@ def add_common(p: argparse.ArgumentParser, *, repeat: int, repeat_help: str,
                    help=f"{repeat_help} (default {repeat})")
     p.add_argument("--tmp-dir", default=None, metavar="DIR", help=tmp_dir)
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+def check_counts(args: argparse.Namespace, **minimums: int) -> None:
+    """``--name`` of every bench is an integer of at least its minimum: the one integer
+    rule (:func:`~shardwise.checkpoint.as_count`), a :class:`ConfigError` (exit 2)."""
+    for name, low in minimums.items():
+        as_count(getattr(args, name), f"--{name.replace('_', '-')}", minimum=low,
+                 error=ConfigError)
 
 
 def add_inputs(p: argparse.ArgumentParser, *, corpus: str, tokenizer: str = "tokenizer.json"

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shardwise.bench import add_common, add_inputs
+from shardwise.bench import add_common, add_inputs, check_counts
 from shardwise.bench.child import memory_mb, run_child
 from shardwise.errors import ConfigError
 
@@ -213,11 +213,11 @@ def format_report(report: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """``shardwise bench records``: write the corpus, measure, print (``--json``: a dict)."""
-    from shardwise.bench.build import sample_dir
+    from shardwise.bench.text_corpus import sample_dir
 
-    if not args.gb > 0 or args.records < 1 or args.workers < 0 or args.repeat < 1:
-        raise ConfigError("--gb must be positive, --records and --repeat at least 1, "
-                          "--workers at least 0")
+    if not args.gb > 0:
+        raise ConfigError(f"--gb must be positive, got {args.gb}")
+    check_counts(args, records=1, workers=0, repeat=1)
     sample = sample_dir()
     source = Path(args.corpus) if args.corpus else (sample / "corpus.jsonl" if sample else None)
     if source is None or not source.is_file():

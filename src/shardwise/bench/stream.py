@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from shardwise.bench import add_common, add_inputs
-from shardwise.bench.build import MB, make_corpus, read_texts, resolve_inputs
+from shardwise.bench import add_common, add_inputs, check_counts
+from shardwise.bench.text_corpus import MB, make_corpus, read_texts, resolve_inputs
 from shardwise.errors import ConfigError, MissingExtraError
 
 TARGET_VS_GLOBAL = 0.8
@@ -195,9 +195,7 @@ def format_report(rep: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """``shardwise bench stream``: make or open the cache, measure, print."""
-    for name in ("repeat", "micro_batch", "seq_len", "streams", "chunk_docs"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+    check_counts(args, repeat=1, micro_batch=1, seq_len=1, streams=1, chunk_docs=1)
     if not (args.mb > 0 and args.seconds > 0 and args.chunk_cache_mb >= 0):
         raise ConfigError("--mb and --seconds must be positive, --chunk-cache-mb >= 0")
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from shardwise.cli.args import count_arg, positive_float
 from shardwise.writer.convert import (
     ConvertSummary,
     DataPath,
@@ -52,12 +53,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                            help="import PREFIX.bin/PREFIX.idx into a new cache (needs --out)")
     p.add_argument("--out", metavar="DIR", help="new cache directory for --from-megatron")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--chunk-docs", metavar="N", type=_positive_int,
+    size.add_argument("--chunk-docs", metavar="N", type=count_arg(1),
                       help="documents per chunk (--from-megatron)")
-    size.add_argument("--chunk-mb", metavar="N", type=_positive_float,
+    size.add_argument("--chunk-mb", metavar="N", type=positive_float,
                       help="close a chunk once it holds N MiB of tokens (--from-megatron; "
                            "default 64)")
-    p.add_argument("--seq-len", metavar="N", type=_positive_int,
+    p.add_argument("--seq-len", metavar="N", type=count_arg(1),
                    help="with --megatron-data-path: count the windows of N + 1 tokens that "
                         "packing per chunk loses")
     p.add_argument("--allow-partial", action="store_true",
@@ -65,20 +66,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(_convert_parser=p)
     return p
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from shardwise.cli import inspect_schedule
+from shardwise.cli.args import count_arg
 from shardwise.errors import ConfigError, MissingExtraError
 from shardwise.format.chunk import ChunkKind
 from shardwise.plan.windows import dropped_tokens, num_windows
@@ -51,37 +52,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="write a PNG: document length distribution and tokens per source "
                         "(needs matplotlib: pip install 'shardwise[plot]'); for a read "
                         "config, FILE.svg: the planned mix over steps (no library needed)")
-    p.add_argument("--steps", metavar="N", type=_positive, default=None,
+    p.add_argument("--steps", metavar="N", type=count_arg(1), default=None,
                    help="read config: chart the first N steps (default: a quarter past "
                         "the last stage's start)")
-    p.add_argument("--examples", metavar="N", type=_non_negative, default=0,
+    p.add_argument("--examples", metavar="N", type=count_arg(0), default=0,
                    help="print the first N packed windows of SEQ_LEN+1 tokens")
-    p.add_argument("--seq-len", metavar="L", type=_positive, default=None,
+    p.add_argument("--seq-len", metavar="L", type=count_arg(1), default=None,
                    help="window length: how many windows of L+1 tokens a TokenDataset cuts "
                         "and how many tokens its last partial window drops; also the "
                         "length of --examples")
     p.add_argument("--tokenizer", metavar="FILE", type=Path, default=None,
                    help="tokenizer.json to decode --examples (default: print token ids)")
-    p.add_argument("--sample-docs", metavar="N", type=_positive, default=1_000_000,
+    p.add_argument("--sample-docs", metavar="N", type=count_arg(1), default=1_000_000,
                    help="read at most about N document lengths (default: %(default)s)")
     p.add_argument("--no-verify", action="store_true",
                    help="trust the cache: do not checksum the chunks --examples reads nor "
                         "check their token ids against the vocabulary")
     return p
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -60,7 +60,8 @@ from shardwise.checkpoint import (
     fingerprint,
 )
 from shardwise.errors import ConfigError
-from shardwise.read.external.contiguous import ContiguousShards, sampler_over
+from shardwise.read.external.contiguous import ContiguousShards
+from shardwise.read.guard import sampler_over
 from shardwise.world import World
 
 DatasetParams = tuple[tuple[Any, ...], Mapping[str, Any]]
@@ -169,10 +170,10 @@ class ResumableSequentialSampler(Resumable):
     def __init__(self, data_source: Sized, start_index: int = 0) -> None:
         self.data_source = data_source
         self.data_length = len(data_source)
-        if (isinstance(start_index, bool) or not isinstance(start_index, int)
-                or not 0 <= start_index <= self.data_length):
-            raise ConfigError(f"start_index must be an integer in [0, {self.data_length}], "
-                              f"got {start_index!r}")
+        start_index = as_count(start_index, "start_index", error=ConfigError)
+        if start_index > self.data_length:
+            raise ConfigError(f"start_index must be in [0, {self.data_length}] (the length "
+                              f"of the data source), got {start_index}")
         self.start_index = start_index
         self.index = start_index
 

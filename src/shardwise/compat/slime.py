@@ -242,9 +242,10 @@ class HFIterableDatasetAdapter:
 
     def shuffle(self, new_epoch_id: int) -> None:
         """Start epoch ``new_epoch_id`` from its beginning, in its own order; nothing
-        changes if it is the epoch being served (slime calls this at every epoch start)."""
+        changes if it is the epoch being served (slime calls this at every epoch start).
+        slime's name for :meth:`RecordStream.set_epoch`."""
         if new_epoch_id != self.epoch_id:
-            self.stream.shuffle(new_epoch_id)
+            self.stream.set_epoch(new_epoch_id)
 
     def get_checkpoint_state(self) -> dict[str, Any]:
         return {"epoch_id": self.epoch_id, "consumed_count": self.consumed_count,

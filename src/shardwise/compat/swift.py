@@ -7,7 +7,7 @@ while training runs; rank ``r`` of ``R`` reads only the chunks with
 
     ms-swift (plan)                                  shardwise
     LazyShardedDataset(directory, encode_fn,         ProducerDirDataset(directory,
-        chunk_pattern=r'chunk_(\\d+)\\.jsonl',            encode_fn=…, pattern=…,
+        chunk_pattern=r'chunk_(\\d+)\\.jsonl',            map_fn=encode_fn, pattern=…,
         samples_per_chunk=1000,                          records_per_chunk=…,
         max_samples=10_000_000,                          (len = the declared count)
         wait_poll_interval=5.0,                          poll_interval=…,
@@ -73,9 +73,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from shardwise.checkpoint import as_count
 from shardwise.errors import ConfigError
-from shardwise.read.external.contiguous import sampler_over
 from shardwise.read.external.producer_dir import ProducerDirDataset
+from shardwise.read.guard import sampler_over
 from shardwise.world import World
 
 COMPLETED = ".completed"
@@ -180,14 +181,13 @@ class LazyShardedDataset:
                  wait_poll_interval: float = 5.0, max_wait_time: float = 0,
                  mark_completed: bool = True, world_size: int | None = None,
                  rank: int | None = None) -> None:
-        if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 0:
-            raise ConfigError(f"max_samples must be a non-negative integer, got {max_samples!r}")
+        max_samples = as_count(max_samples, "max_samples", error=ConfigError)
         if not max_wait_time >= 0:
             raise ConfigError(f"max_wait_time must be >= 0 (0 waits for ever), got "
                               f"{max_wait_time!r}")
         self.max_samples, self.samples_per_chunk = max_samples, samples_per_chunk
         self.dataset = ProducerDirDataset(
-            directory, encode_fn=None if encode_fn is None else _Encode(encode_fn),
+            directory, map_fn=None if encode_fn is None else _Encode(encode_fn),
             world=_world(world_size, rank), pattern=chunk_pattern,
             records_per_chunk=samples_per_chunk,
             timeout=max_wait_time or math.inf, poll_interval=wait_poll_interval,

@@ -13,20 +13,26 @@ import numbers
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.checkpoint import as_count
+from shardwise.errors import ConfigError
+
 IntArray = npt.NDArray[np.int64]
+ANY_SIGN = -(1 << 255)  # a minimum no argument of a plan reaches: seeds are hashed, not cast
 IndexLike = int | npt.ArrayLike
 
 
 def check_int(value: object, name: str, *, minimum: int | None = None,
               maximum: int | None = None) -> int:
-    """Return ``value`` as an ``int`` after checking its type and bounds."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
-    v = int(value)
-    if minimum is not None and v < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    """Return ``value`` as an ``int`` after checking its type and bounds.
+
+    The type rule is the one for every count (:func:`~shardwise.checkpoint.as_count`:
+    numpy and torch integers are integers, ``bool`` and floats are not); this adds an
+    upper bound, and ``minimum=None`` for values of any sign (a seed, an offset). The
+    error is a :class:`~shardwise.errors.ConfigError`, which is a ``ValueError``."""
+    v = as_count(value, name, minimum=ANY_SIGN if minimum is None else minimum,
+                 error=ConfigError)
     if maximum is not None and v > maximum:
-        raise ValueError(f"{name} must be <= {maximum}, got {v}")
+        raise ConfigError(f"{name} must be <= {maximum}, got {v}")
     return v
 
 
@@ -38,6 +44,14 @@ def as_index_array(idx: IndexLike, name: str) -> tuple[IntArray, bool]:
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"{name} must be integers, got an array of dtype {arr.dtype}")
     return arr.astype(np.int64, copy=False), arr.ndim == 0
+
+
+def as_position_array(idx: IndexLike, name: str) -> tuple[IntArray, bool]:
+    """:func:`as_index_array` for positions and counts: every element ``>= 0``."""
+    arr, scalar = as_index_array(idx, name)
+    if arr.size and arr.min() < 0:
+        raise ConfigError(f"{name} must be >= 0, got {arr.min()}")
+    return arr, scalar
 
 
 def check_in_range(arr: IntArray, n: int, name: str, what: str = "indices") -> None:

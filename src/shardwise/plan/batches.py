@@ -35,7 +35,13 @@ from typing import overload
 import numpy as np
 import numpy.typing as npt
 
-from shardwise.plan._checks import IndexLike, IntArray, as_index_array, check_int, divisors
+from shardwise.plan._checks import (
+    IndexLike,
+    IntArray,
+    as_position_array,
+    check_int,
+    divisors,
+)
 from shardwise.plan.permutation import Permutation, derive_seed
 
 BUCKET_SEED_TAG = "cyclic_bucket"
@@ -107,9 +113,7 @@ def epoch_and_offset(consumed: IndexLike,
                      n: int) -> tuple[int, int] | tuple[IntArray, IntArray]:
     """Split a count of consumed examples into ``(epoch, position in epoch)``."""
     size = check_int(n, "n (examples per epoch)", minimum=1)
-    arr, scalar = as_index_array(consumed, "consumed")
-    if arr.size and arr.min() < 0:
-        raise ValueError(f"consumed must be >= 0, got {arr.min()}")
+    arr, scalar = as_position_array(consumed, "consumed")
     epoch, offset = np.divmod(arr, size)
     if scalar:
         return int(epoch.reshape(-1)[0]), int(offset.reshape(-1)[0])

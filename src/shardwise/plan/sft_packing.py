@@ -1,15 +1,16 @@
-"""Packing SFT records into ``seq_len`` bins: first-fit decreasing inside a window.
+"""Packing SFT records into ``seq_len`` bins: first-fit decreasing inside a group.
 
 Why: SFT records are short and vary in length; padding each to ``seq_len`` wastes most of
 a batch. Packing several records into one row (with per-record positions and
 ``cu_seqlens`` for variable-length attention, so records never attend to each other) fills
 rows to ~95+%. Packing a whole dataset at once would need every length up front and make
-the plan depend on data far away; packing inside *windows* of ``window`` consecutive
-records keeps memory bounded and makes the plan of window ``w`` a pure function of that
-window's lengths — so a consumer's position is just ``(window, bin)`` and resuming costs
-one window, whatever the size of the data.
+the plan depend on data far away; packing inside *groups* of ``group_size`` consecutive
+records keeps memory bounded and makes the plan of group ``g`` a pure function of that
+group's lengths — so a consumer's position is just ``(group, bin)`` and resuming costs
+one group, whatever the size of the data. (A *window*, in shardwise, is ``seq_len``
+tokens; these groups were called packing windows before.)
 
-How (version 1), for the lengths of one window:
+How (version 1), for the lengths of one group:
 
 1. Records of length 0 are dropped (nothing to train on); records longer than ``seq_len``
    are refused, truncated to ``seq_len``, or dropped (:class:`Overlong`). Both are listed.
@@ -17,8 +18,8 @@ How (version 1), for the lengths of one window:
 3. Each goes into the first bin, in the order the bins were opened, that still has room;
    if none has, it opens a new bin (first-fit decreasing: at most 11/9·OPT + 6/9 bins).
 4. With a ``seed``, the bins are then put in a keyed random order
-   (:class:`~shardwise.plan.permutation.Permutation` keyed by ``seed`` and the window
-   index), so a run does not see each window's longest records first.
+   (:class:`~shardwise.plan.permutation.Permutation` keyed by ``seed`` and the group
+   index), so a run does not see each group's longest records first.
 
 Worked example, ``seq_len = 8``, lengths ``[3, 6, 2, 5, 2]`` (no seed)::
 
@@ -61,7 +62,7 @@ class Overlong(Choice):
 
 @dataclass(frozen=True)
 class PackPlan:
-    """The bins of one window. Record indices are window-local.
+    """The bins of one group. Record indices are group-local.
 
     ``order`` holds the placed records bin after bin (each bin's records in the order
     they were placed); bin ``b`` is ``order[bin_starts[b]:bin_starts[b + 1]]`` and
@@ -88,7 +89,7 @@ class PackPlan:
         return slice(int(self.bin_starts[b]), int(self.bin_starts[b + 1]))
 
     def bin(self, b: int) -> IntArray:
-        """Window-local indices of the records in bin ``b``, in packing order."""
+        """Group-local indices of the records in bin ``b``, in packing order."""
         return self.order[self._span(b)]
 
     def bin_lengths(self, b: int) -> IntArray:
@@ -123,11 +124,11 @@ def _first_fit_decreasing(lengths: IntArray, seq_len: int) -> tuple[IntArray, In
     return order.astype(np.int64), bins
 
 
-def pack_window(lengths: npt.ArrayLike, seq_len: int, *, seed: int | None = None,
-                window_index: int = 0, overlong: str | Overlong = Overlong.ERROR) -> PackPlan:
-    """First-fit-decreasing bins of ``seq_len`` tokens for one window's record lengths.
+def pack_group(lengths: npt.ArrayLike, seq_len: int, *, seed: int | None = None,
+               group_index: int = 0, overlong: str | Overlong = Overlong.ERROR) -> PackPlan:
+    """First-fit-decreasing bins of ``seq_len`` tokens for one group's record lengths.
 
-    A pure function of its arguments; ``seed`` (with ``window_index``) only orders the
+    A pure function of its arguments; ``seed`` (with ``group_index``) only orders the
     bins. ``overlong="error"`` raises ``ValueError`` naming the first record that cannot fit.
     """
     n = np.asarray(lengths, dtype=np.int64).reshape(-1)
@@ -137,7 +138,7 @@ def pack_window(lengths: npt.ArrayLike, seq_len: int, *, seed: int | None = None
     mode = Overlong.parse(overlong)
     over = np.flatnonzero(n > L)
     if over.size and mode is Overlong.ERROR:
-        raise ValueError(f"record {int(over[0])} of the window has {int(n[over[0]])} tokens, "
+        raise ValueError(f"record {int(over[0])} of the group has {int(n[over[0]])} tokens, "
                          f"more than seq_len={L} ({over.size} such records); cap them when "
                          "processing (max_length) or pass overlong='truncate' or 'drop'")
     drop = n == 0
@@ -154,13 +155,13 @@ def pack_window(lengths: npt.ArrayLike, seq_len: int, *, seed: int | None = None
                     over if mode is Overlong.TRUNCATE else np.zeros(0, np.int64))
     if seed is None or plan.num_bins < 2:
         return plan
-    return _shuffle_bins(plan, seed, window_index)
+    return _shuffle_bins(plan, seed, group_index)
 
 
-def _shuffle_bins(plan: PackPlan, seed: int, window_index: int) -> PackPlan:
-    """The same bins in the order of a keyed permutation of ``(seed, window_index)``."""
+def _shuffle_bins(plan: PackPlan, seed: int, group_index: int) -> PackPlan:
+    """The same bins in the order of a keyed permutation of ``(seed, group_index)``."""
     perm = Permutation(plan.num_bins, check_int(seed, "seed", minimum=0),
-                       check_int(window_index, "window_index", minimum=0))
+                       check_int(group_index, "group_index", minimum=0))
     new_to_old = perm(np.arange(plan.num_bins, dtype=np.int64))
     sizes = np.diff(plan.bin_starts)[new_to_old]
     take = np.concatenate([np.arange(plan.bin_starts[b], plan.bin_starts[b + 1])
@@ -170,16 +171,18 @@ def _shuffle_bins(plan: PackPlan, seed: int, window_index: int) -> PackPlan:
                     plan.truncated)
 
 
-def num_pack_windows(n: int, window: int) -> int:
-    """Windows of ``window`` consecutive records covering ``n`` records (the last may be short)."""
-    return -(-check_int(n, "n", minimum=0) // check_int(window, "window", minimum=1))
+def num_pack_groups(n: int, group_size: int) -> int:
+    """Groups of ``group_size`` consecutive records covering ``n`` records (the last may
+    be short)."""
+    return -(-check_int(n, "n", minimum=0) // check_int(group_size, "group_size", minimum=1))
 
 
-def window_range(w: int, window: int, n: int) -> tuple[int, int]:
-    """``[start, stop)`` of the records of window ``w``."""
-    start = check_int(w, "window index", minimum=0) * check_int(window, "window", minimum=1)
-    return min(start, n), min(start + window, n)
+def group_range(g: int, group_size: int, n: int) -> tuple[int, int]:
+    """``[start, stop)`` of the records of group ``g``."""
+    start = (check_int(g, "group index", minimum=0)
+             * check_int(group_size, "group_size", minimum=1))
+    return min(start, n), min(start + group_size, n)
 
 
-__all__ = ["SFT_PACKING_VERSION", "Overlong", "PackPlan", "num_pack_windows", "pack_window",
-           "window_range"]
+__all__ = ["SFT_PACKING_VERSION", "Overlong", "PackPlan", "group_range", "num_pack_groups",
+           "pack_group"]

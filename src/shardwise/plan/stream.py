@@ -36,7 +36,7 @@ import numpy.typing as npt
 from shardwise.plan._checks import (
     IndexLike,
     IntArray,
-    as_index_array,
+    as_position_array,
     check_int,
     unwrap,
 )
@@ -69,13 +69,6 @@ def chunks_of_stream(s: int, n_chunks: int, n_streams: int) -> IntArray:
     return np.arange(stream, check_int(n_chunks, "n_chunks", minimum=0), n, dtype=np.int64)
 
 
-def _pos(x: IndexLike, name: str) -> tuple[IntArray, bool]:
-    arr, scalar = as_index_array(x, name)
-    if arr.size and arr.min() < 0:
-        raise ValueError(f"{name} must be >= 0, got {arr.min()}")
-    return arr, scalar
-
-
 @overload
 def global_to_stream(i: int, n_streams: int) -> tuple[int, int]: ...
 @overload
@@ -85,7 +78,7 @@ def global_to_stream(i: npt.ArrayLike, n_streams: int) -> tuple[IntArray, IntArr
 def global_to_stream(i: IndexLike,
                      n_streams: int) -> tuple[int, int] | tuple[IntArray, IntArray]:
     """Global example ``i`` -> ``(stream, example within the stream)``."""
-    arr, scalar = _pos(i, "global example")
+    arr, scalar = as_position_array(i, "global example")
     stream = arr % check_int(n_streams, "n_streams", minimum=1)
     k = arr // n_streams
     if scalar:
@@ -102,8 +95,8 @@ def stream_to_global(s: npt.ArrayLike, k: npt.ArrayLike, n_streams: int) -> IntA
 def stream_to_global(s: IndexLike, k: IndexLike, n_streams: int) -> int | IntArray:
     """Example ``k`` of stream ``s`` -> its global example index ``k * R* + s``."""
     n = check_int(n_streams, "n_streams", minimum=1)
-    ss, s_scalar = _pos(s, "stream")
-    kk, k_scalar = _pos(k, "stream example")
+    ss, s_scalar = as_position_array(s, "stream")
+    kk, k_scalar = as_position_array(k, "stream example")
     if ss.size and ss.max() >= n:
         raise ValueError(f"stream must be in [0, {n}), got {ss.max()}")
     return unwrap(kk * n + ss, s_scalar and k_scalar)
@@ -119,7 +112,7 @@ def rank_example_to_global(j: IndexLike, rank: int, world: int) -> int | IntArra
     """Rank ``rank``'s ``j``-th example -> global example ``j * world + rank``."""
     w = check_int(world, "world size", minimum=1)
     r = check_int(rank, "rank", minimum=0, maximum=w - 1)
-    arr, scalar = _pos(j, "rank example")
+    arr, scalar = as_position_array(j, "rank example")
     return unwrap(arr * w + r, scalar)
 
 

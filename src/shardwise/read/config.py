@@ -234,7 +234,8 @@ class ReadConfig:
         cfg = dict(st.config)
         kind = {"stream": ReaderKind.STREAM, "sft_pack": ReaderKind.SFT}.get(
             st.kind, ReaderKind.TOKENS)
-        d: dict[str, Any] = {k: v for k, v in cfg.items()
+        renamed = _STATE_NAMES.get(st.kind, {})
+        d: dict[str, Any] = {renamed.get(k, k): v for k, v in cfg.items()
                              if k not in _NOT_ARGS and not k.startswith("source.")}
         d["reader"] = kind.value
         skip = cfg.get("skip")
@@ -248,6 +249,10 @@ class ReadConfig:
                               "--micro-batch-size M --world-size W)")
         return cls.from_dict(d, where=f"the config of a {st.kind!r} state")
 
+
+# a state's config keeps an argument's first name (so saved fingerprints still match):
+# kind -> {key in the state: the argument's name now}
+_STATE_NAMES = {"sft_pack": {"window": "group_size"}}
 
 _SAMPLER_KEYS = {"sampler", "skip", "sampler_seed", "data_sharding", "world_size",
                  "epoch_examples"}

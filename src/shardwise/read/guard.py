@@ -19,7 +19,8 @@ dispatcher has no dispatcher frame and is not detected; the batch sampler and
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from shardwise.errors import ConfigError
 
@@ -39,10 +40,10 @@ FIX = ("use shardwise.hf.ShardwiseTrainer (or ShardwiseTrainerMixin) with HF Tra
        "batch.to(accelerator.device))")
 
 
-def sharding_class(obj: object) -> str | None:
-    """The first name in :data:`SHARDING_WRAPPERS` among ``obj``'s classes, else None."""
+def sharding_class(obj: object, among: Sequence[str] = SHARDING_WRAPPERS) -> str | None:
+    """The first name in ``among`` (sorted) among ``obj``'s classes, else None."""
     names = {c.__name__ for c in type(obj).__mro__}
-    hit = sorted(names.intersection(SHARDING_WRAPPERS))
+    hit = sorted(names.intersection(among))
     return hit[0] if hit else None
 
 
@@ -126,5 +127,51 @@ def refuse_sharding_sampler(dataset: object, what: str) -> None:
                               f"shardwise.hf.ShardwiseTrainer with HF Trainer). {FIX}")
 
 
-__all__ = ["FIX", "SHARDING_SAMPLERS", "SHARDING_WRAPPERS", "draws_from",
-           "refuse_framework_sharding", "refuse_sharding_sampler", "sharding_class"]
+def check_sampler(sampler_or_loader: Any) -> None:
+    """Raise :class:`ConfigError` if a sampler (or a DataLoader's sampler / batch sampler)
+    would split indices across ranks again over an already per-rank dataset."""
+    candidates = [sampler_or_loader]
+    for attr in ("sampler", "batch_sampler"):
+        inner = getattr(sampler_or_loader, attr, None)
+        if inner is not None:
+            candidates += [inner, getattr(inner, "sampler", None)]
+    for obj in candidates:
+        name = None if obj is None else sharding_class(obj, SHARDING_SAMPLERS)
+        if name is not None:
+            raise ConfigError(f"{name} splits the indices across ranks, but this dataset is "
+                              "already this rank's share (is_sharded = True): each rank "
+                              "would read only 1/world_size of its own share. Use a "
+                              "per-rank sampler (ContiguousSampler, SequentialSampler or "
+                              "RandomSampler); with accelerate / HF Trainer, build the "
+                              "DataLoader yourself and do not pass it through prepare()")
+
+
+def sampler_over(dataset: Any, names: Sequence[str], depth: int = 12
+                 ) -> tuple[Any, dict[str, Any]] | None:
+    """The nearest caller that is a sampler drawing from ``dataset`` whose class (anywhere
+    in its MRO) is named in ``names``, with the locals of that call (a sampler asking
+    ``len`` from its ``__init__`` has not set all its attributes yet), or None.
+
+    Why: a dataset never sees the sampler a framework wraps around it, but every sampler
+    asks the dataset's ``len``: torch's ``DistributedSampler`` in ``__init__``,
+    accelerate's ``BatchSamplerShard`` in ``__len__``/``__iter__`` through its batch
+    sampler's ``SequentialSampler``. So a dataset's ``__len__`` calls this to see, among
+    its callers' ``self``, which sampler is about to deal its indices.
+    """
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            return None
+        local = frame.f_locals
+        obj = local.get("self")
+        if (obj is not None and obj is not dataset
+                and any(c.__name__ in names for c in type(obj).__mro__)
+                and draws_from(obj, dataset)):
+            return obj, dict(local)
+    return None
+
+
+__all__ = ["FIX", "SHARDING_SAMPLERS", "SHARDING_WRAPPERS", "check_sampler", "draws_from",
+           "refuse_framework_sharding", "refuse_sharding_sampler", "sampler_over",
+           "sharding_class"]

@@ -114,6 +114,25 @@ def _truncated(info: SourceInfo, seg: Segment, pos: int, line: int, err: Excepti
                       path=info.path, line=line + 1, reason="truncated_file")
 
 
+def _seek(f: Any, position: int, compressed: bool) -> tuple[int, Exception | None]:
+    """Move ``f`` to ``position``: a plain file seeks; a compressed stream is decompressed
+    from its start and the bytes before ``position`` discarded. Returns the position
+    reached and the error that stopped a damaged stream short."""
+    if not compressed:
+        f.seek(position)
+        return position, None
+    pos = 0
+    try:
+        while pos < position:
+            skipped = f.read(min(BLOCK, position - pos))
+            if not skipped:
+                break
+            pos += len(skipped)
+    except (EOFError, OSError, ValueError) as e:
+        return pos, e
+    return pos, None
+
+
 def iter_lines(info: SourceInfo, seg: Segment, position: int, line: int,
                max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
                ) -> Iterator[tuple[bytes | InputError, int, int]]:
@@ -128,20 +147,10 @@ def iter_lines(info: SourceInfo, seg: Segment, position: int, line: int,
     stop = seg.stop
     compressed = SourceFormat(info.format) is not SourceFormat.JSONL
     with _open_stream(info) as f:
-        pos = 0
-        if compressed:
-            try:
-                while pos < position:
-                    skipped = f.read(min(BLOCK, position - pos))
-                    if not skipped:
-                        break
-                    pos += len(skipped)
-            except (EOFError, OSError, ValueError) as e:
-                yield _truncated(info, seg, pos, line, e), pos, line
-                return
-        else:
-            f.seek(position)
-            pos = position
+        pos, damaged = _seek(f, position, compressed)
+        if damaged is not None:
+            yield _truncated(info, seg, pos, line, damaged), pos, line
+            return
         pending = _Pending(info.path, max_record_bytes, None if compressed else f)
         at_start = position == 0
         while stop < 0 or pos < stop:

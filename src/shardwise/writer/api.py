@@ -11,33 +11,24 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from shardwise._version import __version__
-from shardwise.concurrency import flock
-from shardwise.concurrency.poll import wait_until
-from shardwise.errors import CacheError, CacheMismatchError, ConfigError
-from shardwise.format.atomic import remove_stale_temps
+from shardwise.choice import Choice
+from shardwise.errors import CacheError, ConfigError
 from shardwise.format.chunk import ChunkKind
 from shardwise.format.files import Root, where
-from shardwise.format.ledger import LEDGER_NAME, ChunkEntry, Ledger, SourceProgress
+from shardwise.format.ledger import ChunkEntry, Ledger
 from shardwise.format.manifest import (
-    MANIFEST_NAME,
     Manifest,
     SourceInfo,
     TokenizerInfo,
-    describe_differences,
-    manifest_checksum,
 )
 from shardwise.format.megatron import token_dtype
-from shardwise.sources.discovery import describe, discover, plan_segments
+from shardwise.sources.discovery import describe, discover
 from shardwise.sources.on_error import OnError
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES
-from shardwise.storage.owned import clear_cache, foreign_names
-from shardwise.storage.remote import RemoteStore, open_root
+from shardwise.storage.remote import open_root
 from shardwise.storage.verify import CheckDepth
 from shardwise.writer.config import ChunkPolicy
 from shardwise.writer.executor import LocalExecutor
@@ -48,7 +39,8 @@ from shardwise.writer.processors import (
     switched_off_notes,
 )
 from shardwise.writer.progress import BuildSummary, ProgressReporter
-from shardwise.writer.repair import Damage, find_damaged, repair_tasks
+from shardwise.writer.repair import repair_tasks
+from shardwise.writer.start import Check, locked, start_ledger
 from shardwise.writer.worker import ChunkDone, ChunksRebuilt, Job, Progress, SegmentDone, Task
 
 if TYPE_CHECKING:
@@ -81,72 +73,6 @@ def _make_processor(tokenizer: str | os.PathLike[str] | Tokenizer | None,
     return FunctionProcessor(processor, vocab_size, version=processor_version, records=records)
 
 
-LOCK_WAIT_SECONDS = 5.0
-
-
-def _lock(root: Path) -> int:
-    """An exclusive advisory lock on the cache directory itself: released by the kernel
-    when the process dies, so a crash leaves no lock file behind. Waits a few seconds
-    for a build that is just dying (its lock goes with its last process)."""
-    fd = os.open(root, os.O_RDONLY)
-    flock.hold(fd)  # a forked worker must not keep the lock alive after the build dies
-
-    try:
-        wait_until(lambda: flock.try_lock(fd), timeout=LOCK_WAIT_SECONDS, poll_interval=0.05,
-                   what=f"the lock of {root}", on_timeout=lambda waited: CacheError(
-                       f"{root}: another build is writing this cache right now"))
-    except BaseException:
-        flock.release(fd)
-        raise
-    return fd
-
-
-def _unlock(fd: int) -> None:
-    flock.release(fd)
-
-
-def _prepare_root(root: Path, manifest: Manifest, overwrite: bool) -> Ledger | None:
-    """Check an existing cache against this build; return its ledger to resume, if any."""
-    if overwrite:
-        clear_cache(root)
-    if not (root / MANIFEST_NAME).exists():
-        stray = [p.name for p in root.iterdir() if not p.name.startswith(".tmp-")]
-        if stray:
-            hint = ("; they are shardwise's own files: pass overwrite=True (--overwrite) to "
-                    "remove them, or" if not foreign_names(root) else ";")
-            raise ConfigError(f"{root} exists and is not a shardwise cache (it holds "
-                              f"{sorted(stray)[:5]}){hint} choose an empty or new directory")
-        return None
-    return _resume_ledger(root, manifest)
-
-
-def _prepare_remote(store: RemoteStore, manifest: Manifest, overwrite: bool) -> Ledger | None:
-    """:func:`_prepare_root` for a cache on an object store (no lock: see :func:`build`)."""
-    if overwrite:
-        clear_cache(store)
-    keys = store.list_keys()
-    if MANIFEST_NAME not in keys:
-        if keys:
-            raise ConfigError(f"{store} exists and is not a shardwise cache (it holds "
-                              f"{keys[:5]}); choose an empty or new prefix")
-        return None
-    return _resume_ledger(store, manifest)
-
-
-def _resume_ledger(root: Root, manifest: Manifest) -> Ledger | None:
-    stored = Manifest.load(root)
-    diffs = describe_differences(stored.identity(), manifest.identity())
-    diffs = [d for d in diffs if not d.startswith("on_error")]
-    if diffs:
-        raise CacheMismatchError(
-            f"{root} was built with different arguments; refusing to mix them:\n  "
-            + "\n  ".join(diffs) + "\nbuild into a new directory, or pass overwrite=True "
-            "(--overwrite) to start this cache again")
-    has_ledger = ((root / LEDGER_NAME).exists() if isinstance(root, Path)
-                  else root.exists(LEDGER_NAME))
-    return Ledger.load(root) if has_ledger else None
-
-
 def _ordered_tasks(ledger: Ledger, infos: list[Any]) -> list[Task]:
     """Unfinished segments, round robin over sources, so early global chunks come first."""
     tasks: list[tuple[int, int, Task]] = []
@@ -157,9 +83,10 @@ def _ordered_tasks(ledger: Ledger, infos: list[Any]) -> list[Task]:
     return [t for _, _, t in sorted(tasks, key=lambda x: (x[0], x[1]))]
 
 
-class ExecutorKind(str, Enum):
-    """Where build tasks run: local processes, or a Ray cluster."""
+class ExecutorKind(Choice):
+    """Where build tasks run: local processes, or a Ray cluster (or an executor object)."""
 
+    __option__ = "executor"
     LOCAL = "local"
     RAY = "ray"
 
@@ -179,11 +106,7 @@ def _make_executor(executor: str | ExecutorKind | Executor | None, workers: int 
             raise ConfigError("address= is for executor='ray'; with an executor object, give "
                               "the address to it: RayExecutor(address=...)")
         return executor, lambda: None
-    try:
-        kind = ExecutorKind(executor or ExecutorKind.LOCAL)
-    except ValueError:
-        raise ConfigError(f"executor must be one of {[k.value for k in ExecutorKind]} or an "
-                          f"executor object, got {executor!r}") from None
+    kind = ExecutorKind.parse(executor or ExecutorKind.LOCAL)
     if kind is ExecutorKind.RAY:
         from shardwise.writer.ray_executor import RayExecutor
 
@@ -261,30 +184,24 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
           on_error: str | OnError = OnError.RAISE, records: bool = False,
           segment_bytes: int | None = None, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
           processor_version: str | None = None, overwrite: bool = False,
-          progress: bool | None = None,
-          executor: str | ExecutorKind | Executor | None = None,
-          address: str | None = None,
-          storage_options: dict[str, Any] | None = None,
+          progress: bool | None = None, executor: str | ExecutorKind | Executor | None = None,
+          address: str | None = None, storage_options: dict[str, Any] | None = None,
           verify: bool = True) -> BuildSummary:
     """Tokenize ``sources`` into the cache directory ``out``; resume it if it exists.
 
-    ``tokenizer`` is a tokenizer.json path or a ``tokenizers.Tokenizer``; its truncation
-    and padding are switched off (a build stores every token), which the summary notes.
-
-    ``executor`` is ``"local"`` (processes on this machine, the default), ``"ray"``
-    (tasks on the Ray cluster at ``address``, or on a local Ray; see
-    :mod:`shardwise.writer.ray_executor`), or an executor object, which the caller closes.
-
-    ``out`` may be a URL (``s3://bucket/prefix``, anything fsspec speaks); chunks are then
-    uploaded as whole objects before the ledger names them (see
-    :mod:`shardwise.storage.remote`), with credentials from the environment or
+    ``tokenizer``: a tokenizer.json path or a ``tokenizers.Tokenizer`` (its truncation and
+    padding are switched off: a build stores every token; the summary notes it).
+    ``executor``: ``"local"`` (processes here, the default), ``"ray"`` (the Ray cluster at
+    ``address``, or a local Ray: :mod:`shardwise.writer.ray_executor`), or an executor
+    object, which the caller closes. ``out`` may be a URL (``s3://bucket/prefix``, anything
+    fsspec speaks): chunks are uploaded whole before the ledger names them
+    (:mod:`shardwise.storage.remote`), with credentials from the environment or
     ``storage_options`` (never stored). An object store has no lock: run **one build per
     cache URL at a time** (a local directory is locked against a second build).
 
-    Running it again on an existing cache first checks every chunk an earlier run
-    published (every file's size and xxh3; ``verify=False``: sizes only) and rebuilds the
-    damaged, truncated or missing ones, byte-identical (:mod:`shardwise.writer.repair`);
-    the summary lists them.
+    A rerun first checks every chunk an earlier run published (size and xxh3;
+    ``verify=False``: sizes only) and rebuilds the damaged, truncated or missing ones,
+    byte-identical (:mod:`shardwise.writer.repair`); the summary lists them.
 
     >>> build(["data/*.jsonl.zst"], "cache/", tokenizer="tokenizer.json",  # doctest: +SKIP
     ...       workers=8)
@@ -297,86 +214,52 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
                            eod_token=eod_token, vocab_size=vocab_size, records=records,
                            processor_version=processor_version)
     runner, release = _make_executor(executor, workers, address)
-    infos = describe(discover(sources))
+    manifest = _manifest(proc, policy, describe(discover(sources)), err_mode, records)
+    root = open_root(out, storage_options)
+    with locked(root):
+        ledger, check = start_ledger(root, manifest, policy, overwrite,
+                                     CheckDepth.CHECKSUMS if verify else CheckDepth.SIZES)
+        job = Job(str(root), proc, policy, err_mode, manifest.dtype,
+                  manifest.tokenizer.vocab_size, records, max_record_bytes, storage_options)
+        coordinator = _run(root, runner, release, job, ledger, check, manifest.sources, progress)
+        return _summary(root, ledger, check, coordinator, time.monotonic() - started,
+                        notes=switched_off_notes(getattr(proc, "switched_off", {})))
+
+
+def _manifest(proc: Processor, policy: ChunkPolicy, infos: list[SourceInfo],
+              err_mode: OnError, records: bool) -> Manifest:
+    """What this build is: the identity a rerun must match (see format/SPEC.md)."""
     vocab = proc.vocab_size()  # type: ignore[attr-defined]
-    dtype = token_dtype(vocab)
-    manifest = Manifest(
+    return Manifest(
         tokenizer=TokenizerInfo(proc.fingerprint(), vocab,  # type: ignore[attr-defined]
                                 getattr(proc, "eod_id", None)),
-        dtype=dtype.name, chunk_kind=(ChunkKind.RECORDS if records else ChunkKind.TOKENS).value,
+        dtype=token_dtype(vocab).name,
+        chunk_kind=(ChunkKind.RECORDS if records else ChunkKind.TOKENS).value,
         processor=proc.settings(),
         chunking={"max_docs": policy.max_docs, "max_bytes": policy.max_bytes,
                   "segment_bytes": policy.segment_bytes},
         sources=infos, on_error=err_mode.value, created_by=f"shardwise {__version__}")
-    root = open_root(out, storage_options)
-    if isinstance(root, Path):
-        _make_dir(root)
-    lock = _lock(root) if isinstance(root, Path) else None
+
+
+def _run(root: Root, runner: Executor, release: Callable[[], None], job: Job, ledger: Ledger,
+         check: Check, infos: list[SourceInfo], progress: bool | None) -> _Coordinator:
+    """Run the repair tasks, then the unfinished segments; the ledger is saved as chunks
+    are reported and once more at the end, whatever happens."""
+    tasks = repair_tasks(root, ledger, infos, check.damaged) + _ordered_tasks(ledger, infos)
+    reporter = ProgressReporter(sum(len(s.segments) for s in ledger.sources)
+                                + sum(t.rebuild > 0 for t in tasks), enabled=progress)
+    reporter.advance(sum(seg.finished for s in ledger.sources for seg in s.segments))
+    coordinator = _Coordinator(root, ledger, reporter, infos)
     try:
-        ledger, check = _start(root, manifest, policy, overwrite,
-                               CheckDepth.CHECKSUMS if verify else CheckDepth.SIZES)
-        job = Job(str(root), proc, policy, err_mode, dtype.name, vocab, records,
-                  max_record_bytes, storage_options)
-        tasks = repair_tasks(root, ledger, infos, check.damaged) + _ordered_tasks(ledger, infos)
-        reporter = ProgressReporter(sum(len(s.segments) for s in ledger.sources)
-                                    + sum(t.rebuild > 0 for t in tasks), enabled=progress)
-        reporter.advance(sum(seg.finished for s in ledger.sources for seg in s.segments))
-        coordinator = _Coordinator(root, ledger, reporter, infos)
-        try:
-            runner.run(job, tasks, coordinator)
-        finally:
-            release()
-            coordinator.save(force=True)
-            reporter.close()
-        return _summary(root, ledger, check, coordinator, time.monotonic() - started,
-                        notes=switched_off_notes(getattr(proc, "switched_off", {})))
+        runner.run(job, tasks, coordinator)
     finally:
-        if lock is not None:
-            _unlock(lock)
+        release()
+        coordinator.save(force=True)
+        reporter.close()
+    return coordinator
 
 
-def _make_dir(root: Path) -> None:
-    """The cache directory, made if missing; a file in its place is a usage error."""
-    if root.exists() and not root.is_dir():
-        raise ConfigError(f"{root}: exists and is not a directory; a cache is a directory: "
-                          "choose a new or empty directory, or an existing cache")
-    root.mkdir(parents=True, exist_ok=True)
-
-
-@dataclass
-class _Check:
-    """What the check of an earlier run's chunks found (nothing checked for a new cache)."""
-
-    depth: CheckDepth | None = None
-    checked: int = 0
-    seconds: float = 0.0
-    damaged: list[Damage] = field(default_factory=list)
-
-
-def _start(root: Path | RemoteStore, manifest: Manifest, policy: ChunkPolicy, overwrite: bool,
-           depth: CheckDepth) -> tuple[Ledger, _Check]:
-    """The ledger to continue (a new one for a new cache), and the check of the chunks it
-    already names: a rerun rebuilds those that are damaged."""
-    ledger = (_prepare_remote(root, manifest, overwrite) if isinstance(root, RemoteStore)
-              else _prepare_root(root, manifest, overwrite))
-    if ledger is None or Manifest.load(root).on_error != manifest.on_error:
-        manifest.save(root)
-    if isinstance(root, Path):
-        remove_stale_temps(root)
-    if ledger is not None:
-        ledger.manifest_xxh3 = manifest_checksum(root)  # the ledger covers the manifest
-        ledger.save(root)
-        started = time.monotonic()
-        damaged, checked = find_damaged(root, ledger, manifest, depth)
-        return ledger, _Check(depth, checked, time.monotonic() - started, damaged)
-    ledger = Ledger([SourceProgress(plan_segments(i, policy.segment_bytes))
-                     for i in manifest.sources])
-    ledger.manifest_xxh3 = manifest_checksum(root)  # the ledger covers the manifest
-    ledger.save(root)
-    return ledger, _Check()
-
-
-def _summary(root: Root, ledger: Ledger, check: _Check, coordinator: _Coordinator,
+def _summary(root: Root, ledger: Ledger, check: Check, coordinator: _Coordinator,
              seconds: float, notes: list[str]) -> BuildSummary:
     missing = sorted({d.stem for d in check.damaged} - coordinator.rebuilt)
     if missing:  # every repair task republishes its chunks or raises: this is a bug

@@ -4,11 +4,8 @@ Why: SFT trains only on what the assistant says; the prompt, system and user tur
 context. The mask must line up with the tokens exactly, for any chat template, without
 ``transformers`` and without running code from the data.
 
-How. The conversation is rendered with a Jinja chat template (a string, a file, a
-``tokenizer_config.json`` holding ``chat_template``, or :data:`BUILTIN_TEMPLATE`) in
-jinja2's ``ImmutableSandboxedEnvironment``: templates cannot reach Python internals or
-mutate their inputs; a template that tries is refused with :class:`ConfigError`, both
-by a static scan for ``_``-prefixed attributes and by the sandbox while rendering.
+How. The conversation is rendered with a Jinja chat template in a sandbox
+(:mod:`shardwise.writer.chat_template`: where templates come from and what they may do).
 
 Spans are found by *incremental rendering*: ``P_k`` renders the first ``k`` messages,
 ``G_i`` renders the first ``i`` with ``add_generation_prompt=True``. Message ``i`` adds
@@ -49,31 +46,23 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
-from enum import Enum
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import xxhash
 
+from shardwise.checkpoint import as_count
+from shardwise.choice import Choice
 from shardwise.errors import ConfigError, InputError
 from shardwise.format.chunk import IGNORE_INDEX
+from shardwise.writer.chat_template import BUILTIN_TEMPLATE, compile_template, load_template
 from shardwise.writer.processors import Document, find_eod, load_tokenizer, parse_tokenizer
 
-BUILTIN_TEMPLATE = (
-    r"{% for message in messages %}"
-    r"{{ '<|im_start|>' + message['role'] + '\n' + (message['content'] or '') + '<|im_end|>\n' }}"
-    r"{% endfor %}"
-    r"{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-"""ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message. Register
-``<|im_start|>`` and ``<|im_end|>`` as special tokens of the tokenizer
-(``tokenizer.add_special_tokens([...])``) so each is one token."""
 
-
-class Overflow(str, Enum):
+class Overflow(Choice):
     """What to do with a record longer than ``max_length`` tokens."""
 
+    __option__ = "overflow"
     TRUNCATE = "truncate"
     DROP = "drop"
 
@@ -94,10 +83,9 @@ class ChatConfig:
     template_vars: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.max_length is not None and (not isinstance(self.max_length, int)
-                                            or self.max_length < 1):
-            raise ConfigError(f"max_length must be a positive integer or None, "
-                              f"got {self.max_length!r}")
+        if self.max_length is not None:  # None: no limit
+            object.__setattr__(self, "max_length", as_count(self.max_length, "max_length",
+                                                            minimum=1, error=ConfigError))
         if self.label_key is not None and self.input_key is None:
             raise ConfigError("label_key needs input_key (the prompt field of the record)")
         if not self.train_on or not all(isinstance(r, str) for r in self.train_on):
@@ -114,62 +102,6 @@ class ChatConfig:
                 "max_length": self.max_length, "overflow": self.overflow.value,
                 "train_on": list(self.train_on), "bos_token": self.bos_token,
                 "eos_token": self.eos_token, "template_vars": dict(self.template_vars)}
-
-
-def load_template(template: str | os.PathLike[str] | None) -> str:
-    """The template source: ``None`` → built-in; Jinja text; or a file (``.jinja`` text,
-    or a ``tokenizer_config.json`` whose ``chat_template`` is used)."""
-    if template is None:
-        return BUILTIN_TEMPLATE
-    if isinstance(template, str) and ("{{" in template or "{%" in template):
-        return template
-    path = Path(template)
-    if not path.is_file():
-        raise ConfigError(f"chat template {str(template)[:80]!r} is neither Jinja text "
-                          "(no '{{' or '{%') nor an existing file")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix != ".json":
-        return text
-    value = json.loads(text).get("chat_template")
-    if isinstance(value, list):  # named templates: take "default"
-        value = next((t.get("template") for t in value if t.get("name") == "default"), None)
-    if not isinstance(value, str):
-        raise ConfigError(f"{path} has no 'chat_template' string")
-    return value
-
-
-def _raise_exception(message: str) -> None:
-    from jinja2.exceptions import TemplateError
-
-    raise TemplateError(message)
-
-
-def _tojson(value: Any, indent: int | None = None) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=indent)
-
-
-def compile_template(source: str) -> Any:
-    """Compile in the immutable sandbox; refuse syntax errors and ``_``-attribute access."""
-    from jinja2 import TemplateSyntaxError, nodes
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[loopcontrols])
-    env.globals["raise_exception"] = _raise_exception
-    env.filters["tojson"] = _tojson
-    try:
-        tree = env.parse(source)
-    except TemplateSyntaxError as e:
-        raise ConfigError(f"chat template syntax error at line {e.lineno}: {e.message}"
-                          ) from None
-    for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
-        name = (node.attr if isinstance(node, nodes.Getattr)
-                else getattr(getattr(node, "arg", None), "value", ""))
-        if isinstance(name, str) and name.startswith("_"):
-            raise ConfigError(f"chat template line {node.lineno} accesses {name!r}: "
-                              "templates may not reach Python internals (sandbox)")
-    return env.from_string(source)
 
 
 def _common_prefix(a: str, b: str) -> int:
@@ -202,14 +134,9 @@ class ChatProcessor:
                  bos_token: str | None = None, eos_token: str | None = None,
                  template_vars: Mapping[str, Any] | None = None,
                  check_alignment: bool = True) -> None:
-        try:
-            overflow = Overflow(overflow)
-        except ValueError:
-            raise ConfigError(f"overflow must be one of {[m.value for m in Overflow]}, "
-                              f"got {overflow!r}") from None
         self.config = ChatConfig(messages_key, input_key, label_key, tuple(metadata_keys),
-                                 max_length, overflow, tuple(train_on), bos_token, eos_token,
-                                 dict(template_vars or {}))
+                                 max_length, Overflow.parse(overflow), tuple(train_on),
+                                 bos_token, eos_token, dict(template_vars or {}))
         loaded = load_tokenizer(tokenizer)  # truncation and padding off, as every build
         self.tokenizer_json, self.switched_off = loaded.json, loaded.switched_off
         self.template_source = load_template(template)

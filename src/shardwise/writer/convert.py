@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise._version import __version__
+from shardwise.checkpoint import as_count
 from shardwise.errors import CacheError, ConfigError, CorruptChunkError
 from shardwise.format.atomic import fsync_dir, temp_path
 from shardwise.format.checksum import file_checksum
@@ -219,8 +220,8 @@ def megatron_data_path(cache_root: str | os.PathLike[str], *, seq_len: int | Non
     (weights = tokens, so each chunk is sampled as its share of the cache), and what
     packing per chunk loses against one prefix."""
     cache = _open_token_cache(cache_root, allow_partial)
-    if seq_len is not None and (not isinstance(seq_len, int) or seq_len < 1):
-        raise ConfigError(f"seq_len must be a positive integer, got {seq_len!r}")
+    if seq_len is not None:
+        seq_len = as_count(seq_len, "seq_len", minimum=1, error=ConfigError)
     used = [c for c in cache.chunks if c.tokens > 0]  # Megatron cannot pack an empty prefix
     items = [x for c in used for x in (str(c.tokens), str(c.base.resolve()))]
     windows = per_chunk = None

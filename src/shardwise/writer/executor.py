@@ -13,6 +13,7 @@ import functools
 import os
 from collections.abc import Callable, Iterable
 
+from shardwise.checkpoint import as_count
 from shardwise.concurrency.pool import ProcessPool, WorkerCrashed, default_start_method
 from shardwise.errors import ConfigError
 from shardwise.writer.worker import Job, Task, run_task
@@ -30,10 +31,8 @@ class LocalExecutor:
     """
 
     def __init__(self, workers: int | None = None, *, start_method: str | None = None) -> None:
-        n = workers if workers is not None else (os.cpu_count() or 1)
-        if n < 1:
-            raise ConfigError(f"workers must be at least 1, got {n}")
-        self.workers = n
+        self.workers = (as_count(workers, "workers", minimum=1, error=ConfigError)
+                        if workers is not None else (os.cpu_count() or 1))
         # fork on Linux: no re-import of the caller's __main__ (a script without a
         # ``__name__`` guard would otherwise start its build again in every worker)
         self.start_method = start_method or default_start_method()

@@ -49,6 +49,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+from shardwise.checkpoint import as_count
 from shardwise.concurrency.pool import WorkerCrashed
 from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import ConfigError, MissingExtraError
@@ -119,10 +120,9 @@ class RayExecutor:
 
     def __init__(self, workers: int | None = None, *, address: str | None = None,
                  max_retries: int = DEFAULT_MAX_RETRIES) -> None:
-        if workers is not None and workers < 1:
-            raise ConfigError(f"workers must be at least 1, got {workers}")
-        if max_retries < 0:
-            raise ConfigError(f"max_retries must be at least 0, got {max_retries}")
+        if workers is not None:  # None: every CPU of the cluster
+            workers = as_count(workers, "workers", minimum=1, error=ConfigError)
+        max_retries = as_count(max_retries, "max_retries", error=ConfigError)
         self._ray = import_ray()
         self.workers, self.address, self.max_retries = workers, address, max_retries
         self.task_cpu_seconds = 0.0

@@ -2,8 +2,9 @@
 
 :class:`PackedSFT` reads a map-style source of processed records (a list of dicts, or any
 dataset with ``len()`` and ``[i]`` — e.g. the output of
-:class:`~shardwise.writer.chat.ChatProcessor`) window by window, packs each window with
-:func:`~shardwise.plan.sft_packing.pack_window` and yields one row per bin::
+:class:`~shardwise.writer.chat.ChatProcessor`) group by group (``group_size``
+consecutive records), packs each group with
+:func:`~shardwise.plan.sft_packing.pack_group` and yields one row per bin::
 
     input_ids     [seq_len] int64   records back to back, then ``pad_id``
     labels        [seq_len] int64   next-token targets (read/examples.py): labels[t] is the
@@ -21,13 +22,15 @@ the token after ``t`` in the same record. A record's last token never predicts t
 record's first, so its target is -100 — as ``DataCollatorWithFlattening`` does. A record
 without ``labels`` trains on every token (or on ``loss_mask`` when it has one).
 
-With ``seed``, records are read in a keyed random order per epoch and each window's bins
+With ``seed``, records are read in a keyed random order per epoch and each group's bins
 are shuffled; without it, in source order with bins in first-fit-decreasing order.
 
 State keys (a :class:`~shardwise.checkpoint.LoaderState`, kind ``sft_pack``): ``consumed``
 (rows yielded) and ``extra = {"epoch", "window", "bin"}`` — the next row is bin ``bin``
-of window ``window`` of epoch ``epoch``. Resuming re-plans that one window: O(window),
-never a replay of consumed data.
+of packing group ``window`` of epoch ``epoch`` (the key keeps the groups' first name,
+packing windows, so saved states load; ``window=`` is the deprecated name of
+``group_size=``). Resuming re-plans that one group: O(group_size), never a replay of
+consumed data.
 """
 
 from __future__ import annotations
@@ -38,17 +41,18 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shardwise.checkpoint import LoaderState, Resumable, fingerprint
+from shardwise.checkpoint import LoaderState, Resumable, as_count, fingerprint
 from shardwise.errors import ConfigError, InputError, StateError
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation, derive_seed
 from shardwise.plan.sft_packing import (
     SFT_PACKING_VERSION,
     Overlong,
     PackPlan,
-    num_pack_windows,
-    pack_window,
-    window_range,
+    group_range,
+    num_pack_groups,
+    pack_group,
 )
+from shardwise.read.deprecated import renamed
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.examples import IGNORE_INDEX, NEXT_TOKEN
 
@@ -78,9 +82,9 @@ def _labels(rec: dict[str, Any], ids: npt.NDArray[np.int64]) -> npt.NDArray[np.i
 
 
 class PackedSFT(Resumable):
-    """Rows of packed SFT records; an iterable with exact, O(window) resume.
+    """Rows of packed SFT records; an iterable with exact, O(group_size) resume.
 
-    >>> rows = PackedSFT(records, seq_len=2048, window=1024, seed=1)  # doctest: +SKIP
+    >>> rows = PackedSFT(records, seq_len=2048, group_size=1024, seed=1)  # doctest: +SKIP
     >>> row = next(iter(rows)); rows.state_dict()["extra"]            # doctest: +SKIP
     {'epoch': 0, 'window': 0, 'bin': 1}
     """
@@ -88,16 +92,17 @@ class PackedSFT(Resumable):
     state_kind = "sft_pack"
     label_convention = NEXT_TOKEN  # labels are next-token targets: read/examples.py
 
-    def __init__(self, records: Sequence[dict[str, Any]], *, seq_len: int, window: int = 1024,
-                 seed: int | None = None, epochs: int | None = 1,
-                 overlong: str | Overlong = Overlong.ERROR, pad_id: int = 0) -> None:
-        for name, v in (("seq_len", seq_len), ("window", window)):
-            if not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
-        if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
-            raise ConfigError(f"epochs must be a positive integer or None, got {epochs!r}")
-        if seed is not None and (not isinstance(seed, int) or seed < 0):
-            raise ConfigError(f"seed must be a non-negative integer or None, got {seed!r}")
+    def __init__(self, records: Sequence[dict[str, Any]], *, seq_len: int,
+                 group_size: int = 1024, seed: int | None = None, epochs: int | None = 1,
+                 overlong: str | Overlong = Overlong.ERROR, pad_id: int = 0,
+                 window: int | None = None) -> None:
+        group_size = renamed("window", window, "group_size", group_size, "PackedSFT",
+                             default=1024)
+        seq_len = as_count(seq_len, "seq_len", minimum=1, error=ConfigError)
+        group_size = as_count(group_size, "group_size", minimum=1, error=ConfigError)
+        epochs = None if epochs is None else as_count(epochs, "epochs", minimum=1,
+                                                      error=ConfigError)
+        seed = None if seed is None else as_count(seed, "seed", error=ConfigError)
         try:
             self.overlong = Overlong.parse(overlong)
         except ValueError as e:
@@ -105,23 +110,23 @@ class PackedSFT(Resumable):
         if len(records) == 0:
             raise ConfigError("PackedSFT needs at least one record")
         self.records = records
-        self.seq_len, self.window, self.seed, self.epochs = seq_len, window, seed, epochs
+        self.seq_len, self.group_size, self.seed, self.epochs = seq_len, group_size, seed, epochs
         self.pad_id = pad_id
-        self.num_windows = num_pack_windows(len(records), window)
-        self._epoch = self._win = self._bin = self._consumed = 0
+        self.num_groups = num_pack_groups(len(records), group_size)
+        self._epoch = self._group = self._bin = self._consumed = 0
         self._cached: tuple[tuple[int, int], PackPlan, list[dict[str, Any]]] | None = None
-        self.stats = {"windows": 0, "dropped": 0, "truncated": 0, "truncated_tokens": 0}
+        self.stats = {"groups": 0, "dropped": 0, "truncated": 0, "truncated_tokens": 0}
 
     def __repr__(self) -> str:
         return (f"PackedSFT({len(self.records):,} records, seq_len={self.seq_len}, "
-                f"window={self.window}, seed={self.seed}, epochs={self.epochs}, "
+                f"group_size={self.group_size}, seed={self.seed}, epochs={self.epochs}, "
                 f"overlong={self.overlong.value!r}, {describe_drops(self.drops())})")
 
     def drops(self) -> list[Drop]:
-        """Records left out and tokens cut in the windows packed so far (``stats``):
+        """Records left out and tokens cut in the groups packed so far (``stats``):
         empty records, and records over ``seq_len`` under ``overlong='drop'`` or
         ``'truncate'``."""
-        st, so_far = self.stats, f"so far ({self.stats['windows']:,} windows packed)"
+        st, so_far = self.stats, f"so far ({self.stats['groups']:,} groups packed)"
         out = []
         if st["dropped"]:
             out.append(Drop(st["dropped"], "records", "empty, or longer than seq_len with "
@@ -133,27 +138,28 @@ class PackedSFT(Resumable):
 
     # -- identity ---------------------------------------------------------------------------
     def state_config(self) -> dict[str, Any]:
-        return {"seq_len": self.seq_len, "window": self.window, "seed": self.seed,
+        # "window": group_size's first name, kept so fingerprints (and states) match
+        return {"seq_len": self.seq_len, "window": self.group_size, "seed": self.seed,
                 "epochs": self.epochs, "overlong": self.overlong.value, "pad_id": self.pad_id,
                 "records": len(self.records), "source": source_identity(self.records),
                 "sft_packing_version": SFT_PACKING_VERSION,
                 "permutation_version": PERMUTATION_VERSION}
 
     # -- plan -------------------------------------------------------------------------------
-    def _positions(self, epoch: int, w: int) -> npt.NDArray[np.int64]:
-        """Source indices of the records of window ``w`` of ``epoch``."""
-        start, stop = window_range(w, self.window, len(self.records))
+    def _positions(self, epoch: int, g: int) -> npt.NDArray[np.int64]:
+        """Source indices of the records of group ``g`` of ``epoch``."""
+        start, stop = group_range(g, self.group_size, len(self.records))
         pos = np.arange(start, stop, dtype=np.int64)
         if self.seed is None:
             return pos
         return Permutation(len(self.records), derive_seed(self.seed, "sft_pack.records"),
                            epoch)(pos)
 
-    def plan(self, epoch: int, w: int) -> tuple[PackPlan, list[dict[str, Any]]]:
-        """The packing plan of window ``w`` of ``epoch`` and that window's records."""
-        if self._cached is not None and self._cached[0] == (epoch, w):
+    def plan(self, epoch: int, g: int) -> tuple[PackPlan, list[dict[str, Any]]]:
+        """The packing plan of group ``g`` of ``epoch`` and that group's records."""
+        if self._cached is not None and self._cached[0] == (epoch, g):
             return self._cached[1], self._cached[2]
-        positions = self._positions(epoch, w)
+        positions = self._positions(epoch, g)
         recs = [self.records[int(i)] for i in positions]
         lengths = np.fromiter((self._length(r, int(i)) for r, i in zip(recs, positions,
                                                                          strict=True)),
@@ -165,10 +171,10 @@ class PackedSFT(Resumable):
                              "(max_length=...) or pass overlong='truncate' or 'drop'",
                              reason="too_long")
         seed = None if self.seed is None else derive_seed(self.seed, "sft_pack.bins", epoch)
-        plan = pack_window(lengths, self.seq_len, seed=seed, window_index=w,
-                           overlong=self.overlong)
-        self._cached = ((epoch, w), plan, recs)
-        self.stats["windows"] += 1
+        plan = pack_group(lengths, self.seq_len, seed=seed, group_index=g,
+                          overlong=self.overlong)
+        self._cached = ((epoch, g), plan, recs)
+        self.stats["groups"] += 1
         self.stats["dropped"] += len(plan.dropped)
         self.stats["truncated"] += len(plan.truncated)
         self.stats["truncated_tokens"] += int((lengths[plan.truncated] - self.seq_len).sum())
@@ -208,49 +214,49 @@ class PackedSFT(Resumable):
 
     def __iter__(self) -> Iterator[Example]:
         """Continue from the current position (a fresh object starts at row 0)."""
-        empty_windows = 0
+        empty_groups = 0
         while self.epochs is None or self._epoch < self.epochs:
-            plan, recs = self.plan(self._epoch, self._win)
+            plan, recs = self.plan(self._epoch, self._group)
             if self._bin < plan.num_bins:
                 example = self.row(plan, recs, self._bin)
                 self._bin += 1
                 self._consumed += 1
-                empty_windows = 0
+                empty_groups = 0
                 yield example
                 continue
-            empty_windows += 1
-            if empty_windows > self.num_windows:
+            empty_groups += 1
+            if empty_groups > self.num_groups:
                 raise ConfigError("every record was dropped: there is nothing to pack")
-            self._win, self._bin = self._win + 1, 0
-            if self._win == self.num_windows:
-                self._epoch, self._win = self._epoch + 1, 0
+            self._group, self._bin = self._group + 1, 0
+            if self._group == self.num_groups:
+                self._epoch, self._group = self._epoch + 1, 0
 
     # -- state --------------------------------------------------------------------------------
     def _position(self) -> tuple[int, dict[str, Any]]:
-        return self._consumed, {"epoch": self._epoch, "window": self._win, "bin": self._bin}
+        return self._consumed, {"epoch": self._epoch, "window": self._group, "bin": self._bin}
 
     def _seek(self, st: LoaderState) -> None:
-        """Continue at the saved (epoch, window, bin)."""
-        epoch, w, b = st.extra_counts("epoch", "window", "bin")
-        if w >= self.num_windows:
-            raise StateError(f"state position epoch={epoch} window={w} bin={b} is outside "
-                             f"this reader's {self.num_windows} windows")
-        self._check_in_run(epoch, w, b)
-        self._epoch, self._win, self._bin, self._consumed = epoch, w, b, st.consumed
+        """Continue at the saved (epoch, group, bin)."""
+        epoch, g, b = st.extra_counts("epoch", "window", "bin")
+        if g >= self.num_groups:
+            raise StateError(f"state position epoch={epoch} window={g} bin={b} is outside "
+                             f"this reader's {self.num_groups} packing groups")
+        self._check_in_run(epoch, g, b)
+        self._epoch, self._group, self._bin, self._consumed = epoch, g, b, st.consumed
 
-    def _check_in_run(self, epoch: int, w: int, b: int) -> None:
+    def _check_in_run(self, epoch: int, g: int, b: int) -> None:
         """StateError for a position past the end of a finite run (the end itself, epoch
-        ``epochs`` window 0 bin 0, is where a finished pass stops) or past a window's
-        bins (which re-plans that one window, as resuming does)."""
-        where = f"state position epoch={epoch} window={w} bin={b}"
-        if self.epochs is not None and (epoch, w, b) > (self.epochs, 0, 0):
+        ``epochs`` group 0 bin 0, is where a finished pass stops) or past a group's
+        bins (which re-plans that one group, as resuming does)."""
+        where = f"state position epoch={epoch} window={g} bin={b}"
+        if self.epochs is not None and (epoch, g, b) > (self.epochs, 0, 0):
             raise StateError(f"{where} is past the end of this run ({self.epochs} epochs of "
-                             f"{self.num_windows} windows); resume with the epochs= it was "
+                             f"{self.num_groups} packing groups); resume with the epochs= it was "
                              "saved with")
         if epoch < (self.epochs or epoch + 1):
-            bins = self.plan(epoch, w)[0].num_bins
+            bins = self.plan(epoch, g)[0].num_bins
             if b > bins:
-                raise StateError(f"{where} is past the end of that window ({bins} rows); "
+                raise StateError(f"{where} is past the end of that packing group ({bins} rows); "
                                  "the state was edited or saved from other records")
 
 

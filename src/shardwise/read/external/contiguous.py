@@ -18,8 +18,9 @@ Worked example, shard lengths ``[4, 0, 3, 5]`` and ``R = 3``::
     rank     0 0 0 0 | 1 1 1   1 2 2 2  2       rank 1 opens c then d; rank 0 only a
 
 Only the shard holding the current index is loaded, plus the next one of this rank's
-slice, loaded by a background thread (:class:`OneAhead`). Seeking to any index is a
-binary search over the cumulative lengths: O(log shards), no shard before it is opened.
+slice, loaded by a background thread
+(:class:`~shardwise.read.external.one_ahead.OneAhead`). Seeking to any index is a binary
+search over the cumulative lengths: O(log shards), no shard before it is opened.
 
 The dataset is already this rank's share (``is_sharded = True``): a sampler that shards
 again (torch's ``DistributedSampler``, accelerate's ``BatchSamplerShard``) would make each
@@ -29,26 +30,20 @@ rank read ``1/R`` of its own share. :func:`check_sampler` refuses such samplers;
 
 from __future__ import annotations
 
-import os
-import sys
 import zlib
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from shardwise.checkpoint import Configured, as_count, check_not_past_end, fingerprint
 from shardwise.choice import Choice
-from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import ConfigError
 from shardwise.plan.permutation import Permutation
 from shardwise.read.drops import Drop, describe_drops
-from shardwise.read.guard import SHARDING_SAMPLERS, draws_from, refuse_sharding_sampler
+from shardwise.read.external.one_ahead import OneAhead
+from shardwise.read.guard import check_sampler, refuse_sharding_sampler, sampler_over
 from shardwise.world import World
-
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
-
 
 
 class SizedDataset(Protocol):
@@ -57,76 +52,6 @@ class SizedDataset(Protocol):
     def __len__(self) -> int: ...
     def __getitem__(self, index: int, /) -> Any: ...
 
-
-class OneAhead(Generic[K, V]):
-    """Holds the item in use and at most one item being prefetched; nothing else.
-
-    ``get(key)`` returns the held item, or takes over the prefetched one, or loads it in the
-    calling thread; the previous item is released *before* the new one is loaded, so at
-    most two items are alive (``peak_held <= 2``). Errors of a background load surface in
-    ``get`` of that key. Meant for one consumer thread; after ``fork`` (DataLoader
-    workers) a child drops the parent's in-flight load and starts its own.
-    """
-
-    def __init__(self, load: Callable[[K], V]) -> None:
-        self._load = load
-        self._pid = os.getpid()
-        self._current: tuple[K, V] | None = None
-        self._pending: tuple[K, ReadAhead[V]] | None = None
-        self.loads = 0
-        self.peak_held = 0
-
-    def _check_fork(self) -> None:
-        if self._pid != os.getpid():
-            self._pid, self._pending = os.getpid(), None
-
-    def _counted_load(self, key: K) -> V:
-        self.loads += 1
-        return self._load(key)
-
-    def held(self) -> list[K]:
-        """Keys alive now: the current item and the one being prefetched."""
-        self._check_fork()
-        keys = [] if self._current is None else [self._current[0]]
-        return keys + ([] if self._pending is None else [self._pending[0]])
-
-    def _note(self) -> None:
-        self.peak_held = max(self.peak_held, len(self.held()))
-
-    def get(self, key: K) -> V:
-        self._check_fork()
-        if self._current is not None and self._current[0] == key:
-            return self._current[1]
-        self._current = None
-        pending, self._pending = self._pending, None
-        if pending is not None and pending[0] != key:
-            pending[1].close(None)  # finish and drop it: a jump never leaves a third item
-            pending = None
-        value = pending[1].get() if pending is not None else self._counted_load(key)
-        self._current = (key, value)
-        self._note()
-        return value
-
-    def prefetch(self, key: K) -> None:
-        """Start loading ``key`` in the background unless it is held or a load is running."""
-        self._check_fork()
-        if key in self.held() or self._pending is not None:
-            return
-        self._pending = key, ReadAhead.call(self._counted_load, key,
-                                            name="shardwise-prefetch")
-        self._note()
-
-    def evict(self, key: K) -> None:
-        """Release ``key`` if it is the current item (e.g. a chunk read to its end)."""
-        if self._current is not None and self._current[0] == key:
-            self._current = None
-
-    def close(self) -> None:
-        """Release everything; waits for a running background load to finish."""
-        self._check_fork()
-        pending, self._pending, self._current = self._pending, None, None
-        if pending is not None:
-            pending[1].close(None)
 
 
 class Order(Choice):
@@ -159,11 +84,7 @@ def _check_lengths(lengths: Sequence[int], n: int) -> list[int]:
     if len(out) != n:
         raise ConfigError(f"lengths= has {len(out)} entries for {n} shards; give one length "
                           "per source, in the order of the sources")
-    bad = [v for v in out if isinstance(v, bool) or not isinstance(v, int | np.integer)
-           or v < 0]
-    if bad:
-        raise ConfigError(f"lengths must be non-negative integers, got {bad[0]!r}")
-    return [int(v) for v in out]
+    return [as_count(v, f"lengths[{i}]", error=ConfigError) for i, v in enumerate(out)]
 
 
 class ContiguousShards(Configured):
@@ -222,8 +143,7 @@ class ContiguousShards(Configured):
     def set_epoch(self, epoch: int) -> None:
         """Read in epoch ``epoch``'s order (see the class docstring); releases the shards
         held, whose positions change."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"epoch must be a non-negative integer, got {epoch!r}")
+        epoch = as_count(epoch, "epoch", error=ConfigError)
         if epoch != self.epoch:
             self._shards.close()
             self._shards = OneAhead(self._open)
@@ -316,15 +236,6 @@ class ContiguousShards(Configured):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers: no threads, no shards
-        state = self.__dict__.copy()
-        state["_shards"] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._shards = OneAhead(self._open)
-
 
 class ContiguousSampler:
     """This rank's indices ``start, start + 1, …, len(ds) - 1``, in order.
@@ -347,52 +258,7 @@ class ContiguousSampler:
         return self.n - self.start
 
 
-def _shards_again(obj: Any) -> str | None:
-    names = {c.__name__ for c in type(obj).__mro__}
-    hit = sorted(names.intersection(SHARDING_SAMPLERS))
-    return hit[0] if hit else None
-
-
-def check_sampler(sampler_or_loader: Any) -> None:
-    """Raise :class:`ConfigError` if a sampler (or a DataLoader's sampler / batch sampler)
-    would split indices across ranks again over an already per-rank dataset."""
-    candidates = [sampler_or_loader]
-    for attr in ("sampler", "batch_sampler"):
-        inner = getattr(sampler_or_loader, attr, None)
-        if inner is not None:
-            candidates += [inner, getattr(inner, "sampler", None)]
-    for obj in candidates:
-        name = None if obj is None else _shards_again(obj)
-        if name is not None:
-            raise ConfigError(f"{name} splits the indices across ranks, but this dataset is "
-                              "already this rank's share (is_sharded = True): each rank "
-                              "would read only 1/world_size of its own share. Use a "
-                              "per-rank sampler (ContiguousSampler, SequentialSampler or "
-                              "RandomSampler); with accelerate / HF Trainer, build the "
-                              "DataLoader yourself and do not pass it through prepare()")
-
-
-def sampler_over(dataset: Any, names: Sequence[str], depth: int = 12
-                 ) -> tuple[Any, dict[str, Any]] | None:
-    """The nearest caller that is a sampler drawing from ``dataset`` whose class (anywhere
-    in its MRO) is named in ``names``, with the locals of that call (a sampler asking
-    ``len`` from its ``__init__`` has not set all its attributes yet), or None.
-
-    Why: a dataset never sees the sampler a framework wraps around it, but every sampler
-    asks the dataset's ``len``: torch's ``DistributedSampler`` in ``__init__``,
-    accelerate's ``BatchSamplerShard`` in ``__len__``/``__iter__`` through its batch
-    sampler's ``SequentialSampler``. So a dataset's ``__len__`` calls this to see, among
-    its callers' ``self``, which sampler is about to deal its indices.
-    """
-    frame = sys._getframe(1)
-    for _ in range(depth):
-        frame = frame.f_back  # type: ignore[assignment]
-        if frame is None:
-            return None
-        local = frame.f_locals
-        obj = local.get("self")
-        if (obj is not None and obj is not dataset
-                and any(c.__name__ in names for c in type(obj).__mro__)
-                and draws_from(obj, dataset)):
-            return obj, dict(local)
-    return None
+# check_sampler and sampler_over moved to read/guard.py, OneAhead to read/external/one_ahead.py;
+# imported from here by users and the seed-system adapters
+__all__ = ["ContiguousSampler", "ContiguousShards", "OneAhead", "Order", "SizedDataset",
+           "check_sampler", "sampler_over", "shard_order"]

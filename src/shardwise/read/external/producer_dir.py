@@ -1,33 +1,8 @@
 """External producer directories: read ``chunk_NNNNN.jsonl`` files while another program
 writes them, each rank reading only its own chunks.
 
-The producer's contract (any language):
-
-1. Chunks are numbered ``0, 1, 2, …`` and named by ``pattern`` (``chunk_00000.jsonl``).
-   Each holds one JSON object per line.
-2. A chunk is written under a temporary name that does not match the pattern (e.g.
-   ``.tmp-chunk_00007.jsonl``), flushed and fsynced, then renamed to its final name. A
-   published chunk is complete and never changes.
-3. Totals are declared in ``_EXPECTED``, written atomically the same way, as early as they
-   are known: ``{"num_chunks": 40, "records_per_chunk": 512}`` or with exact per-chunk
-   counts ``{"num_chunks": 3, "records": [512, 512, 97]}``. ``num_chunks`` alone also
-   marks where the data ends. (Or pass ``num_chunks`` / ``records_per_chunk`` to the
-   reader.)
-4. Optionally, the producer deletes a chunk once :func:`finished_by_all` says its reader
-   wrote its done marker ``chunk_00007.jsonl.done.<rank>``.
-
-A Python producer (ten lines)::
-
-    import time
-    from shardwise.read.external.producer_dir import delete_finished, publish_chunk, write_expected
-
-    write_expected(out, num_chunks=40, records_per_chunk=512)
-    for c in range(40):
-        publish_chunk(out, c, [make_sample(c, j) for j in range(512)])  # temp + rename
-        delete_finished(out, world_size=8)        # free the disk behind the readers
-    while list(out.glob("chunk_*.jsonl")):       # until every reader is done
-        delete_finished(out, world_size=8)
-        time.sleep(5)
+The producer's side (file names, atomic publication, ``_EXPECTED``, done markers) is
+described, with a ten-line Python producer, in :mod:`shardwise.read.external.producer`.
 
 Rank ``r`` of ``R`` reads chunks ``c % R == r`` in increasing order. ``len(ds)`` is *this
 rank's* record count: ``sum(declared(c) for c in range(r, num_chunks, R))`` where
@@ -60,161 +35,50 @@ plugs into :class:`~shardwise.read.records.consumer.SequentialConsumer`.
 from __future__ import annotations
 
 import os
-import re
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
-from shardwise.checkpoint import Configured, LoaderState, Resumable, as_count
+from shardwise.checkpoint import Configured
 from shardwise.concurrency.poll import check_wait_args, wait_until
-from shardwise.errors import ConfigError, InputError, ProducerTimeoutError, StateError
+from shardwise.errors import ConfigError, InputError, ProducerTimeoutError
 from shardwise.format.atomic import atomic_write_bytes
-from shardwise.read.external.contiguous import OneAhead
+from shardwise.read.deprecated import renamed
 from shardwise.read.external.names import DEFAULT_PATTERN, ChunkNames
-from shardwise.read.guard import refuse_framework_sharding, refuse_sharding_sampler
+from shardwise.read.external.one_ahead import OneAhead
+from shardwise.read.external.producer import (
+    DEFAULT_MARKER,
+    EXPECTED,
+    Chunk,
+    Declared,
+    EndOfData,
+    Pattern,
+    chunk_indices,
+    delete_finished,
+    done_marker,
+    finished_by_all,
+    publish_chunk,
+    write_expected,
+)
+from shardwise.read.external.producer_stream import ProducerDirStream
+from shardwise.read.guard import refuse_sharding_sampler
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES, parse_line
 from shardwise.world import World
 
-EXPECTED = "_EXPECTED"
-DEFAULT_MARKER = ".done.{rank}"  # appended to a chunk's name; ".completed" for ms-swift
 ORDER_VERSION = 1
-
-
-Pattern = str | re.Pattern[str]
-
-
-def _path(directory: str | os.PathLike[str], pattern: Pattern, index: int) -> Path:
-    name = ChunkNames(pattern).name(directory, index)
-    if name is None:
-        raise ConfigError(f"{directory}: no file of chunk {index} matches {pattern!r}; a "
-                          "producer helper needs a format pattern such as "
-                          f"{DEFAULT_PATTERN!r} to name a chunk that does not exist yet")
-    return Path(directory) / name
-
-
-def done_marker(directory: str | os.PathLike[str], index: int, rank: int,
-                pattern: Pattern = DEFAULT_PATTERN, marker: str = DEFAULT_MARKER) -> Path:
-    """``chunk_NNNNN.jsonl.done.<rank>``: written by ``rank`` when it finished the chunk."""
-    p = _path(directory, pattern, index)
-    return p.with_name(p.name + marker.format(rank=rank))
-
-
-def finished_by_all(directory: str | os.PathLike[str], index: int, world_size: int,
-                    pattern: Pattern = DEFAULT_PATTERN, marker: str = DEFAULT_MARKER) -> bool:
-    """True once every reader of chunk ``index`` (rank ``index % world_size``) is done."""
-    return done_marker(directory, index, index % world_size, pattern, marker).exists()
-
-
-def chunk_indices(directory: str | os.PathLike[str], pattern: Pattern = DEFAULT_PATTERN
-                  ) -> list[int]:
-    """The indices of the chunks published in ``directory`` now, ascending."""
-    return ChunkNames(pattern).indices(directory)
-
-
-def delete_finished(directory: str | os.PathLike[str], world_size: int,
-                    pattern: Pattern = DEFAULT_PATTERN, marker: str = DEFAULT_MARKER
-                    ) -> list[int]:
-    """Delete every published chunk its reader has finished, and its done marker; returns
-    the indices deleted. For the producer side."""
-    deleted, names = [], ChunkNames(pattern)
-    for index in names.indices(directory):
-        chunk = Path(directory) / str(names.name(directory, index))
-        done = chunk.with_name(chunk.name + marker.format(rank=index % world_size))
-        if done.exists():
-            chunk.unlink(missing_ok=True)
-            done.unlink(missing_ok=True)
-            deleted.append(index)
-    return deleted
-
-
-def write_expected(directory: str | os.PathLike[str], *, num_chunks: int,
-                   records_per_chunk: int | None = None,
-                   records: Sequence[int] | None = None) -> None:
-    """Declare the totals (atomically); see the module docstring."""
-    body: dict[str, Any] = {"num_chunks": num_chunks}
-    if records_per_chunk is not None:
-        body["records_per_chunk"] = records_per_chunk
-    if records is not None:
-        body["records"] = list(records)
-    Declared.parse(body, Path(directory) / EXPECTED)
-    atomic_write_bytes(Path(directory) / EXPECTED, orjson.dumps(body))
-
-
-def publish_chunk(directory: str | os.PathLike[str], index: int, records: Sequence[Any],
-                  pattern: Pattern = DEFAULT_PATTERN) -> Path:
-    """Write one chunk under a temporary name, fsync, rename (for Python producers)."""
-    path = _path(directory, pattern, index)
-    atomic_write_bytes(path, b"".join(orjson.dumps(r) + b"\n" for r in records))
-    return path
-
-
-def _count(value: Any, name: str, low: int) -> int:
-    return as_count(value, name, minimum=low, error=ConfigError)
-
-
-@dataclass(frozen=True)
-class Declared:
-    """The producer's totals; ``None`` where not (yet) declared."""
-
-    num_chunks: int | None = None
-    records_per_chunk: int | None = None
-    records: tuple[int, ...] | None = None
-
-    @classmethod
-    def parse(cls, body: Any, where: Path | str) -> Declared:
-        if not isinstance(body, dict) or "num_chunks" not in body:
-            raise ConfigError(f"{where}: expected a JSON object with num_chunks and "
-                              f"records_per_chunk or records, got {body!r}")
-        n = _count(body["num_chunks"], f"{where}: num_chunks", 0)
-        k = body.get("records_per_chunk")
-        recs = body.get("records")
-        if recs is not None:
-            if not isinstance(recs, list) or len(recs) != n:
-                raise ConfigError(f"{where}: records must list {n} counts (one per chunk)")
-            recs = tuple(_count(v, f"{where}: records[i]", 0) for v in recs)
-        return cls(n, None if k is None else _count(k, f"{where}: records_per_chunk", 1),
-                   recs)
-
-    def merge(self, other: Declared, where: str) -> Declared:
-        for name in ("num_chunks", "records_per_chunk", "records"):
-            a, b = getattr(self, name), getattr(other, name)
-            if a is not None and b is not None and a != b:
-                raise ConfigError(f"{name}={a!r} was passed to the reader but {where} "
-                                  f"declares {b!r}; remove the argument or fix {where}")
-        return Declared(*(getattr(self, n) if getattr(self, n) is not None
-                          else getattr(other, n)
-                          for n in ("num_chunks", "records_per_chunk", "records")))
-
-    def count(self, index: int) -> int | None:
-        return self.records[index] if self.records is not None else self.records_per_chunk
-
-    @property
-    def sized(self) -> bool:
-        return self.num_chunks is not None and (self.records is not None
-                                                or self.records_per_chunk is not None)
-
-
-@dataclass(frozen=True)
-class Chunk:
-    index: int
-    path: str
-    records: list[Any]
-
-
-class EndOfData(Exception):
-    """Internal: the chunk asked for is past the declared ``num_chunks``."""
 
 
 class ProducerDirDataset(Configured):
     """This rank's records of a directory a producer fills; map-style (see module doc).
 
-    ``encode_fn(record) -> example`` runs once per record when its chunk loads (an error
-    in it is an :class:`InputError` naming file and line). ``timeout`` is how long one
+    ``map_fn(record) -> example`` runs once per record when its chunk loads (an error
+    in it is an :class:`InputError` naming file and line, reason ``map_error``, as in
+    :class:`~shardwise.read.records.stream.RecordStream`; ``encode_fn=`` is its
+    deprecated name). ``timeout`` is how long one
     wait (for a chunk, or for ``_EXPECTED``) may last (``math.inf``: wait for ever); polls
     follow the one rule of :func:`~shardwise.concurrency.poll.wait_until` (10 ms doubling
     up to ``poll_interval``). ``pattern`` is
@@ -224,7 +88,7 @@ class ProducerDirDataset(Configured):
     rank's marker of it exists was consumed and deleted: asking for it again raises
     :class:`InputError` instead of waiting for a file that will not come back.
 
-    >>> ds = ProducerDirDataset("/shared/sft", encode_fn=chat_template,     # doctest: +SKIP
+    >>> ds = ProducerDirDataset("/shared/sft", map_fn=chat_template,        # doctest: +SKIP
     ...                         world=World.detect(), timeout=1800)
     >>> len(ds), ds[0]["input_ids"][:4]                                    # doctest: +SKIP
     """
@@ -232,24 +96,23 @@ class ProducerDirDataset(Configured):
     is_sharded = True
 
     def __init__(self, directory: str | os.PathLike[str], *,
-                 encode_fn: Callable[[dict[str, Any]], Any] | None = None,
+                 map_fn: Callable[[dict[str, Any]], Any] | None = None,
                  world: World | None = None, pattern: Pattern = DEFAULT_PATTERN,
                  num_chunks: int | None = None, records_per_chunk: int | None = None,
                  timeout: float = 600.0, poll_interval: float = 0.5, done_marker: bool = True,
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
-                 marker: str = DEFAULT_MARKER) -> None:
+                 marker: str = DEFAULT_MARKER,
+                 encode_fn: Callable[[dict[str, Any]], Any] | None = None) -> None:
         self.names = ChunkNames(pattern)
+        map_fn = renamed("encode_fn", encode_fn, "map_fn", map_fn, "ProducerDirDataset")
         if not marker or "/" in marker:
             raise ConfigError(f"marker must be a non-empty file-name suffix such as "
                               f"{DEFAULT_MARKER!r}, got {marker!r}")
         check_wait_args(timeout, poll_interval)
-        self._given = Declared(
-            None if num_chunks is None else _count(num_chunks, "num_chunks", 0),
-            None if records_per_chunk is None else _count(records_per_chunk,
-                                                          "records_per_chunk", 1))
+        self._given = Declared.given(num_chunks, records_per_chunk)
         self.directory = Path(directory)
         self.world = World.resolve(world, reader="ProducerDirDataset")
-        self.pattern, self.encode_fn = self.names.text, encode_fn
+        self.pattern, self.map_fn = self.names.text, map_fn
         self.marker = marker.format(rank=self.world.rank)
         self.timeout, self.poll_interval = float(timeout), float(poll_interval)
         self.done_marker, self.max_record_bytes = done_marker, max_record_bytes
@@ -379,13 +242,13 @@ class ProducerDirDataset(Configured):
                            max_record_bytes=self.max_record_bytes)
         if isinstance(value, InputError):
             raise value
-        if self.encode_fn is None:
+        if self.map_fn is None:
             return value
         try:
-            return self.encode_fn(value)
+            return self.map_fn(value)
         except Exception as e:
-            raise InputError(f"{path}:{line}: encode_fn raised {type(e).__name__}: {e}",
-                             path=path, line=line, reason="encode_failed") from e
+            raise InputError(f"{path}:{line}: map_fn raised {type(e).__name__}: {e}",
+                             path=path, line=line, reason="map_error") from e
 
     def chunk(self, index: int) -> Chunk:
         """Chunk ``index`` (waiting for it), prefetching this rank's next published one."""
@@ -478,75 +341,9 @@ class ProducerDirDataset(Configured):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers: no threads, no chunks
-        state = self.__dict__.copy()
-        state["_chunks"] = None
-        return state
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._chunks = OneAhead(self._load)
-
-
-class ProducerDirStream(Resumable):
-    """This rank's records in order, one pass, from a saved position; iterable.
-
-    It ends after the last declared chunk (``num_chunks`` may be declared late, in
-    ``_EXPECTED``, to mark the end); without a declaration it waits for the next chunk
-    until ``timeout``. The done marker of a chunk is written when its last record is
-    handed out. One reader per rank: under DataLoader workers each worker would read the
-    whole stream — use ``num_workers=0`` or :class:`SequentialConsumer`.
-
-    State keys (``LoaderState``): ``consumed`` (records handed out), ``extra.chunk`` (the
-    global index of the chunk of the next record) and ``extra.record`` (its index in the
-    chunk). Saved by one rank, it resumes that rank of the same world size only.
-    """
-
-    state_kind = "producer_dir"
-
-    def __init__(self, ds: ProducerDirDataset) -> None:
-        self.ds = ds
-        self.next_chunk = ds.world.rank
-        self.next_record = 0
-        self.consumed = 0
-
-    def __iter__(self) -> Iterator[Any]:
-        refuse_framework_sharding("a ProducerDirDataset stream")
-        ds, step = self.ds, self.ds.world.size
-        while True:
-            c, start = self.next_chunk, self.next_record
-            try:
-                records = ds.chunk(c).records
-            except EndOfData:
-                return
-            for r in range(start, len(records)):
-                last = r + 1 == len(records)
-                self.next_chunk, self.next_record = (c + step, 0) if last else (c, r + 1)
-                self.consumed += 1
-                if last:
-                    ds.finish(c)
-                yield records[r]
-            if start >= len(records):  # an empty chunk, or resumed at a chunk's end
-                ds.finish(c)
-                self.next_chunk, self.next_record = c + step, 0
-            del records  # not alive while the next chunk loads
-
-    def state_config(self) -> dict[str, Any]:
-        return self.ds.state_config()
-
-    def _position(self) -> tuple[int, dict[str, Any]]:
-        return self.consumed, {"chunk": self.next_chunk, "record": self.next_record}
-
-    def _seek(self, st: LoaderState) -> None:
-        chunk, record = st.extra_counts("chunk", "record")
-        w = self.ds.world
-        if chunk % w.size != w.rank:
-            raise StateError(f"state position chunk={chunk!r} record={record!r} is not a "
-                             f"position of rank {w.rank} of {w.size}")
-        n = self.ds.declared().num_chunks
-        end = None if n is None else n + (w.rank - n) % w.size  # after this rank's last
-        if end is not None and (chunk, record) > (end, 0):
-            raise StateError(f"state position chunk={chunk} record={record} is past the end "
-                             f"of this rank's chunks ({n} declared: it ends at chunk {end}); "
-                             "the state belongs to another producer directory or run")
-        self.next_chunk, self.next_record, self.consumed = chunk, record, st.consumed
+# the producer's helpers (producer.py) and the stream (producer_stream.py) are imported
+# from here by users: one import path for a producer directory
+__all__ = ["DEFAULT_MARKER", "EXPECTED", "Chunk", "Declared", "EndOfData",
+           "ProducerDirDataset", "ProducerDirStream", "chunk_indices", "delete_finished",
+           "done_marker", "finished_by_all", "publish_chunk", "write_expected"]

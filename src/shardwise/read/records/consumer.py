@@ -11,23 +11,27 @@ shuffle). :class:`~shardwise.read.external.producer_dir.ProducerDirStream` and
 ``StreamDataset`` are such readers. Pass the reader, or a factory ``() -> reader`` (called
 for every pass, so an abandoned prefetch thread never shares a reader with a new one).
 
-Shuffle: consecutive windows of ``shuffle_window`` examples are each permuted by a keyed
-:class:`~shardwise.plan.permutation.Permutation` of ``(seed, window number, epoch)``.
-The order depends on the data, ``seed``, ``shuffle_window`` and the epoch only — never on
-``consumers``, ``batch_size`` or ``prefetch``. Example, ``shuffle_window = 4``::
+Shuffle: consecutive blocks of ``shuffle_block`` examples are each permuted by a keyed
+:class:`~shardwise.plan.permutation.Permutation` of ``(seed, block number, epoch)``.
+The order depends on the data, ``seed``, ``shuffle_block`` and the epoch only — never on
+``consumers``, ``batch_size`` or ``prefetch``. Example, ``shuffle_block = 4``::
 
     reader      a b c d | e f g h | i j
-    epoch 0     c a d b | f h e g | j i        (window 0 keyed by (seed, 0, epoch 0), …)
+    epoch 0     c a d b | f h e g | j i        (block 0 keyed by (seed, 0, epoch 0), …)
 
-Resume: the state holds the reader's state at the start of the current window and how
-many examples of that window the caller has received; restoring reads that one window
-again (at most ``shuffle_window`` examples, never anything before it) and continues
-exactly. With ``shuffle_window <= 1`` nothing is re-read.
+(``shuffle_window=`` is the deprecated name of ``shuffle_block=``: in shardwise a window
+is ``seq_len`` tokens.)
+
+Resume: the state holds the reader's state at the start of the current block and how
+many examples of that block the caller has received; restoring reads that one block
+again (at most ``shuffle_block`` examples, never anything before it) and continues
+exactly. With ``shuffle_block <= 1`` nothing is re-read.
 
 State keys (``LoaderState``): ``consumed`` (examples received, all epochs) and
-``extra``: ``epoch``, ``window`` (number of the current window in the epoch), ``offset``
-(examples of it received), ``source`` (the reader's state at the window's start, or
-``None`` at the start of the epoch).
+``extra``: ``epoch``, ``window`` (number of the current shuffle block in the epoch; the
+key keeps its first name so saved states load), ``offset`` (examples of it received),
+``source`` (the reader's state at the block's start, or ``None`` at the start of the
+epoch).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from shardwise.checkpoint import LoaderState, Resumable, as_count
 from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import ConfigError, StateError
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation, derive_seed
+from shardwise.read.deprecated import renamed
+from shardwise.read.records.pipeline import pad_batch
 
 ORDER_VERSION = 1
 DEFAULT_BATCH = 32
@@ -61,25 +67,27 @@ class ConsumerOrder:
     ``prefetch`` or ``cycle``, so a state restores under any of those."""
 
     seed: int = 0
-    shuffle_window: int = 0
+    shuffle_block: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seed", _check(self.seed, "seed", 0))
-        object.__setattr__(self, "shuffle_window", _check(self.shuffle_window,
-                                                          "shuffle_window", 0))
+        object.__setattr__(self, "shuffle_block", _check(self.shuffle_block,
+                                                         "shuffle_block", 0))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "shuffle_window": self.shuffle_window,
+        # "shuffle_window": the first name of shuffle_block, kept so fingerprints match
+        return {"seed": self.seed, "shuffle_window": self.shuffle_block,
                 "order_version": ORDER_VERSION, "permutation_version": PERMUTATION_VERSION}
 
 
 @dataclass(frozen=True)
 class Position:
-    """What the caller has received: window ``window`` of ``epoch`` starts at reader state
-    ``source`` (``None``: the epoch's start) and ``offset`` of its examples are taken."""
+    """What the caller has received: shuffle block ``block`` of ``epoch`` starts at reader
+    state ``source`` (``None``: the epoch's start) and ``offset`` of its examples are
+    taken."""
 
     epoch: int
-    window: int = 0
+    block: int = 0
     offset: int = 0
     source: dict[str, Any] | None = None
 
@@ -96,7 +104,7 @@ class SequentialConsumer(Resumable):
     into the next epoch.
 
     >>> with SequentialConsumer(ds.stream(), batch_size=32, consumers=8,     # doctest: +SKIP
-    ...                         shuffle_window=4096, seed=1) as c:
+    ...                         shuffle_block=4096, seed=1) as c:
     ...     prompts = c.get_next_batch(32); state = c.state_dict()
     """
 
@@ -104,15 +112,17 @@ class SequentialConsumer(Resumable):
 
     def __init__(self, source: ResumableSource | Callable[[], ResumableSource], *,
                  batch_size: int | None = None, consumers: int = 1,
-                 prefetch: int | None = None, seed: int = 0, shuffle_window: int = 0,
-                 cycle: bool = False) -> None:
-        self.order = ConsumerOrder(seed, shuffle_window)
+                 prefetch: int | None = None, seed: int = 0, shuffle_block: int = 0,
+                 cycle: bool = False, shuffle_window: int | None = None) -> None:
+        shuffle_block = renamed("shuffle_window", shuffle_window, "shuffle_block",
+                                shuffle_block, "SequentialConsumer", default=0)
+        self.order = ConsumerOrder(seed, shuffle_block)
         self.batch_size = None if batch_size is None else _check(batch_size, "batch_size", 1)
         self.consumers = _check(consumers, "consumers", 1)
         self.prefetch = (2 * self.consumers * (self.batch_size or DEFAULT_BATCH)
                          if prefetch is None
                          else _check(prefetch, "prefetch", 1))
-        self.seed, self.shuffle_window = self.order.seed, self.order.shuffle_window
+        self.seed, self.shuffle_block = self.order.seed, self.order.shuffle_block
         self.cycle = cycle
         if isinstance(source, ResumableSource) and not isinstance(source, type):
             self._factory: Callable[[], ResumableSource] | None = None
@@ -139,8 +149,11 @@ class SequentialConsumer(Resumable):
         return self._pos.epoch
 
     # -- the caller's side ----------------------------------------------------------------
-    def get_next_batch(self, n: int | None = None) -> list[Any]:
-        """The next ``n`` examples (default ``batch_size``); fewer only at the end."""
+    def get_next_batch(self, n: int | None = None, *, pad: bool = False) -> list[Any]:
+        """The next ``n`` examples (default ``batch_size``). At the end of a pass the last
+        batch is what is left (``pad=True``: filled up to ``n`` with pad examples,
+        :func:`~shardwise.read.records.pipeline.is_pad`), then ``[]`` — as
+        :meth:`RecordStream.get_next_batch`."""
         n = _check(n if n is not None else self.batch_size or DEFAULT_BATCH, "n", 1)
         out: list[Any] = []
         while len(out) < n and self._done is None:
@@ -158,24 +171,25 @@ class SequentialConsumer(Resumable):
             self.consumed += 1
         if isinstance(self._done, BaseException) and not out:
             raise self._done
-        return out
+        return pad_batch(out, n) if pad and self._done is _END else out  # not before an error
 
     def __iter__(self) -> Iterator[list[Any]]:
         """Batches of ``batch_size`` until the end of the pass (forever with ``cycle``)."""
         while batch := self.get_next_batch():
             yield batch
 
-    def shuffle(self, epoch: int) -> None:
-        """Start pass ``epoch`` from its beginning, in that epoch's order (reproducible)."""
+    def set_epoch(self, epoch: int) -> None:
+        """Start pass ``epoch`` from its beginning, in that epoch's order (reproducible);
+        the reader's own ``set_epoch`` is called with it."""
         _check(epoch, "epoch", 0)
-        if self.shuffle_window <= 1 and not self._has_set_epoch():
-            raise ConfigError("shuffle(epoch) would not change the order: pass "
-                              "shuffle_window > 1, or a reader with set_epoch()")
+        if self.shuffle_block <= 1 and not self._has_set_epoch():
+            raise ConfigError("set_epoch(epoch) would not change the order: pass "
+                              "shuffle_block > 1, or a reader with set_epoch()")
         self._restart(Position(epoch=epoch))
 
     def _position(self) -> tuple[int, dict[str, Any]]:
         p = self._pos
-        return self.consumed, {"epoch": p.epoch, "window": p.window, "offset": p.offset,
+        return self.consumed, {"epoch": p.epoch, "window": p.block, "offset": p.offset,
                                "source": p.source}
 
     def _seek(self, st: LoaderState) -> None:
@@ -184,10 +198,10 @@ class SequentialConsumer(Resumable):
             st.extra_counts("source")  # names the missing key
         epoch, window, offset = st.extra_counts("epoch", "window", "offset")
         e = st.extra
-        if offset >= max(1, self.shuffle_window):
-            raise StateError(f"extra.offset={offset} is past the end of a shuffle window of "
-                             f"{self.shuffle_window} examples; the state was edited or saved "
-                             "with another shuffle_window")
+        if offset >= max(1, self.shuffle_block):
+            raise StateError(f"extra.offset={offset} is past the end of a shuffle block of "
+                             f"{self.shuffle_block} examples; the state was edited or saved "
+                             "with another shuffle_block")
         self._restart(Position(epoch, window, offset, e["source"]))
         self.consumed = st.consumed
 
@@ -258,20 +272,20 @@ class SequentialConsumer(Resumable):
         src = self._reader(pos.epoch, pos.source)
         start = src.state_dict() if pos.source is None else pos.source
         it = iter(src)
-        size, w, skip = max(1, self.shuffle_window), pos.window, pos.offset
-        while window := list(islice(it, size)):
+        size, b, skip = max(1, self.shuffle_block), pos.block, pos.offset
+        while block := list(islice(it, size)):
             after = src.state_dict()
-            order = self._order(len(window), pos.epoch, w)
-            for j in range(skip, len(window)):
-                nxt = (Position(pos.epoch, w + 1, 0, after) if j + 1 == len(window)
-                       else Position(pos.epoch, w, j + 1, start))
-                yield window[order[j]], nxt
-            start, w, skip = after, w + 1, 0
+            order = self._order(len(block), pos.epoch, b)
+            for j in range(skip, len(block)):
+                nxt = (Position(pos.epoch, b + 1, 0, after) if j + 1 == len(block)
+                       else Position(pos.epoch, b, j + 1, start))
+                yield block[order[j]], nxt
+            start, b, skip = after, b + 1, 0
 
-    def _order(self, n: int, epoch: int, window: int) -> list[int]:
-        if self.shuffle_window <= 1 or n < 2:
+    def _order(self, n: int, epoch: int, block: int) -> list[int]:
+        if self.shuffle_block <= 1 or n < 2:
             return list(range(n))
-        key = derive_seed(self.seed, "consumer", window)
+        key = derive_seed(self.seed, "consumer", block)
         return [int(i) for i in Permutation(n, key, epoch)(list(range(n)))]
 
 

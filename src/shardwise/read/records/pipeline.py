@@ -67,6 +67,12 @@ def is_pad(example: Any) -> bool:
     return isinstance(example, dict) and example.get(PAD_KEY) is True
 
 
+def pad_batch(batch: list[Any], n: int) -> list[Any]:
+    """``get_next_batch(n, pad=True)``'s last batch: a short one filled up to ``n`` with
+    :func:`make_pad` examples (an empty one stays empty: the end is still seen)."""
+    return batch + [make_pad() for _ in range(n - len(batch))] if batch else batch
+
+
 class _Finished:
     """Returned by :meth:`Pipeline.next` when every stream of the consumer has ended."""
 

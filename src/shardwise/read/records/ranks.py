@@ -1,6 +1,7 @@
 """A RecordStream among other processes: the ranks' one merged state (every rank's
-streams, restoring any world size), "is every rank done" for padded evaluation, and the
-torch DataLoader worker it may run in (torch is only looked up, never imported)."""
+streams, restoring any world size), "is every rank done" for padded evaluation, a rank's
+share of a stream group it shares with other ranks, and the torch DataLoader worker it
+may run in (torch is only looked up, never imported)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 
 from shardwise.checkpoint import LoaderState
 from shardwise.errors import ConfigError, StateError
-from shardwise.world import World
+from shardwise.read.records.pipeline import FINISHED, Pipeline
+from shardwise.world import StreamShare, World
 
 
 def torch_worker() -> tuple[int, int] | None:
@@ -94,3 +96,19 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     extra = dict(first.extra, streams=dict(sorted(streams.items(), key=lambda kv: int(kv[0]))))
     return LoaderState(fingerprint=first.fingerprint, consumed=consumed, config=first.config,
                        extra=extra, kind=first.kind).to_dict()
+
+
+def take_shared(pipe: Pipeline, share: StreamShare) -> Any:
+    """The next example of this consumer's share of its group's order when ranks share
+    the group's streams: the one position ``≡ offset (mod step)`` of the next ``step``,
+    passing over the others' (so every rank sharing the group stands at the same
+    position after each step, and their states agree)."""
+    skip = (share.offset - pipe.taken) % share.step
+    for _ in range(skip):
+        if pipe.next() is FINISHED:
+            return FINISHED
+    x = pipe.next()
+    for _ in range(share.step - skip - 1):
+        if pipe.next() is FINISHED:
+            break
+    return x

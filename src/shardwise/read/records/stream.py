@@ -44,7 +44,14 @@ import xxhash
 from shardwise.checkpoint import LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, StateError
 from shardwise.read.guard import refuse_framework_sharding
-from shardwise.read.records.pipeline import FINISHED, PAD_KEY, Pipeline, is_pad, make_pad
+from shardwise.read.records.pipeline import (
+    FINISHED,
+    PAD_KEY,
+    Pipeline,
+    is_pad,
+    make_pad,
+    pad_batch,
+)
 from shardwise.read.records.pool import Processor, Reject
 from shardwise.read.records.ranges import RangeKind, plan_ranges, resolve_files
 from shardwise.read.records.ranks import (
@@ -52,6 +59,7 @@ from shardwise.read.records.ranks import (
     gather_states,
     merge_states,
     register_with_torch,
+    take_shared,
     torch_worker,
 )
 from shardwise.read.records.streams import (
@@ -83,13 +91,11 @@ class RecordStreamConfig:
     def __post_init__(self) -> None:
         for name, low in (("seed", 0), ("streams", 1), ("range_bytes", 1),
                           ("shuffle_buffer", 0), ("num_workers", 0), ("task_size", 1)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ConfigError(f"{name} must be an integer >= {low}, got {v!r}")
-        if self.epochs is not None and (isinstance(self.epochs, bool) or
-                                        not isinstance(self.epochs, int) or self.epochs < 1):
-            raise ConfigError(f"epochs must be None (forever) or an integer >= 1, got "
-                              f"{self.epochs!r}")
+            object.__setattr__(self, name, as_count(getattr(self, name), name, minimum=low,
+                                                    error=ConfigError))
+        if self.epochs is not None:  # None: forever
+            object.__setattr__(self, "epochs", as_count(self.epochs, "epochs", minimum=1,
+                                                        error=ConfigError))
         if not isinstance(self.align_epochs, bool):
             raise ConfigError(f"align_epochs must be True or False, got {self.align_epochs!r}")
         object.__setattr__(self, "on_error", OnError.parse(self.on_error))
@@ -164,7 +170,7 @@ class RecordStream(Resumable):
     def bind(self, world: World) -> None:
         """Serve ``world`` from now on: for a reader made before the data-parallel layout
         is known (slime's ``set_train_parallel_config``). Allowed until the first read
-        after the reader was made, ``shuffle()``-d or ``load_state_dict()``-ed (the
+        after the reader was made, ``set_epoch()``-ed or ``load_state_dict()``-ed (the
         position restarts under the new world from that epoch or that state); binding
         the same world again is a no-op."""
         world = World.resolve(world, reader="RecordStream")
@@ -188,7 +194,7 @@ class RecordStream(Resumable):
         pipe = self._pipeline()
         take = self._taker(pipe)
         while True:
-            if self._pipe is not pipe:  # the position was reset (load_state_dict, shuffle)
+            if self._pipe is not pipe:  # the position was reset (load_state_dict, set_epoch)
                 pipe = self._pipeline()
                 take = self._taker(pipe)
             x = take()
@@ -196,16 +202,17 @@ class RecordStream(Resumable):
                 return
             yield x
 
-    def get_next_batch(self, n: int) -> list[Any]:
-        """The next ``n`` examples; in finite mode the last batch is padded to ``n`` and
-        then the batches are empty."""
-        n = as_count(n, "n", error=ConfigError)
+    def get_next_batch(self, n: int, *, pad: bool = False) -> list[Any]:
+        """The next ``n`` examples. At the end of a finite run the last batch is what is
+        left (``pad=True``: filled up to ``n`` with pad examples, :func:`is_pad`), then the
+        batches are empty — as :meth:`SequentialConsumer.get_next_batch`."""
+        n = as_count(n, "n", minimum=1, error=ConfigError)
         take = self._taker(self._pipeline())
         out: list[Any] = []
         while len(out) < n:
             x = take()
             if x is FINISHED:
-                return out + [make_pad() for _ in range(n - len(out))] if out else []
+                return pad_batch(out, n) if pad else out
             out.append(x)
         return out
 
@@ -216,13 +223,14 @@ class RecordStream(Resumable):
         done; by default an all-reduce over torch.distributed (world size 1: local)."""
         reduce = all_done or default_all_done(self.world)
         while True:
-            batch = self.get_next_batch(n)
+            batch = self.get_next_batch(n, pad=True)
             if reduce(not batch):
                 return
             yield batch or [make_pad() for _ in range(n)]
 
-    def shuffle(self, epoch: int) -> None:
-        """Restart every stream at the start of ``epoch`` (its own reproducible order)."""
+    def set_epoch(self, epoch: int) -> None:
+        """Restart every stream at the start of ``epoch`` (its own reproducible order);
+        torch's name for it (``DistributedSampler.set_epoch``), as every reader here."""
         epoch = as_count(epoch, "epoch", error=ConfigError)
         self._reset(self._fresh_positions(epoch))
         self._origin = epoch
@@ -338,24 +346,9 @@ class RecordStream(Resumable):
 
     def _taker(self, pipe: Pipeline) -> Callable[[], Any]:
         """``pipe.next`` itself when ``R`` divides ``R*`` (the fast path), else
-        :meth:`_take_shared` on it."""
-        return pipe.next if self._pipe_share.step == 1 else partial(self._take_shared, pipe)
-
-    def _take_shared(self, pipe: Pipeline) -> Any:
-        """The next example of this consumer's share of its group's order when ranks share
-        the group's streams: the one position ``≡ offset (mod step)`` of the next ``step``,
-        passing over the others' (so every rank sharing the group stands at the same
-        position after each step, and their states agree)."""
-        share = self._pipe_share
-        skip = (share.offset - pipe.taken) % share.step
-        for _ in range(skip):
-            if pipe.next() is FINISHED:
-                return FINISHED
-        x = pipe.next()
-        for _ in range(share.step - skip - 1):
-            if pipe.next() is FINISHED:
-                break
-        return x
+        :func:`~shardwise.read.records.ranks.take_shared` on it."""
+        return (pipe.next if self._pipe_share.step == 1
+                else partial(take_shared, pipe, self._pipe_share))
 
     def _fresh_positions(self, epoch: int) -> dict[int, StreamPosition]:
         stop = None if self.config.epochs is None else epoch + self.config.epochs

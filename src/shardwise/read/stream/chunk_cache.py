@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.checkpoint import as_count
 from shardwise.errors import ConfigError, CorruptChunkError
 from shardwise.storage.cache import Cache
 
@@ -51,10 +52,7 @@ class ChunkCache:
     """
 
     def __init__(self, max_bytes: int) -> None:
-        if not isinstance(max_bytes, int) or max_bytes < 0:
-            raise ConfigError(f"chunk_cache_bytes must be a non-negative integer, got "
-                              f"{max_bytes!r}")
-        self.max_bytes = max_bytes
+        self.max_bytes = as_count(max_bytes, "chunk_cache_bytes", error=ConfigError)
         self.changed = threading.Condition()
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self.bytes = self.pinned_bytes = self.peak_bytes = 0

@@ -80,19 +80,16 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from shardwise.checkpoint import LoaderState, Resumable, as_count, check_not_past_end
-from shardwise.concurrency.poll import Stopped, check_wait_args
+from shardwise.concurrency.poll import check_wait_args
 from shardwise.errors import (
     ConfigError,
     StateError,
@@ -102,19 +99,15 @@ from shardwise.plan.permutation import PERMUTATION_VERSION
 from shardwise.plan.stream import (
     dropped_stream_tokens,
     stream_chunk_tokens,
-    window_order,
     windows_per_block,
 )
 from shardwise.read.drops import Drop, describe_drops
-from shardwise.read.examples import NEXT_TOKEN, ignore_unmasked
+from shardwise.read.examples import NEXT_TOKEN
 from shardwise.read.guard import refuse_framework_sharding
-from shardwise.read.stream.chunk_cache import ChunkCache, Tokens, read_chunk
+from shardwise.read.stream.chunk_cache import ChunkCache
+from shardwise.read.stream.run import Example, Run, finish_examples, first_example
 from shardwise.read.stream.schedule import (
-    Follower,
-    Item,
     Layout,
-    Prefetcher,
-    RankSchedule,
     longest_stream_windows,
     open_when_ready,
 )
@@ -122,7 +115,6 @@ from shardwise.storage.cache import Cache, open_cache, reader_cache
 from shardwise.world import World
 
 STREAM_ORDER_VERSION = 1
-Example = dict[str, npt.NDArray[Any]]
 
 
 @dataclass(frozen=True)
@@ -130,24 +122,15 @@ class StreamConfig(Layout):
     """What defines a stream order (all of it is fingerprinted)."""
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "streams", "block_chunks"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
-        e = self.epochs
-        if e is not None and (isinstance(e, bool) or not isinstance(e, int) or e < 1):
-            raise ConfigError(f"epochs must be None (cycle forever) or a positive integer, "
-                              f"got {e!r}")
+        for name, low in (("seq_len", 1), ("streams", 1), ("block_chunks", 1), ("seed", 0)):
+            object.__setattr__(self, name, as_count(getattr(self, name), name, minimum=low,
+                                                    error=ConfigError))
+        if self.epochs is not None:  # None: cycle forever
+            object.__setattr__(self, "epochs", as_count(self.epochs, "epochs", minimum=1,
+                                                        error=ConfigError))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def first_example(consumed: int, s: int, n_streams: int) -> int:
-    """Stream ``s``'s first example at or after global position ``consumed``."""
-    return max(0, -(-(consumed - s) // n_streams))
 
 
 class StreamDataset(Resumable):
@@ -182,11 +165,9 @@ class StreamDataset(Resumable):
         self.share = self.world.stream_share(streams)
         self.streams = self.share.streams
         check_wait_args(timeout, poll_interval)
-        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-            raise ConfigError(f"batch_size must be None or a positive integer, got "
-                              f"{batch_size!r}")
-        if not isinstance(prefetch_chunks, int) or prefetch_chunks < 0:
-            raise ConfigError(f"prefetch_chunks must be >= 0, got {prefetch_chunks!r}")
+        if batch_size is not None:
+            batch_size = as_count(batch_size, "batch_size", minimum=1, error=ConfigError)
+        prefetch_chunks = as_count(prefetch_chunks, "prefetch_chunks", error=ConfigError)
         self.follow, self.poll_interval, self.timeout = follow, poll_interval, timeout
         self.batch_size, self.prefetch_chunks = batch_size, prefetch_chunks
         if isinstance(cache, Cache):  # a growing cache is refreshed on the prefetch
@@ -202,7 +183,7 @@ class StreamDataset(Resumable):
         self.chunk_cache = ChunkCache(chunk_cache_bytes)
         self.opened: Counter[int] = Counter()
         self._start, self._received = 0, 0
-        self._run: _Run | None = None
+        self._run: Run | None = None
         self._waited = {"producer_wait_s": 0.0, "consumer_wait_s": 0.0}
         _register_with_torch()
 
@@ -316,10 +297,10 @@ class StreamDataset(Resumable):
         _refuse_worker_process()
         refuse_framework_sharding("StreamDataset")
         self._stop_run()
-        run = self._run = _Run(self, self._start + self._received * self.world.size)
+        run = self._run = Run(self, self._start + self._received * self.world.size)
         return self._examples(run)
 
-    def _examples(self, run: _Run) -> Iterator[Example]:
+    def _examples(self, run: Run) -> Iterator[Example]:
         L, m = self.config.seq_len, len(self.streams)
         size = self.batch_size or 1
         current, firsts, step = run.current, run.firsts, self.share.step
@@ -347,7 +328,7 @@ class StreamDataset(Resumable):
                     j += 1
                 if n == 0:
                     return
-                batch = _finish(rows[:n], valid[:n], L)
+                batch = finish_examples(rows[:n], valid[:n], L)
                 self._received += n
                 yield batch if self.batch_size else {key: v[0] for key, v in batch.items()}
                 if n < size:
@@ -356,86 +337,6 @@ class StreamDataset(Resumable):
             if self._run is run:
                 self._run = None
             run.close()
-
-
-class _Run:
-    """One iteration: the schedule, the prefetch thread, and what the consumer holds."""
-
-    def __init__(self, ds: StreamDataset, consumed: int) -> None:
-        cfg, world = ds.config, ds.world
-        self.ds = ds
-        self.current: list[Item | None] = [None] * len(ds.streams)
-        self.j_start = first_example(consumed, world.rank, world.size)
-        m, share = len(ds.streams), ds.share
-        self.firsts = [share.first(t) for t in range(m)]
-        starts = [first_example(self.j_start, t, m) for t in range(m)]
-        self.stop = threading.Event()
-        self.follower = Follower(ds.cache, poll_interval=ds.poll_interval,
-                                 timeout=ds.timeout, stop=self.stop)
-        schedule = RankSchedule(ds.cache, cfg, ds.streams, starts, self.follower,
-                                firsts=self.firsts, step=share.step)
-        self.prefetcher = Prefetcher(schedule.next, self._load, ds.chunk_cache,
-                                     ahead_chunks=ds.prefetch_chunks, stop=self.stop,
-                                     name=f"shardwise-stream-rank{world.rank}")
-        self.closed = False
-
-    def _load(self, item: Item) -> None:
-        """On the prefetch thread: pin the block's chunks and compute its window order."""
-        if item.block < 0:
-            return
-        ds, cfg = self.ds, self.ds.config
-        try:
-            for c in item.chunks.tolist():
-                if self.stop.is_set():
-                    raise Stopped
-                item.parts.append(ds.chunk_cache.acquire(c, partial(self._read, c)))
-        except BaseException:
-            self.release(item)
-            raise
-        item.bounds = np.concatenate([[0], np.cumsum([len(p) for p in item.parts])]
-                                     ).astype(np.int64)
-        n = item.stop - item.start + item.offset
-        item.order = window_order(item.stream, item.block, n, seed=cfg.seed,
-                                  epoch=item.epoch)
-
-    def _read(self, c: int) -> Tokens:
-        self.ds.opened[c] += 1
-        return read_chunk(self.ds.cache, c)
-
-    def next(self, t: int, k: int) -> Item | None:
-        item = self.prefetcher.get()
-        if item is not None and (item.t != t or item.start != k):
-            raise RuntimeError(f"stream schedule out of order: expected stream index {t} at "
-                               f"{k}, got {item.t} at {item.start}")
-        return item
-
-    def release(self, item: Item) -> None:
-        for c in item.chunks[: len(item.parts)].tolist():
-            self.ds.chunk_cache.release(c)
-        item.parts = []
-
-    def waited(self) -> dict[str, float]:
-        return {"producer_wait_s": self.follower.waited,
-                "consumer_wait_s": self.prefetcher.waited}
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        for item in self.prefetcher.close() + [i for i in self.current if i is not None]:
-            self.release(item)
-        for k, v in self.waited().items():
-            self.ds._waited[k] += v
-
-
-def _finish(rows: npt.NDArray[np.int64], valid: npt.NDArray[np.int64], L: int) -> Example:
-    """The example dict (TokenDataset's layout): inputs, labels, loss mask, positions."""
-    n = len(rows)
-    loss_mask = (np.arange(L)[None, :] + 1 < valid[:, None]).astype(np.float32)
-    return {"input_ids": np.ascontiguousarray(rows[:, :L]),
-            "labels": ignore_unmasked(np.array(rows[:, 1:]), loss_mask),
-            "loss_mask": loss_mask,
-            "position_ids": np.broadcast_to(np.arange(L, dtype=np.int64), (n, L)).copy()}
 
 
 def _refuse_worker_process() -> None:
@@ -455,3 +356,7 @@ def _register_with_torch() -> None:
     data = sys.modules.get("torch.utils.data")
     if data is not None:
         data.IterableDataset.register(StreamDataset)
+
+
+# first_example moved to run.py with the iteration; imported from here by the tests
+__all__ = ["STREAM_ORDER_VERSION", "StreamConfig", "StreamDataset", "first_example"]

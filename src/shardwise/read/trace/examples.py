@@ -11,8 +11,8 @@ never a replay of the examples before it:
 * StreamDataset: example ``i`` is example ``i // R*`` of stream ``i % R*``; the stream's
   layout (:class:`~shardwise.read.stream.schedule.StreamLayout`) gives its block and the
   block's window order, the block's chunks in read order give the tokens.
-* PackedSFT: row ``p`` is bin ``b`` of window ``w`` of epoch ``e``; the rows per window
-  are counted once per window from the packing plans (record lengths only).
+* PackedSFT: row ``p`` is bin ``b`` of packing group ``w`` of epoch ``e``; the rows per
+  group are counted once per group from the packing plans (record lengths only).
 
 A *run* is ``(cache_key, stored_start, stored_stop)``: tokens of the stored stream of
 one cache; pieces and lines follow from :class:`~shardwise.read.trace.lines.Documents`.
@@ -100,22 +100,24 @@ class StreamExamples:
 
 
 class SftRows:
-    """Rows of a PackedSFT as record runs: the rows per window are counted once (record
-    lengths and the packing plan), so row ``p`` costs a search plus one window's plan."""
+    """Rows of a PackedSFT as record runs: the rows per packing group are counted once
+    (record lengths and the packing plan), so row ``p`` costs a search plus one group's
+    plan."""
 
     def __init__(self, ds: Any) -> None:
         self.ds = ds
-        self._t0 = 0  # the counts start at window t0 (t = epoch · windows + w) ...
-        self._cum = [0]  # ... and _cum[i] rows come before window t0 + i
+        self._t0 = 0  # the counts start at group t0 (t = epoch · groups + w) ...
+        self._cum = [0]  # ... and _cum[i] rows come before group t0 + i
 
     def anchor(self, consumed: int, epoch: int, window: int, bin_: int) -> None:
         """Start counting at a PackedSFT state's position (row ``consumed`` is bin
-        ``bin_`` of window ``window`` of ``epoch``): rows from there cost no earlier plan."""
-        self._t0, self._cum = epoch * self.ds.num_windows + window, [consumed - bin_]
+        ``bin_`` of packing group ``window`` (the state's key) of ``epoch``): rows from
+        there cost no earlier plan."""
+        self._t0, self._cum = epoch * self.ds.num_groups + window, [consumed - bin_]
 
     def locate(self, p: int) -> tuple[int, int, int] | None:
-        """``(epoch, window, bin)`` of row ``p``; ``None`` past the end of the run."""
-        ds, nw = self.ds, self.ds.num_windows
+        """``(epoch, group, bin)`` of row ``p``; ``None`` past the end of the run."""
+        ds, nw = self.ds, self.ds.num_groups
         if p < self._cum[0]:  # before the anchor: count from the start
             self._t0, self._cum = 0, [0]
         while self._cum[-1] <= p:
