@@ -35,6 +35,7 @@ State (``stats()``): ``ahead`` (chunks downloading or downloaded and not yet rea
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -50,6 +51,7 @@ MAX_AHEAD = 256
 MAX_THREADS = 16
 MARGIN = 2.0
 PIN_SECONDS = 120.0
+STALE = 4.0
 _WEIGHT = 0.3  # of the newest sample in the running averages
 _HIT_S = 0.001  # a "download" this fast found the file on the node: not a sample
 
@@ -89,6 +91,18 @@ class Pace:
             self.read(asked - self._last)
         self._last = self.clock()
 
+    @property
+    def reading(self) -> bool:
+        """Whether a reader in this process has taken a chunk yet."""
+        return self._last is not None
+
+    def window_s(self) -> float:
+        """How long a chunk should wait between being handed over and being read (the
+        look-ahead's length in time, plus its download); ``PIN_SECONDS`` until known."""
+        if self.fetch_s is None or self.read_s is None:
+            return PIN_SECONDS
+        return self.chunks_ahead() * self.read_s + self.fetch_s
+
     def per_download(self) -> float | None:
         """Chunks the reader gets through during one download (None: not measured yet)."""
         if self.fetch_s is None or self.read_s is None:
@@ -100,7 +114,7 @@ class Pace:
         need = self.per_download()
         if need is None:
             return START_AHEAD
-        return max(MIN_AHEAD, min(MAX_AHEAD, math.ceil(need * MARGIN) + 1))
+        return max(MIN_AHEAD, min(MAX_AHEAD, math.ceil(need * MARGIN - 1e-9) + 1))
 
     def threads(self) -> int:
         """How many downloads to run at once."""
@@ -120,7 +134,8 @@ class Prefetcher:
         self.budget = budget
         self.pace = Pace(clock)
         self.waited_s = 0.0
-        self._ahead: dict[str, tuple[int, Future[Path]]] = {}  # in the order added
+        self._added_bytes = 0
+        self._ahead: dict[str, tuple[int, Future[Path], float]] = {}  # in the order added
         self._pool: ThreadPool | None = None
         self._pid = os.getpid()
 
@@ -137,7 +152,7 @@ class Prefetcher:
 
     @property
     def ahead_bytes(self) -> int:
-        return sum(size for size, _ in self._ahead.values())
+        return sum(entry[0] for entry in self._ahead.values())
 
     def wants_more(self) -> bool:
         """Whether the reader's coming chunks should be handed over sooner: fewer are
@@ -151,22 +166,42 @@ class Prefetcher:
         self._check_fork()
         if key in self._ahead:
             return True
+        self._drop_stale()
         self._forget_done(size)
         if self.ahead_bytes + size > self.budget:
             return False
         if self._pool is None:
             self._pool = ThreadPool(self.pace.threads(), name="shardwise-download")
-        self._ahead[key] = size, self._pool.submit(lambda: self._run(fetch))
+        self._added_bytes += size
+        self._ahead[key] = size, self._pool.submit(lambda: self._run(fetch)), self.pace.clock()
         return True
 
     def _forget_done(self, size: int) -> None:
-        """Make room in the accounting by forgetting the oldest finished downloads (their
-        files stay pinned on disk, and the reader finds them there): a reader in another
-        process (a DataLoader worker) never takes them here."""
+        """Make room in the accounting by forgetting the oldest finished downloads when
+        the reader is another process (a DataLoader worker: this one has handed over
+        twice its budget without taking a chunk, so none would ever leave): their files
+        stay pinned on disk, and the worker finds them there. A reader in this process
+        takes every chunk it was handed."""
+        if self.pace.reading or self._added_bytes <= 2 * self.budget:
+            return
         for key in list(self._ahead):
             if self.ahead_bytes + size <= self.budget or not self._ahead[key][1].done():
                 break
             del self._ahead[key]
+
+    def _drop_stale(self) -> None:
+        """Forget (and unpin) downloads ahead that the reader passed by: handed over more
+        than ``STALE × window_s`` ago, e.g. by an iteration that was stopped and restarted
+        elsewhere. In a healthy run each is read about ``window_s`` after it was handed
+        over."""
+        now, horizon = self.pace.clock(), STALE * self.pace.window_s()
+        for key, (_, future, added) in list(self._ahead.items()):
+            if now - added <= horizon:
+                break
+            del self._ahead[key]
+            if future.done() and future.exception() is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.utime(future.result())
 
     def _run(self, fetch: Fetch) -> Path:
         """On a download thread: fetch, pin, and time it."""
@@ -183,6 +218,7 @@ class Prefetcher:
         asked = self.pace.clock()
         entry = self._ahead.pop(key, None)
         path = None
+        self._drop_stale()
         if entry is not None:
             future = entry[1]
             if future.exception() is None:  # an error is raised by the download below
@@ -204,8 +240,8 @@ class Prefetcher:
     def wait(self) -> None:
         """Block until every download started so far has finished."""
         self._check_fork()
-        for _, future in list(self._ahead.values()):
-            future.exception()
+        for entry in list(self._ahead.values()):
+            entry[1].exception()
 
     def close(self) -> None:
         """Cancel queued downloads and join the running ones."""
