@@ -40,9 +40,13 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
     async def receive() -> None:
-        while data := await reader.read(_READ):
-            queue.put_nowait((time.monotonic() + latency, data))
-        queue.put_nowait((0.0, b""))
+        try:
+            while data := await reader.read(_READ):
+                queue.put_nowait((time.monotonic() + latency, data))
+        except (ConnectionError, OSError):
+            pass
+        finally:  # the end, however it came: the sender closes its side, never hangs
+            queue.put_nowait((0.0, b""))
 
     task = asyncio.ensure_future(receive())
     try:

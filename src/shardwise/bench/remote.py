@@ -9,8 +9,9 @@ request ``--latency`` seconds late, beside the same cache on local disk, in one 
 3. ``--repeat`` rounds, in rotating order, each reading ``--batches`` micro-batches of
    ``--micro-batch`` examples through ``shardwise.torch.loader`` (one process, no
    workers) in the same global order (``--shuffle``: ``block`` by default, blocks of
-   ``--block-chunks`` chunks' worth of windows, the order a cache larger than its local
-   copy is read in; ``window`` reads a random chunk per example)::
+   ``--block-chunks`` chunks' worth of windows shuffled in groups of
+   ``--blocks-per-group``, the order a cache larger than its local copy is read in;
+   ``window`` reads a random chunk per example)::
 
        local       open_cache(DIR)                                the baseline
        remote      open_cache(s3://…, local_bytes=…) via the --latency proxy
@@ -79,9 +80,12 @@ def add_subparser(which: Any) -> argparse.ArgumentParser:
                    help="micro-batches read per round (default 2000)")
     p.add_argument("--shuffle", default="block", choices=("block", "window", "none"),
                    help="the global order (default block)")
-    p.add_argument("--block-chunks", type=float, default=4.0,
+    p.add_argument("--block-chunks", type=float, default=1.0,
                    help="--shuffle block: a block holds this many chunks' worth of windows "
-                        "(default 4; groups of 4 blocks)")
+                        "(default 1)")
+    p.add_argument("--blocks-per-group", type=int, default=2,
+                   help="--shuffle block: blocks whose windows are shuffled together "
+                        "(default 2: a few chunks in use at a time)")
     add_common(p, repeat=3, repeat_help="rounds of every path")
     return p
 
@@ -98,19 +102,21 @@ def _listening(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def moto_server() -> Iterator[int]:
-    """A moto S3 server in a process of its own; yields its port."""
+def moto_server(log: Path) -> Iterator[int]:
+    """A moto S3 server in a process of its own (its request log in ``log``: a pipe
+    nobody reads would fill and stop the server); yields its port."""
     if importlib.util.find_spec("moto") is None:
         raise MissingExtraError(f"bench remote needs a local S3 server: {MOTO_INSTALL}")
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                                 "-p", str(port)], stdout=out, stderr=out)
     try:
         wait_until(lambda: proc.poll() is not None or _listening(port), timeout=30,
                    poll_interval=0.1, what="the moto server")
         if proc.poll() is not None:
-            err = proc.stderr.read().decode()[-1000:] if proc.stderr else ""
-            raise MissingExtraError(f"moto's server did not start ({err.strip()}); "
+            raise MissingExtraError(f"moto's server did not start: "
+                                    f"{log.read_text(errors='replace')[-1000:].strip()}; "
                                     f"{MOTO_INSTALL}")
         yield port
     finally:
@@ -120,7 +126,9 @@ def moto_server() -> Iterator[int]:
 
 def _store_options(port: int) -> dict[str, Any]:
     return {"endpoint_url": f"http://127.0.0.1:{port}", "key": KEYS["aws_access_key_id"],
-            "secret": KEYS["aws_secret_access_key"], "skip_instance_cache": True}
+            "secret": KEYS["aws_secret_access_key"], "skip_instance_cache": True,
+            "config_kwargs": {"read_timeout": 60,  # a lost answer fails, never hangs
+                              "max_pool_connections": 32}}  # >= downloads at once
 
 
 def upload(local: Path, url: str, options: dict[str, Any]) -> None:
@@ -175,12 +183,13 @@ def read_round(cache: Any, args: argparse.Namespace, look_ahead: int | None
     import shardwise as sw
     from shardwise.torch import loader
 
+    block_size, per_group = _block_layout(cache, args)
     ds = sw.TokenDataset(cache, seq_len=args.seq_len, seed=1, shuffle=args.shuffle,
-                         **_block_options(cache, args))
+                         block_size=block_size, blocks_per_group=per_group)
     dl = loader(ds, global_batch_size=args.micro_batch, micro_batch_size=args.micro_batch,
                 world=sw.World.single(), look_ahead=look_ahead)
     started = time.perf_counter()
-    it = iter(dl)
+    it: Any = iter(dl)
     first = next(it)["input_ids"]
     first_s = time.perf_counter() - started
     steady = time.perf_counter()
@@ -194,12 +203,11 @@ def read_round(cache: Any, args: argparse.Namespace, look_ahead: int | None
             "rows": (first.numpy().copy(), last.numpy().copy())}
 
 
-def _block_options(cache: Any, args: argparse.Namespace) -> dict[str, int]:
-    if args.shuffle != "block":
-        return {}
+def _block_layout(cache: Any, args: argparse.Namespace) -> tuple[int, int]:
+    """``block_size`` (``--block-chunks`` chunks' worth of windows) and
+    ``blocks_per_group``."""
     windows_per_chunk = cache.num_tokens / len(cache.chunks) / args.seq_len
-    return {"block_size": max(1, round(args.block_chunks * windows_per_chunk)),
-            "blocks_per_group": 4}
+    return max(1, round(args.block_chunks * windows_per_chunk)), args.blocks_per_group
 
 
 def _remote_round(url: str, port: int, node: Path, local_bytes: int,
@@ -263,9 +271,16 @@ def summarize(runs: dict[str, list[dict[str, Any]]], local_bytes: int,
     local = best["local"]["examples_per_s"]
     peak = max(r.get("peak_local_bytes", 0) for rs in runs.values() for r in rs)
     ratios = {name: best[name]["examples_per_s"] / local for name in PATHS[1:]}
+    fetch_s = best["remote"]["prefetch"]["fetch_s"] or 0.0
+    example_bytes = (args.seq_len + 1) * 2
+    bounds = {  # what no look-ahead can beat: bytes in flight = rate × fetch_s
+        "fetch_s": fetch_s, "ahead_bytes_for_local_rate": local * example_bytes * fetch_s,
+        "ahead_budget": local_bytes // 2,
+        "rate_within_budget": local_bytes / 2 / example_bytes / fetch_s if fetch_s else None,
+        "remote_vs_0ms": ratios["remote"] / ratios["remote_0ms"]}
     return {"config": {k: v for k, v in vars(args).items() if k != "func"},
             "cache_bytes": cache_bytes, "local_bytes": local_bytes, "best": best,
-            "ratios_vs_local": ratios, "max_local_bytes": peak,
+            "ratios_vs_local": ratios, "max_local_bytes": peak, "bounds": bounds,
             "targets": {"remote_vs_local": TARGET, "met": ratios["remote"] >= TARGET,
                         "bounded": peak <= local_bytes}}
 
@@ -289,6 +304,13 @@ def print_report(s: dict[str, Any]) -> None:
                  if pf else "")
         print(f"{name:<12}{b['examples_per_s']:>12,.0f}{ratio:>10}"
               f"{b['first_batch_s'] * 1e3:>10.0f} ms{peak:>12}  {ahead}")
+    b = s["bounds"]
+    within = (f"{b['rate_within_budget']:,.0f}" if b["rate_within_budget"] else "?")
+    print(f"bounds: a download takes {b['fetch_s'] * 1e3:.0f} ms, so the local rate needs "
+          f"{b['ahead_bytes_for_local_rate'] / mb:.0f} MiB in flight; local_bytes / 2 = "
+          f"{b['ahead_budget'] / mb:.0f} MiB allows {within} examples/s; the store's own "
+          f"bandwidth allows remote_0ms's rate; remote reaches "
+          f"{b['remote_vs_0ms']:.2f}x of remote_0ms")
     t = s["targets"]
     print(f"target: remote >= {t['remote_vs_local']}x local: "
           f"{'met' if t['met'] else 'NOT met'} ({s['ratios_vs_local']['remote']:.2f}x); "
@@ -308,8 +330,9 @@ def run(args: argparse.Namespace) -> int:
     local_bytes = (int(args.local_mb * (1 << 20)) if args.local_mb is not None
                    else cache_bytes // 4)
     url = f"s3://{BUCKET}/cache"
-    with moto_server() as port, start_proxy(("127.0.0.1", port), latency=args.latency) \
-            as slow, start_proxy(("127.0.0.1", port), latency=0.0) as fast:
+    with moto_server(work / "moto.log") as port, \
+            start_proxy(("127.0.0.1", port), latency=args.latency) as slow, \
+            start_proxy(("127.0.0.1", port), latency=0.0) as fast:
         upload(local, url, _store_options(port))
         runs = _rounds(local, url, {"slow": slow, "0ms": fast}, work, local_bytes, args)
     _check_same_rows(runs)
