@@ -154,3 +154,27 @@ def test_downloads_ahead_that_the_reader_passed_by_are_forgotten(tmp_path: Path)
     assert list(ahead._ahead) == ["c"]
     assert (tmp_path / "a").stat().st_mtime <= time.time()  # unpinned
     ahead.close()
+
+
+def test_the_metadata_of_the_downloads_ahead_comes_in_one_round_trip(tmp_path: Path) -> None:
+    calls: list[list[str]] = []
+
+    def get_many(keys: list[str]) -> dict[str, bytes | Exception]:
+        calls.append(keys)
+        return {k: FileNotFoundError(k) if k == "gone.json" else k.encode() for k in keys}
+
+    d = DownloadDir(tmp_path, max_bytes=1000)
+    ahead = Prefetcher(budget=1000)
+    for key in ("a", "b", "c", "gone"):
+        ahead.add(key, 10, _fake_fetch(d, key, 10), needs=f"{key}.json")
+    ahead.wait()
+    assert ahead.small("b.json", get_many) == b"b.json"
+    assert calls == [["b.json", "a.json", "c.json", "gone.json"]]  # asked first, then the rest
+    assert ahead.small("a.json", get_many) == b"a.json"
+    assert ahead.small("c.json", get_many) == b"c.json"
+    with pytest.raises(FileNotFoundError):
+        ahead.small("gone.json", get_many)
+    assert len(calls) == 1
+    assert ahead.small("other.json", get_many) == b"other.json"  # not ahead: on its own
+    assert calls[-1] == ["other.json"]
+    ahead.close()

@@ -264,7 +264,8 @@ class Cache:
         if meta is None:
             if self.store is not None:
                 name = self.store.url_of(info.stem + META_SUFFIX)
-                read: Callable[[], bytes] = partial(self.store.get, info.stem + META_SUFFIX)
+                read: Callable[[], bytes] = partial(  # with those of the chunks ahead
+                    self._prefetcher().small, info.stem + META_SUFFIX, self.store.get_many)
             else:
                 name = str(info.base.with_name(info.base.name + META_SUFFIX))
                 read = partial(self._local, info, META_SUFFIX, Path.read_bytes)
@@ -316,7 +317,8 @@ class Cache:
                 continue
             info = self.chunks[c]
             ahead.add(info.stem + ".bin", info.tokens * self.dtype.itemsize,
-                      partial(self._fetch, info, ".bin"))
+                      partial(self._fetch, info, ".bin"),
+                      None if info.stem in self._metas else info.stem + META_SUFFIX)
         return ahead.wants_more()
 
     def _prefetcher(self) -> Prefetcher:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -122,6 +123,8 @@ class Pace:
 
 
 Fetch = Callable[[float | None], Path]
+GetMany = Callable[[list[str]], "dict[str, bytes | Exception]"]
+SMALL_BATCH = 64  # small objects fetched in one round trip at most
 
 
 class Prefetcher:
@@ -136,19 +139,28 @@ class Prefetcher:
         self.waited_s = 0.0
         self._added_bytes = 0
         self._ahead: dict[str, tuple[int, Future[Path], float]] = {}  # in the order added
+        self._wanted: dict[str, None] = {}  # small objects the downloads ahead will need
+        self._small: dict[str, bytes | Exception] = {}  # fetched with another's, unused yet
+        self._small_lock = threading.Lock()
         self._pool: ThreadPool | None = None
         self._pid = os.getpid()
 
     def __getstate__(self) -> dict[str, object]:
         d = dict(self.__dict__)
-        d["_ahead"], d["_pool"] = {}, None
+        d["_ahead"], d["_pool"], d["_wanted"], d["_small"] = {}, None, {}, {}
+        del d["_small_lock"]
         return d
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._small_lock = threading.Lock()
 
     def _check_fork(self) -> None:
         """A forked child (a DataLoader worker) inherits the pending downloads but not the
         threads that finish them: it forgets them and fetches what it reads."""
         if self._pid != os.getpid():
             self._ahead, self._pool, self._pid = {}, None, os.getpid()
+            self._wanted, self._small, self._small_lock = {}, {}, threading.Lock()
 
     @property
     def ahead_bytes(self) -> int:
@@ -160,9 +172,11 @@ class Prefetcher:
         self._check_fork()
         return len(self._ahead) < self.pace.chunks_ahead() and self.ahead_bytes < self.budget
 
-    def add(self, key: str, size: int, fetch: Fetch) -> bool:
+    def add(self, key: str, size: int, fetch: Fetch, needs: str | None = None) -> bool:
         """Start downloading ``key`` (``size`` bytes) unless it is already ahead or the
-        budget is full (then the reader fetches it when it needs it); True if started."""
+        budget is full (then the reader fetches it when it needs it); True if started.
+        ``needs``: a small object the download reads first (the chunk's metadata), which
+        :meth:`small` fetches together with the other downloads' ones."""
         self._check_fork()
         if key in self._ahead:
             return True
@@ -173,6 +187,8 @@ class Prefetcher:
         if self._pool is None:
             self._pool = ThreadPool(self.pace.threads(), name="shardwise-download")
         self._added_bytes += size
+        if needs is not None:
+            self._wanted[needs] = None
         self._ahead[key] = size, self._pool.submit(lambda: self._run(fetch)), self.pace.clock()
         return True
 
@@ -202,6 +218,26 @@ class Prefetcher:
             if future.done() and future.exception() is None:
                 with contextlib.suppress(FileNotFoundError):
                     os.utime(future.result())
+
+    def small(self, key: str, get_many: GetMany) -> bytes:
+        """Small object ``key`` (a chunk's metadata), fetched in one round trip together
+        with those the other downloads ahead will need: on a store far away a download
+        then costs one round trip, not two (metadata, then data)."""
+        self._check_fork()
+        with self._small_lock:  # a download thread that needs one of these waits here
+            got = self._small.pop(key, None)
+            if got is None:
+                batch = [key] + [k for k in list(self._wanted) if k != key][:SMALL_BATCH - 1]
+                for k in batch:
+                    self._wanted.pop(k, None)
+                fetched = get_many(batch)
+                got = fetched.pop(key)
+                if len(self._small) > 16 * SMALL_BATCH:  # never used: chunks not read
+                    self._small.clear()
+                self._small.update(fetched)
+        if isinstance(got, Exception):
+            raise got
+        return got
 
     def _run(self, fetch: Fetch) -> Path:
         """On a download thread: fetch, pin, and time it."""
