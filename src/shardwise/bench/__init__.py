@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-BENCHES = ("build", "read", "stream", "records", "remote")
+BENCHES = ("build", "read", "stream", "records", "trace", "remote")
 
 
 def add_common(p: argparse.ArgumentParser, *, repeat: int, repeat_help: str,
