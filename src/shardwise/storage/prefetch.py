@@ -54,7 +54,7 @@ MARGIN = 2.0
 PIN_SECONDS = 120.0
 STALE = 4.0
 _WEIGHT = 0.3  # of the newest sample in the running averages
-_HIT_S = 0.001  # a "download" this fast found the file on the node: not a sample
+_HIT_S = 0.005  # a "download" this fast found the file on the node: not a sample
 
 
 class Pace:
