@@ -199,9 +199,10 @@ def test_a_forked_child_never_waits_on_the_parents_download_threads(
     release = threading.Event()
     real_fetch = sw.Cache._fetch
 
-    def slow_fetch(self: sw.Cache, info: object, suffix: str) -> Path:
+    def slow_fetch(self: sw.Cache, info: object, suffix: str,
+                   until: float | None = None) -> Path:
         release.wait(30)  # held until the child has forked
-        return real_fetch(self, info, suffix)
+        return real_fetch(self, info, suffix, until)
 
     monkeypatch.setattr(sw.Cache, "_fetch", slow_fetch)
     cache.prefetch([4])

@@ -1,9 +1,12 @@
-"""Background work, written once: one read-ahead thread, one process pool, one poller.
+"""Background work, written once: one read-ahead thread, one thread pool, one process
+pool, one poller.
 
 * :mod:`.readahead` -- :class:`ReadAhead`: a bounded queue fed by one daemon thread (the
   stream prefetcher, the sequential consumer, one-item-ahead loads).
 * :mod:`.pool` -- :class:`ProcessPool`: worker processes that die with their parent
   (the writer's local executor, record processing).
+* :mod:`.threads` -- :class:`ThreadPool`: a work queue on a resizable number of daemon
+  threads (a remote cache's downloads, sized from measured latency; its verification).
 * :mod:`.poll` -- :func:`wait_until`: the one wait/backoff rule for a producer (follow
   mode, producer directories, another process's download, the writer's lock).
 
@@ -14,6 +17,7 @@ so the writer, the readers and storage can all use it.
 from shardwise.concurrency.poll import Stopped, backoff, wait_until
 from shardwise.concurrency.pool import Failure, ProcessPool, WorkerCrashed, die_with_parent
 from shardwise.concurrency.readahead import ReadAhead
+from shardwise.concurrency.threads import ThreadPool
 
-__all__ = ["Failure", "ProcessPool", "ReadAhead", "Stopped", "WorkerCrashed", "backoff",
-           "die_with_parent", "wait_until"]
+__all__ = ["Failure", "ProcessPool", "ReadAhead", "Stopped", "ThreadPool", "WorkerCrashed",
+           "backoff", "die_with_parent", "wait_until"]

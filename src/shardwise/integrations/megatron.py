@@ -200,10 +200,9 @@ class GPTDataset:
         if f is not None:
             f(consumed, extra)
 
-    def prefetch(self, indices: list[int]) -> None:
+    def prefetch(self, indices: list[int]) -> bool | None:
         f = getattr(self.dataset, "prefetch", None)
-        if f is not None:
-            f(indices)
+        return f(indices) if f is not None else None
 
     @property
     def pads(self) -> bool:

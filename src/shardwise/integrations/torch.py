@@ -56,7 +56,7 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
     raise MissingExtraError("shardwise.torch needs PyTorch: pip install 'shardwise[torch]'"
                             ) from e
 
-LOOK_AHEAD = 4  # micro-batches whose chunks a remote cache downloads before they are read
+MAX_LOOK_AHEAD = 1024  # micro-batches whose indices the adaptive look-ahead holds at most
 
 
 def _register_iterables() -> None:
@@ -84,18 +84,32 @@ def collate(data: Any) -> Any:
     return default_collate(data)
 
 
-def look_ahead(batches: Iterator[list[int]], prefetch: Callable[[list[int]], None],
-               ahead: int) -> Iterator[list[int]]:
-    """``batches`` unchanged, with ``prefetch(batch)`` called ``ahead`` batches before each
-    is handed on (so its chunks download while earlier batches are read)::
+def look_ahead(batches: Iterator[list[int]], prefetch: Callable[[list[int]], bool | None],
+               ahead: int | None) -> Iterator[list[int]]:
+    """``batches`` unchanged, with ``prefetch(batch)`` called before each is handed on, so
+    its chunks download while earlier batches are read.
+
+    ``ahead`` batches early (a fixed look-ahead)::
 
         ahead=2:  prefetch b0, b1, b2 → yield b0 → prefetch b3 → yield b1 → …
+
+    or, ``ahead=None``, as early as the cache asks: ``prefetch`` returns True while the
+    cache's downloads ahead are fewer than its measured latency and reading pace need
+    (:mod:`shardwise.storage.prefetch`), and then the next batch is prefetched before
+    one is handed on; so the window grows until the latency is hidden (or ``local_bytes``
+    is reached), and stays there (at most :data:`MAX_LOOK_AHEAD` batches)::
+
+        wants more: prefetch b0 → prefetch b1 → prefetch b2 (enough) → yield b0 →
+                    prefetch b3 (enough) → yield b1 → prefetch b4 (wants more) → …
     """
     window: collections.deque[list[int]] = collections.deque()
     for batch in batches:
-        prefetch(batch)
+        more = prefetch(batch)
         window.append(batch)
-        if len(window) > ahead:
+        if ahead is not None:
+            if len(window) > ahead:
+                yield window.popleft()
+        elif not more or len(window) > MAX_LOOK_AHEAD:
             yield window.popleft()
     yield from window
 
@@ -103,10 +117,12 @@ def look_ahead(batches: Iterator[list[int]], prefetch: Callable[[list[int]], Non
 class _Indices:
     """The batch sampler handed to torch: a mutable holder, so a restored position takes
     effect on the next ``iter()`` (also with persistent workers). ``prefetch`` (a
-    dataset's, for a cache on an object store) sees each batch ``ahead`` batches early."""
+    dataset's, for a cache on an object store) sees each batch ``ahead`` batches early
+    (None: as early as the cache asks; 0: never)."""
 
     def __init__(self, sampler: BatchSampler,
-                 prefetch: Callable[[list[int]], None] | None = None, ahead: int = 0) -> None:
+                 prefetch: Callable[[list[int]], bool | None] | None = None,
+                 ahead: int | None = 0) -> None:
         self.sampler = sampler
         self.start = sampler.consumed
         self.received = 0  # micro-batches handed to the caller since ``start``
@@ -117,7 +133,7 @@ class _Indices:
         refuse_framework_sharding("a shardwise loader's batch sampler")
         self.stopped = False
         batches = iter(self.sampler)
-        if self.prefetch is not None and self.ahead > 0:
+        if self.prefetch is not None and self.ahead != 0:
             batches = look_ahead(batches, self.prefetch, self.ahead)
         return self._until_stopped(batches)
 
@@ -140,7 +156,7 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
 
     state_kind = "torch_loader"
 
-    def __init__(self, dataset: Any, sampler: BatchSampler, *, look_ahead: int = 0,
+    def __init__(self, dataset: Any, sampler: BatchSampler, *, look_ahead: int | None = 0,
                  collate_fn: Callable[[Any], Any] | None = None, **kwargs: Any) -> None:
         # the position lives on this plain object: DataLoader.__setattr__ runs Python
         # checks on every attribute set, which would cost each step
@@ -310,7 +326,7 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
            seed: int = 0, data_sharding: bool = True, epochs: int | None = None,
            total_samples: int | None = None, consumed: int = 0, pin_memory: bool = False,
            persistent_workers: bool = False, prefetch_factor: int | None = None,
-           look_ahead: int = LOOK_AHEAD, collate_fn: Callable[[Any], Any] | None = None,
+           look_ahead: int | None = None, collate_fn: Callable[[Any], Any] | None = None,
            skip_steps: Iterable[Sequence[int]] | None = None,
            **dataloader_kwargs: Any) -> ShardwiseLoader:
     """This rank's loader over ``dataset`` (a TokenDataset or any map-style dataset).
@@ -320,9 +336,11 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
     (counts may be numpy or torch integers; past the end of the run is a StateError).
     ``sampler="eval"`` is one padded pass in stored order: every example once, the last
     step filled with masked examples; a dataset that drops data or cannot pad is refused.
-    ``look_ahead``: for a cache on an object store, the chunks of
-    this many coming micro-batches download in the background while earlier ones are read
-    (0: only on demand; local caches never prefetch). ``collate_fn`` (default
+    ``look_ahead``: for a cache on an object store, the chunks of coming micro-batches
+    download in the background while earlier ones are read: by default as far ahead as the
+    measured download latency and reading pace need, within the cache's ``local_bytes``
+    (:mod:`shardwise.storage.prefetch`); an integer fixes it at that many micro-batches
+    (0: only on demand). Local caches never prefetch. ``collate_fn`` (default
     :func:`collate`) gets what torch gives any collator: a list of per-example dicts (HF's
     ``default_data_collator`` works). ``skip_steps``: half-open ranges of global steps
     (of ``global_batch_size``) to leave out (see the module docs); ``epochs`` and
@@ -333,7 +351,8 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
     ...             world=World(0, 2))
     """
     kind = SamplerKind.parse(sampler)
-    look_ahead = as_count(look_ahead, "look_ahead", error=ConfigError)
+    if look_ahead is not None:
+        look_ahead = as_count(look_ahead, "look_ahead", error=ConfigError)
     world = World.resolve(world, reader="shardwise.torch.loader")
     if epochs is not None and total_samples is not None:
         raise ConfigError("give epochs or total_samples, not both")

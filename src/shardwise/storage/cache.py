@@ -22,12 +22,10 @@ node: in the background for local chunks) is described in
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
-from concurrent import futures
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -38,6 +36,7 @@ import numpy.typing as npt
 import orjson
 
 from shardwise.checkpoint import fingerprint
+from shardwise.concurrency import ThreadPool
 from shardwise.errors import CacheError, ConfigError, CorruptChunkError, ManifestError
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.chunk import META_SUFFIX, ChunkKind, ChunkMeta
@@ -47,6 +46,7 @@ from shardwise.format.megatron import MegatronIndex, open_bin, read_idx
 from shardwise.format.paths import safe_join, user_cache_dir
 from shardwise.storage.download import DownloadDir, get_checked
 from shardwise.storage.integrity import CacheChecks
+from shardwise.storage.prefetch import Prefetcher
 from shardwise.storage.remote import RemoteStore, is_url
 
 _T = TypeVar("_T")
@@ -80,9 +80,8 @@ class Cache:
         self.store, self.downloads = store, downloads
         self.verify = verify
         self._metas: dict[str, ChunkMeta] = {}
-        self._threads: ThreadPoolExecutor | None = None  # downloads and verification
-        self._pending: dict[str, Future[Path]] = {}
-        self._threads_pid = os.getpid()  # the process whose threads run the jobs
+        self._threads: ThreadPool | None = None  # background verification
+        self._ahead: Prefetcher | None = None  # downloads ahead (a cache on an object store)
         self._inside: set[str] = set()  # chunk files known to resolve inside the cache
         self.manifest = manifest
         self.dtype = dtype
@@ -238,17 +237,12 @@ class Cache:
 
     def _download(self, info: ChunkInfo, suffix: str) -> Path:
         """The local copy of a chunk file: a prefetched one if its download succeeded."""
-        self._forget_inherited_downloads()
-        pending = self._pending.pop(info.stem + suffix, None)
-        if pending is not None and pending.exception() is None:
-            with contextlib.suppress(FileNotFoundError):
-                os.utime(pending.result())
-                return pending.result()
-        return self._fetch(info, suffix)
+        return self._prefetcher().take(info.stem + suffix, partial(self._fetch, info, suffix),
+                                       new_chunk=suffix == ".bin")
 
-    def _fetch(self, info: ChunkInfo, suffix: str) -> Path:
-        """Download (or find on this node) one chunk file. The prefetch threads run this,
-        never :meth:`_download`, which could wait on its own pending future."""
+    def _fetch(self, info: ChunkInfo, suffix: str, until: float | None = None) -> Path:
+        """Download (or find on this node) one chunk file, pinned ``until`` if given (a
+        download ahead of the reader: :mod:`shardwise.storage.prefetch`)."""
         assert self.store is not None and self.downloads is not None
         spec = self._meta(info).files.get(suffix)
         if spec is None:
@@ -257,7 +251,7 @@ class Cache:
         key = info.stem + suffix
         store = self.store
         return self.downloads.fetch(key, int(spec["bytes"]),
-                                    lambda tmp: get_checked(store, key, spec, tmp))
+                                    lambda tmp: get_checked(store, key, spec, tmp), until)
 
     def meta(self, i: int) -> ChunkMeta:
         """Chunk ``i``'s metadata (its files' sizes and checksums), checked against the
@@ -270,7 +264,8 @@ class Cache:
         if meta is None:
             if self.store is not None:
                 name = self.store.url_of(info.stem + META_SUFFIX)
-                read: Callable[[], bytes] = partial(self.store.get, info.stem + META_SUFFIX)
+                read: Callable[[], bytes] = partial(  # with those of the chunks ahead
+                    self._prefetcher().small, info.stem + META_SUFFIX, self.store.get_many)
             else:
                 name = str(info.base.with_name(info.base.name + META_SUFFIX))
                 read = partial(self._local, info, META_SUFFIX, Path.read_bytes)
@@ -308,51 +303,57 @@ class Cache:
         ``skipped`` (verified before on this node), and ``queued``."""
         return self.checks.stats()
 
-    def prefetch(self, chunks: Iterable[int]) -> None:
-        """Start downloading chunks ``chunks`` (global indices) in the background; no-op
-        for a local cache. Errors surface when the chunk is used."""
+    def prefetch(self, chunks: Iterable[int]) -> bool:
+        """Start downloading chunks ``chunks`` (global indices, in the order they will be
+        read) in the background, as far ahead as the measured pace needs and
+        ``local_bytes`` allows (:mod:`shardwise.storage.prefetch`); errors surface when
+        the chunk is used. Returns whether the reader should hand over its coming chunks
+        sooner (always False for a local cache, which never prefetches)."""
         if self.store is None:
-            return
+            return False
+        ahead = self._prefetcher()
         for c in chunks:
             if c in self._maps:  # already mapped: its file is here
                 continue
             info = self.chunks[c]
-            key = info.stem + ".bin"
-            if key not in self._pending:
-                self._pending[key] = self._submit(partial(self._fetch, info, ".bin"))
+            ahead.add(info.stem + ".bin", info.tokens * self.dtype.itemsize,
+                      partial(self._fetch, info, ".bin"),
+                      None if info.stem in self._metas else info.stem + META_SUFFIX)
+        return ahead.wants_more()
+
+    def _prefetcher(self) -> Prefetcher:
+        if self._ahead is None:
+            budget = self.downloads.max_bytes // 2 if self.downloads is not None else 0
+            self._ahead = Prefetcher(budget)
+        return self._ahead
+
+    def prefetch_stats(self) -> dict[str, object]:
+        """The downloads ahead: how far, how many at once, and the pace they follow."""
+        return self._prefetcher().stats()
 
     def _submit(self, job: Callable[[], _T]) -> Future[_T]:
-        """Run ``job`` on this process's two background threads (downloads and
-        verification share them), started on first use."""
-        self._forget_inherited_downloads()
+        """Run ``job`` on this process's two background verification threads, started on
+        first use (a forked child starts its own)."""
         if self._threads is None:
-            self._threads = ThreadPoolExecutor(2, thread_name_prefix="shardwise-io")
+            self._threads = ThreadPool(2, name="shardwise-verify")
         return self._threads.submit(job)
 
     def wait_for_prefetch(self) -> None:
         """Block until every download :meth:`prefetch` started has finished (e.g. to warm a
         node's local copy before training); their errors surface when a chunk is used."""
-        self._forget_inherited_downloads()
-        futures.wait(list(self._pending.values()))
-
-    def _forget_inherited_downloads(self) -> None:
-        """A forked child (a DataLoader worker) inherits its parent's pending downloads but
-        not the threads that finish them: waiting on one would hang forever. It forgets
-        them and fetches what it reads (the parent's finished files are on disk)."""
-        if self._threads_pid != os.getpid():
-            self._threads, self._pending = None, {}
-            self._threads_pid = os.getpid()
+        if self._ahead is not None:
+            self._ahead.wait()
 
     def close(self) -> None:
         """Stop background downloads and verification (queued ones are dropped; a chunk
         being hashed is finished) and drop memory maps."""
-        self._forget_inherited_downloads()
         if self.checks.verifier is not None:
             self.checks.verifier.stop()
         if self._threads is not None:
-            self._threads.shutdown(wait=True, cancel_futures=True)
+            self._threads.close()
             self._threads = None
-        self._pending.clear()
+        if self._ahead is not None:
+            self._ahead.close()
         self._maps.clear()
         self._indexes.clear()
 
@@ -361,7 +362,7 @@ class Cache:
         and no memory maps (a map pickles as a copy of its whole chunk); the copy maps
         what it reads."""
         d = dict(self.__dict__)
-        d["_threads"], d["_pending"] = None, {}
+        d["_threads"], d["_ahead"] = None, None
         d["_maps"], d["_indexes"] = OrderedDict(), OrderedDict()
         return d
 

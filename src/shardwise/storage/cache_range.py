@@ -79,8 +79,8 @@ class DocumentRange(Cache):
         p = self._pieces[i]
         return self.parent.doc_lengths(p.chunk)[p.doc_lo:p.doc_hi]
 
-    def prefetch(self, chunks: Iterable[int]) -> None:
-        self.parent.prefetch(self._pieces[c].chunk for c in chunks)
+    def prefetch(self, chunks: Iterable[int]) -> bool:
+        return self.parent.prefetch(self._pieces[c].chunk for c in chunks)
 
     def wait_for_prefetch(self) -> None:
         self.parent.wait_for_prefetch()

@@ -20,6 +20,13 @@ worker) opens the same directory; they coordinate through the file system only:
       max_bytes = 10, files a(4, used 1s ago) b(4, 5s ago); rank 1 claims c(4)
       used 8 + 4 > 10  → evict b (oldest)  → a c.claim        = 8 ≤ 10
 
+* a file downloaded *ahead* of its reader is **pinned**: its mtime is set in the future
+  (``fetch(..., until=t)``), and eviction skips files whose time has not come, so a
+  chunk is never evicted before it is read (:mod:`shardwise.storage.prefetch`). The
+  reader's use touches it back to now. Only a download a reader needs now may evict a
+  pinned file, and only when nothing else can go (so a node whose processes pinned all
+  of ``max_bytes`` never deadlocks); ``evicted_pinned`` counts those.
+
 A process that memory-mapped a file keeps reading it if another evicts it (POSIX unlink
 semantics); its blocks are freed when the mapping is dropped. No named shared memory, no
 barriers: nothing here can deadlock on an uneven or crashed peer.
@@ -30,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -70,7 +78,8 @@ class DownloadDir:
     """Downloaded files under ``directory``, at most ``max_bytes`` in total.
 
     State (``stats()``): ``downloaded`` (key → downloads by this process), ``hits``,
-    ``waits`` (fetches that waited for another process's download), ``evicted``. A fetch
+    ``waits`` (fetches that waited for another process's download), ``evicted``,
+    ``evicted_pinned``. A fetch
     waits by the one poller (:func:`~shardwise.concurrency.poll.wait_until`: 10 ms doubling
     to ``poll_interval``) and fails with :class:`CacheError` after ``timeout`` seconds.
     """
@@ -83,7 +92,7 @@ class DownloadDir:
         check_wait_args(timeout, poll_interval)
         self.max_bytes, self.timeout, self.poll_interval = max_bytes, timeout, poll_interval
         self.downloaded: Counter[str] = Counter()
-        self.hits = self.waits = self.evicted = 0
+        self.hits = self.waits = self.evicted = self.evicted_pinned = 0
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def __repr__(self) -> str:
@@ -91,12 +100,16 @@ class DownloadDir:
 
     def stats(self) -> dict[str, object]:
         return {"downloaded": dict(self.downloaded), "hits": self.hits, "waits": self.waits,
-                "evicted": self.evicted, "bytes": self.used_bytes(),
+                "evicted": self.evicted, "evicted_pinned": self.evicted_pinned,
+                "bytes": self.used_bytes(),
                 "max_bytes": self.max_bytes}
 
-    def fetch(self, key: str, size: int, download: Callable[[Path], None]) -> Path:
+    def fetch(self, key: str, size: int, download: Callable[[Path], None],
+              until: float | None = None) -> Path:
         """The local path of ``key`` (``size`` bytes), downloaded by ``download(tmp)`` if no
-        process of this node has it; waits while another process is downloading it."""
+        process of this node has it; waits while another process is downloading it.
+        ``until`` (wall-clock seconds): pin the file until then (a download ahead of its
+        reader); None: the reader uses it now (touched, unpinned)."""
         if size > self.max_bytes:
             raise ConfigError(f"{key} is {size} bytes, more than the local cache's "
                               f"local_bytes={self.max_bytes}; raise local_bytes")
@@ -108,12 +121,12 @@ class DownloadDir:
         def attempt() -> Path | None:
             nonlocal first
             with contextlib.suppress(FileNotFoundError):
-                os.utime(final)
+                os.utime(final, None if until is None else (until, until))
                 self.hits += first
                 return final
-            if self._claim(final, claim, size):
+            if self._claim(final, claim, size, now=until is None):
                 try:
-                    self._download(final, download)
+                    self._download(final, download, until)
                 finally:
                     claim.unlink(missing_ok=True)
                 self.downloaded[key] += 1
@@ -127,10 +140,13 @@ class DownloadDir:
                               f"{final}: waited {waited:.0f}s for another process's "
                               f"download or for room within local_bytes={self.max_bytes}"))
 
-    def _download(self, final: Path, download: Callable[[Path], None]) -> None:
+    def _download(self, final: Path, download: Callable[[Path], None],
+                  until: float | None) -> None:
         tmp = temp_path(final)
         try:
             download(tmp)
+            if until is not None:
+                os.utime(tmp, (until, until))
             os.replace(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
@@ -139,15 +155,16 @@ class DownloadDir:
         """The node's lock on this directory (a forked child never inherits it held)."""
         return flock.exclusive(self.dir / LOCK_NAME)
 
-    def _claim(self, final: Path, claim: Path, size: int) -> bool:
+    def _claim(self, final: Path, claim: Path, size: int, now: bool) -> bool:
         """Under the lock: reserve ``size`` bytes and create the claim. False if another
-        live process holds the claim, the file appeared, or there is no room yet."""
+        live process holds the claim, the file appeared, or there is no room yet (``now``:
+        the reader needs it now, so pinned files may go as a last resort)."""
         with self._locked():
             if final.exists():
                 return False
             if claim.exists() and self._live_claim(claim) is not None:
                 return False
-            if not self._make_room(size):
+            if not self._make_room(size, now):
                 return False
             try:
                 fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -200,10 +217,15 @@ class DownloadDir:
         files, reserved = self._scan()
         return sum(size for _, size, _ in files) + reserved
 
-    def _make_room(self, size: int) -> bool:
+    def _make_room(self, size: int, now: bool) -> bool:
+        """Evict least recently used files until ``size`` more bytes fit: unpinned ones
+        first; pinned ones (soonest lapsing first) only for a reader that needs ``now``."""
         files, reserved = self._scan()
         used = sum(s for _, s, _ in files) + reserved
-        for _, s, p in sorted(files, key=lambda f: f[0]):
+        stamp = time.time()
+        order = sorted(files, key=lambda f: f[0])
+        pinned = [f for f in order if f[0] > stamp]
+        for mtime, s, p in [f for f in order if f[0] <= stamp] + (pinned if now else []):
             if used + size <= self.max_bytes:
                 break
             try:
@@ -213,22 +235,31 @@ class DownloadDir:
                     raise
             used -= s
             self.evicted += 1
+            self.evicted_pinned += mtime > stamp
         return used + size <= self.max_bytes
 
 
 def get_checked(store: RemoteStore, key: str, spec: dict[str, object], tmp: Path) -> None:
     """Download ``key`` into ``tmp`` in blocks, checking size and xxh3 (``spec``: the
-    chunk metadata's entry for the file) as it streams."""
+    chunk metadata's entry for the file) as it streams.
+
+    Each block is one ranged GET (no HEAD first: the size is known), so a file of up to
+    ``_BLOCK`` bytes costs one round trip. The last block asks for one byte past the
+    expected end, so an object longer than its metadata is seen, not silently cut."""
     import xxhash
 
     url, want = store.url_of(key), int(spec["bytes"])  # type: ignore[call-overload]
     h, got = xxhash.xxh3_64(), 0
     try:
-        with store.open(key) as src, open(tmp, "wb") as dst:
-            while got <= want and (block := src.read(_BLOCK)):
+        with open(tmp, "wb") as dst:
+            while True:
+                stop = min(got + _BLOCK, want + 1)
+                block = store.read_range(key, got, stop) if want else store.get(key)
                 h.update(block)
                 dst.write(block)
                 got += len(block)
+                if got > want or got < stop or not want or not block:
+                    break
     except FileNotFoundError:
         raise CorruptChunkError(f"{url}: named by the ledger but missing; run 'shardwise "
                                 f"verify {store.url}'") from None

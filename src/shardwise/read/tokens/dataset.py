@@ -290,11 +290,13 @@ class TokenDataset(Configured):
             out.append(block[j])
         return out
 
-    def prefetch(self, indices: list[int]) -> None:
+    def prefetch(self, indices: list[int]) -> bool:
         """Start downloading the chunks examples ``indices`` will read, in the background
-        (a cache on an object store; local chunks are mapped on demand, so a no-op)."""
+        (a cache on an object store; local chunks are mapped on demand, so a no-op).
+        Returns whether the cache wants the coming examples handed over sooner (its
+        look-ahead is shorter than the measured latency needs: Cache.prefetch)."""
         if self.cache.store is None:
-            return
+            return False
         idx = list(indices)
         if self.config.shuffle is Shuffle.DOCUMENT:
             starts, ranges = self._doc_starts(), []
@@ -305,7 +307,7 @@ class TokenDataset(Configured):
             L, total = self.config.seq_len, self.cache.num_tokens
             ranges = [(w * L, min(w * L + L + 1, total)) for w in self._window_list(idx)
                       if w >= 0]
-        self.cache.prefetch(self._reader.chunks_of(ranges))
+        return self.cache.prefetch(self._reader.chunks_of(ranges))
 
     def _doc_runs(self, indices: list[int]) -> list[DocRun]:
         """A micro-batch as runs of consecutive windows of one epoch's document order (a

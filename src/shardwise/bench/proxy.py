@@ -1,0 +1,198 @@
+"""A TCP proxy that answers every request ``latency`` seconds late: an object store far away.
+
+Why: a local S3 server (moto) answers in a millisecond, so it hides exactly the cost a
+reader of a real object store pays on every request — tens of milliseconds before the
+first byte. The proxy sits between the client and the server and delays each piece of
+the server's answer by ``latency`` from the moment it arrived, in order, like ``netem``'s
+fixed delay: a response's first byte comes ``latency`` late, and the rest streams right
+behind it (bandwidth is not limited, only latency added)::
+
+    client ──request──▶ proxy ──▶ server          (forwarded at once)
+    client ◀──────────── proxy ◀── server  t      (held until t + latency)
+
+Run it in its own process (:func:`start_proxy`: the proxy's copying never competes with
+the measured reader for the GIL) or in a thread of this one (:class:`LatencyProxy`, as the
+tests do). ``python -m shardwise.bench.proxy --upstream HOST:PORT --latency 0.05`` prints
+``port N`` once it listens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+from shardwise.concurrency import ReadAhead
+from shardwise.errors import ConfigError
+
+_READ = 1 << 18
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                latency: float) -> None:
+    """Copy ``reader`` to ``writer``, each piece held until ``latency`` after it arrived
+    (a queue, so holding one piece never delays reading the next)."""
+    queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+    async def receive() -> None:
+        try:
+            while data := await reader.read(_READ):
+                queue.put_nowait((time.monotonic() + latency, data))
+        except (ConnectionError, OSError):
+            pass
+        finally:  # the end, however it came: the sender closes its side, never hangs
+            queue.put_nowait((0.0, b""))
+
+    task = asyncio.ensure_future(receive())
+    try:
+        while True:
+            due, data = await queue.get()
+            if not data:
+                break
+            if (wait := due - time.monotonic()) > 0:
+                await asyncio.sleep(wait)
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        task.cancel()
+        with contextlib.suppress(Exception):
+            writer.close()
+
+
+async def _serve_one(upstream: tuple[str, int], latency: float,
+                     creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
+    try:
+        ureader, uwriter = await asyncio.open_connection(*upstream)
+    except OSError:
+        cwriter.close()
+        return
+    try:
+        await asyncio.gather(_pump(creader, uwriter, 0.0), _pump(ureader, cwriter, latency),
+                             return_exceptions=True)
+    finally:  # also when cancelled at shutdown: no socket is left open
+        for w in (uwriter, cwriter):
+            w.close()
+            with contextlib.suppress(Exception):
+                await w.wait_closed()
+
+
+async def _serve(upstream: tuple[str, int], latency: float, port: int,
+                 ready: asyncio.Future[int] | None, stop: asyncio.Event) -> None:
+    """Serve until ``stop`` is set, then close every connection."""
+    handlers: set[asyncio.Task[None]] = set()
+
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.add(task)
+        try:
+            await _serve_one(upstream, latency, r, w)
+        finally:
+            handlers.discard(task)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    bound = server.sockets[0].getsockname()[1]
+    if ready is not None:
+        ready.set_result(bound)
+    else:
+        print(f"port {bound}", flush=True)
+    async with server:
+        await stop.wait()
+        server.close()
+        for task in list(handlers):
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+
+
+def check_latency(latency: float) -> float:
+    if not isinstance(latency, (int, float)) or not 0 <= latency < 60:
+        raise ConfigError(f"the proxy's latency must be in [0, 60) seconds, got {latency!r}")
+    return float(latency)
+
+
+class LatencyProxy:
+    """The proxy on a background thread of this process; ``with`` it, then connect to
+    ``127.0.0.1:port``.
+
+    >>> with LatencyProxy(("127.0.0.1", 5000), latency=0.05) as proxy:  # doctest: +SKIP
+    ...     url = f"http://127.0.0.1:{proxy.port}"
+    """
+
+    def __init__(self, upstream: tuple[str, int], *, latency: float) -> None:
+        self.upstream, self.latency = upstream, check_latency(latency)
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: ReadAhead[int] | None = None
+        self._bound = threading.Event()
+
+    def __enter__(self) -> LatencyProxy:
+        self._thread = ReadAhead.call(LatencyProxy._run, self,
+                                      name="shardwise-latency-proxy")
+        if not self._bound.wait(10):
+            self._thread.get()  # raises the thread's error, if any
+            raise ConfigError("the latency proxy did not start within 10 s")
+        return self
+
+    def _run(self) -> int:
+        loop = asyncio.new_event_loop()
+        self._loop, self._stop = loop, asyncio.Event()
+        ready: asyncio.Future[int] = loop.create_future()
+        task = loop.create_task(_serve(self.upstream, self.latency, 0, ready, self._stop))
+        self.port = loop.run_until_complete(ready)
+        self._bound.set()
+        loop.run_until_complete(task)
+        loop.close()
+        return self.port
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.get()
+            self._thread.close(None)
+
+
+@contextlib.contextmanager
+def start_proxy(upstream: tuple[str, int], *, latency: float) -> Iterator[int]:
+    """The proxy in a process of its own; yields its port, stops it on exit."""
+    check_latency(latency)
+    proc = subprocess.Popen([sys.executable, "-m", "shardwise.bench.proxy", "--upstream",
+                             f"{upstream[0]}:{upstream[1]}", "--latency", str(latency)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.startswith("port "):
+            raise ConfigError(f"the latency proxy did not start (exit {proc.poll()})")
+        yield int(line.split()[1])
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m shardwise.bench.proxy",
+                                description="a TCP proxy that delays every answer")
+    p.add_argument("--upstream", required=True, metavar="HOST:PORT")
+    p.add_argument("--latency", type=float, required=True, metavar="SECONDS")
+    p.add_argument("--port", type=int, default=0)
+    args = p.parse_args(argv)
+    host, _, port = args.upstream.rpartition(":")
+    latency = check_latency(args.latency)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve((host, int(port)), latency, args.port, None, asyncio.Event()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

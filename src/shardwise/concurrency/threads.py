@@ -1,0 +1,146 @@
+"""The one thread pool: a work queue served by up to ``workers`` daemon threads, resizable.
+
+Why a pool of our own rather than ``concurrent.futures.ThreadPoolExecutor``: the number of
+downloads a cache on an object store runs at once is sized from what it measures (how
+long a request takes, how fast chunks are read; :mod:`shardwise.storage.prefetch`), so
+the limit must move while the pool runs, and a forked child (a DataLoader worker) must not
+wait on threads it did not inherit. Threads start on demand, never more than the limit and
+never more than the queued work needs; one that finds the pool above its limit exits
+after its current job::
+
+    pool = ThreadPool(2, name="shardwise-io")
+    f = pool.submit(job)          # a concurrent.futures.Future
+    pool.resize(8)                # up to 8 jobs at once from now on
+    pool.close()                  # queued jobs are cancelled; running ones finish
+
+* **fork-safe**: in a forked child the parent's threads do not exist; the child's pool is
+  empty (the parent's queued futures are dropped, never waited on) and starts its own
+  threads on its next ``submit``.
+* errors of a job are set on its future, as ``ThreadPoolExecutor`` does.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from shardwise.errors import ConfigError
+
+T = TypeVar("T")
+_IDLE_SECONDS = 5.0  # an idle thread exits after this long
+
+
+def _check_workers(workers: int) -> int:
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"a thread pool needs at least one worker, got {workers!r}")
+    return workers
+
+
+class ThreadPool:
+    """Jobs run on at most ``workers`` daemon threads named ``name``."""
+
+    def __init__(self, workers: int, *, name: str) -> None:
+        self.name = name
+        self.workers = _check_workers(workers)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[Future[Any], Callable[[], Any]]] = deque()
+        self._threads: set[threading.Thread] = set()
+        self._idle = 0
+        self._closed = False
+        self._pid = os.getpid()
+
+    def __repr__(self) -> str:
+        return f"ThreadPool({self.name!r}, workers={self.workers}, running={self.running})"
+
+    def _check_fork(self) -> None:
+        if self._pid != os.getpid():  # a forked child: the parent's threads are not here
+            self._reset()
+
+    @property
+    def running(self) -> int:
+        """Threads alive now."""
+        self._check_fork()
+        return len(self._threads)
+
+    def resize(self, workers: int) -> None:
+        """Run up to ``workers`` jobs at once from now on (more threads start as work
+        arrives; surplus ones exit after their job)."""
+        self._check_fork()
+        with self._cond:
+            self.workers = _check_workers(workers)
+            self._spawn()
+            self._cond.notify_all()
+
+    def submit(self, job: Callable[[], T]) -> Future[T]:
+        """Queue ``job``; its future holds its result or its error."""
+        self._check_fork()
+        future: Future[T] = Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError(f"{self.name}: the thread pool is closed")
+            self._queue.append((future, job))
+            self._spawn()
+            self._cond.notify()
+        return future
+
+    def _spawn(self) -> None:
+        """Under the lock: start threads for queued work the idle ones cannot take."""
+        while (len(self._threads) < self.workers
+               and len(self._queue) > self._idle):
+            t = threading.Thread(target=self._serve, name=self.name, daemon=True)
+            self._threads.add(t)
+            t.start()
+
+    def _next(self) -> tuple[Future[Any], Callable[[], Any]] | None:
+        """Under the lock: the next job, or None when this thread should exit."""
+        while True:
+            if self._closed or len(self._threads) > self.workers:
+                return None
+            if self._queue:
+                return self._queue.popleft()
+            self._idle += 1
+            woken = self._cond.wait(_IDLE_SECONDS)
+            self._idle -= 1
+            if not woken and not self._queue:
+                return None
+
+    def _serve(self) -> None:
+        me = threading.current_thread()
+        while True:
+            with self._cond:
+                item = self._next()
+                if item is None:
+                    self._threads.discard(me)
+                    self._cond.notify_all()
+                    return
+            future, job = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(job())
+            except BaseException as e:  # handed to whoever waits on the future
+                future.set_exception(e)
+
+    def close(self, wait: bool = True) -> None:
+        """Cancel queued jobs; with ``wait``, join the threads (running jobs finish)."""
+        self._check_fork()
+        with self._cond:
+            self._closed = True
+            while self._queue:
+                self._queue.popleft()[0].cancel()
+            threads = list(self._threads)
+            self._cond.notify_all()
+        if wait:
+            for t in threads:
+                if t is not threading.current_thread():
+                    t.join()
+
+
+__all__ = ["ThreadPool"]

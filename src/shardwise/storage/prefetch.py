@@ -1,0 +1,297 @@
+"""Downloading ahead of a reader: as far ahead as the measured latency needs, within
+``local_bytes``.
+
+Why: on an object store every request costs a round trip before its first byte (tens of
+milliseconds), and a reader at local speed uses a chunk in a few. A fixed look-ahead is
+wrong both ways: too short and the reader waits on every chunk, too long and the local
+copy fills with chunks read minutes later. So two figures are measured as the run goes
+(:class:`Pace`) and the look-ahead follows them:
+
+* ``fetch_s``: how long one chunk file takes to download (latency + transfer, as the
+  downloads actually ran, concurrency included);
+* ``read_s``: how long the reader spends on one chunk before it needs the next new one
+  (time it waited for a download excluded: a stalled reader must not look slow).
+
+During one download the reader gets through ``fetch_s / read_s`` chunks, so that many
+must already be on their way; the look-ahead is twice that (a margin for jitter) plus
+one, and that many downloads run at once::
+
+    fetch_s = 0.060 s, read_s = 0.010 s   →   6 chunks per download   →   13 ahead, 12 threads
+    fetch_s = 0.005 s, read_s = 0.010 s   →   0.5                     →    2 ahead (minimum)
+
+The look-ahead is bounded in bytes by half of ``local_bytes`` (the other half holds the
+chunks being read), and a chunk downloaded ahead is **pinned** until the reader takes it:
+its modification time is set in the future, and the download directory never evicts a
+file whose time has not come (:class:`~shardwise.storage.download.DownloadDir`), so a
+chunk is never evicted before it is read. A pin lapses after :data:`PIN_SECONDS` (a
+reader that stopped early leaves nothing pinned for long), and a download the reader
+needs *now* may, as a last resort, evict a pinned file rather than wait forever on a
+node whose processes pinned all of it.
+
+State (``stats()``): ``ahead`` (chunks downloading or downloaded and not yet read),
+``ahead_bytes``, ``target`` (chunks the pace asks for), ``threads``, ``fetch_s``,
+``read_s``, ``waited_s`` (seconds the reader waited for downloads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+
+from shardwise.concurrency import ThreadPool
+
+MIN_AHEAD = 2
+START_AHEAD = 4  # before anything is measured
+MAX_AHEAD = 256
+MAX_THREADS = 16
+MARGIN = 2.0
+PIN_SECONDS = 120.0
+STALE = 4.0
+_WEIGHT = 0.3  # of the newest sample in the running averages
+_HIT_S = 0.005  # a "download" this fast found the file on the node: not a sample
+
+
+class Pace:
+    """Measured download time and reading time per chunk → how many chunks to keep
+    downloading ahead. ``clock`` is injectable (tests use a fake one).
+
+    >>> p = Pace(clock=lambda: 0.0)
+    >>> p.fetched(0.06); p.read(0.01); p.chunks_ahead()
+    13
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.fetch_s: float | None = None
+        self.read_s: float | None = None
+        self._last: float | None = None  # when the reader last got a new chunk
+
+    @staticmethod
+    def _average(old: float | None, new: float) -> float:
+        return new if old is None else (1 - _WEIGHT) * old + _WEIGHT * new
+
+    def fetched(self, seconds: float) -> None:
+        """One chunk file took ``seconds`` to download."""
+        if seconds >= _HIT_S:
+            self.fetch_s = self._average(self.fetch_s, seconds)
+
+    def read(self, seconds: float) -> None:
+        """The reader spent ``seconds`` (waits excluded) on a chunk before the next."""
+        self.read_s = self._average(self.read_s, max(seconds, 1e-6))
+
+    def taken(self, asked: float) -> None:
+        """The reader asked for a new chunk at ``asked`` (clock time) and has it now: the
+        time since it got the previous one, up to ``asked``, was spent reading."""
+        if self._last is not None:
+            self.read(asked - self._last)
+        self._last = self.clock()
+
+    @property
+    def reading(self) -> bool:
+        """Whether a reader in this process has taken a chunk yet."""
+        return self._last is not None
+
+    def window_s(self) -> float:
+        """How long a chunk should wait between being handed over and being read (the
+        look-ahead's length in time, plus its download); ``PIN_SECONDS`` until known."""
+        if self.fetch_s is None or self.read_s is None:
+            return PIN_SECONDS
+        return self.chunks_ahead() * self.read_s + self.fetch_s
+
+    def per_download(self) -> float | None:
+        """Chunks the reader gets through during one download (None: not measured yet)."""
+        if self.fetch_s is None or self.read_s is None:
+            return None
+        return self.fetch_s / self.read_s
+
+    def chunks_ahead(self) -> int:
+        """How many chunks to have downloading or downloaded ahead of the reader."""
+        need = self.per_download()
+        if need is None:
+            return START_AHEAD
+        return max(MIN_AHEAD, min(MAX_AHEAD, math.ceil(need * MARGIN - 1e-9) + 1))
+
+    def threads(self) -> int:
+        """How many downloads to run at once."""
+        return max(2, min(MAX_THREADS, self.chunks_ahead() - 1))
+
+
+Fetch = Callable[[float | None], Path]
+GetMany = Callable[[list[str]], "dict[str, bytes | Exception]"]
+SMALL_BATCH = 64  # small objects fetched in one round trip at most
+
+
+class Prefetcher:
+    """A reader's downloads ahead, at most ``budget`` bytes: started by :meth:`add`,
+    collected by :meth:`take`. A ``fetch(pin_until)`` downloads (or finds on the node)
+    one file and returns its local path, pinned until ``pin_until`` (wall-clock seconds;
+    None: used now)."""
+
+    def __init__(self, budget: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.budget = budget
+        self.pace = Pace(clock)
+        self.waited_s = 0.0
+        self._added_bytes = 0
+        self._ahead: dict[str, tuple[int, Future[Path], float]] = {}  # in the order added
+        self._wanted: dict[str, None] = {}  # small objects the downloads ahead will need
+        self._small: dict[str, bytes | Exception] = {}  # fetched with another's, unused yet
+        self._small_lock = threading.Lock()
+        self._pool: ThreadPool | None = None
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, object]:
+        d = dict(self.__dict__)
+        d["_ahead"], d["_pool"], d["_wanted"], d["_small"] = {}, None, {}, {}
+        del d["_small_lock"]
+        return d
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._small_lock = threading.Lock()
+
+    def _check_fork(self) -> None:
+        """A forked child (a DataLoader worker) inherits the pending downloads but not the
+        threads that finish them: it forgets them and fetches what it reads."""
+        if self._pid != os.getpid():
+            self._ahead, self._pool, self._pid = {}, None, os.getpid()
+            self._wanted, self._small, self._small_lock = {}, {}, threading.Lock()
+
+    @property
+    def ahead_bytes(self) -> int:
+        return sum(entry[0] for entry in self._ahead.values())
+
+    def wants_more(self) -> bool:
+        """Whether the reader's coming chunks should be handed over sooner: fewer are
+        ahead than the pace asks for, and there is room in the budget."""
+        self._check_fork()
+        return len(self._ahead) < self.pace.chunks_ahead() and self.ahead_bytes < self.budget
+
+    def add(self, key: str, size: int, fetch: Fetch, needs: str | None = None) -> bool:
+        """Start downloading ``key`` (``size`` bytes) unless it is already ahead or the
+        budget is full (then the reader fetches it when it needs it); True if started.
+        ``needs``: a small object the download reads first (the chunk's metadata), which
+        :meth:`small` fetches together with the other downloads' ones."""
+        self._check_fork()
+        if key in self._ahead:
+            return True
+        self._drop_stale()
+        self._forget_done(size)
+        if self.ahead_bytes + size > self.budget:
+            return False
+        if self._pool is None:
+            self._pool = ThreadPool(self.pace.threads(), name="shardwise-download")
+        self._added_bytes += size
+        if needs is not None:
+            self._wanted[needs] = None
+        self._ahead[key] = size, self._pool.submit(lambda: self._run(fetch)), self.pace.clock()
+        return True
+
+    def _forget_done(self, size: int) -> None:
+        """Make room in the accounting by forgetting the oldest finished downloads when
+        the reader is another process (a DataLoader worker: this one has handed over
+        twice its budget without taking a chunk, so none would ever leave): their files
+        stay pinned on disk, and the worker finds them there. A reader in this process
+        takes every chunk it was handed."""
+        if self.pace.reading or self._added_bytes <= 2 * self.budget:
+            return
+        for key in list(self._ahead):
+            if self.ahead_bytes + size <= self.budget or not self._ahead[key][1].done():
+                break
+            del self._ahead[key]
+
+    def _drop_stale(self) -> None:
+        """Forget (and unpin) downloads ahead that the reader passed by: handed over more
+        than ``STALE × window_s`` ago, e.g. by an iteration that was stopped and restarted
+        elsewhere. In a healthy run each is read about ``window_s`` after it was handed
+        over."""
+        now, horizon = self.pace.clock(), STALE * self.pace.window_s()
+        for key, (_, future, added) in list(self._ahead.items()):
+            if now - added <= horizon:
+                break
+            del self._ahead[key]
+            if future.done() and future.exception() is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.utime(future.result())
+
+    def small(self, key: str, get_many: GetMany) -> bytes:
+        """Small object ``key`` (a chunk's metadata), fetched in one round trip together
+        with those the other downloads ahead will need: on a store far away a download
+        then costs one round trip, not two (metadata, then data)."""
+        self._check_fork()
+        with self._small_lock:  # a download thread that needs one of these waits here
+            got = self._small.pop(key, None)
+            if got is None:
+                batch = [key] + [k for k in list(self._wanted) if k != key][:SMALL_BATCH - 1]
+                for k in batch:
+                    self._wanted.pop(k, None)
+                fetched = get_many(batch)
+                got = fetched.pop(key)
+                if len(self._small) > 16 * SMALL_BATCH:  # never used: chunks not read
+                    self._small.clear()
+                self._small.update(fetched)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def _run(self, fetch: Fetch) -> Path:
+        """On a download thread: fetch, pin, and time it."""
+        started = self.pace.clock()
+        path = fetch(time.time() + PIN_SECONDS)
+        self.pace.fetched(self.pace.clock() - started)
+        return path
+
+    def take(self, key: str, fetch: Fetch, *, new_chunk: bool = True) -> Path:
+        """The local path of ``key`` for the reader, unpinned: its download ahead (waited
+        for) or a download now. ``new_chunk``: the reader starts on a chunk it had not
+        mapped (its reading pace is measured between those)."""
+        self._check_fork()
+        asked = self.pace.clock()
+        entry = self._ahead.pop(key, None)
+        path = None
+        self._drop_stale()
+        if entry is not None:
+            future = entry[1]
+            if future.exception() is None:  # an error is raised by the download below
+                path = future.result()
+                try:
+                    os.utime(path)
+                except FileNotFoundError:  # evicted by another process: fetch it again
+                    path = None
+        if path is None:
+            path = fetch(None)
+            self.pace.fetched(self.pace.clock() - asked)
+        self.waited_s += self.pace.clock() - asked
+        if new_chunk:
+            self.pace.taken(asked)
+        if self._pool is not None:
+            self._pool.resize(self.pace.threads())
+        return path
+
+    def wait(self) -> None:
+        """Block until every download started so far has finished."""
+        self._check_fork()
+        for entry in list(self._ahead.values()):
+            entry[1].exception()
+
+    def close(self) -> None:
+        """Cancel queued downloads and join the running ones."""
+        self._check_fork()
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        self._ahead.clear()
+
+    def stats(self) -> dict[str, object]:
+        return {"ahead": len(self._ahead), "ahead_bytes": self.ahead_bytes,
+                "target": self.pace.chunks_ahead(), "threads": self.pace.threads(),
+                "fetch_s": self.pace.fetch_s, "read_s": self.pace.read_s,
+                "waited_s": self.waited_s, "budget": self.budget}
+
+
+__all__ = ["PIN_SECONDS", "Pace", "Prefetcher"]

@@ -1,0 +1,46 @@
+"""``shardwise bench remote`` on a tiny cache: the report's shape and its bound on the local
+copy (speed is what the bench itself reports), and the missing-extra message."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from shardwise.bench import remote as bench_remote
+from shardwise.errors import MissingExtraError
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench_remote.add_subparser(parser.add_subparsers(dest="bench"))
+    return parser.parse_args(["remote", *argv])
+
+
+def test_json_report_on_a_tiny_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                     ) -> None:
+    args = _parse("--tokens", "400000", "--chunks", "8", "--seq-len", "64", "--batches", "40",
+                  "--repeat", "1", "--latency", "0.02", "--json", "--tmp-dir", str(tmp_path))
+    assert bench_remote.run(args) == 0  # it also checks every path read the same batches
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["best"]) == {"local", "remote", "fixed", "remote_0ms"}
+    assert set(report["ratios_vs_local"]) == {"remote", "fixed", "remote_0ms"}
+    assert report["local_bytes"] == 400000 * 2 // 4
+    assert 0 < report["max_local_bytes"] <= report["local_bytes"]
+    assert report["targets"]["bounded"]
+    remote = report["best"]["remote"]
+    assert remote["first_batch_s"] > 0.02 and remote["examples_per_s"] > 0
+    assert remote["prefetch"]["fetch_s"] >= 0.01  # every request came 20 ms late
+    assert not list((tmp_path / "shardwise-bench-remote").glob("node-*"))  # removed
+
+
+def test_without_moto_it_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "moto" else real(name, *a))
+    with pytest.raises(MissingExtraError, match=r"shardwise\[bench\]"), \
+            bench_remote.moto_server(Path("/nonexistent/moto.log")):
+        pass
