@@ -7,6 +7,7 @@ import json
 import random
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -237,3 +238,20 @@ def test_shuffle_window_is_the_deprecated_name_of_shuffle_block() -> None:
         assert old.state_dict()["fingerprint"] == new.state_dict()["fingerprint"]
     with pytest.raises(ConfigError, match="pass only shuffle_block="):
         SequentialConsumer(ListReader([]), shuffle_block=4, shuffle_window=8)
+
+
+@pytest.mark.parametrize("reader", ["RecordStream", "SequentialConsumer"])
+def test_shuffle_is_the_deprecated_name_of_set_epoch(tmp_path: Path, reader: str) -> None:
+    def make_reader() -> Any:
+        return (_records_reader(tmp_path, 10) if reader == "RecordStream"
+                else SequentialConsumer(ListReader([{"id": i} for i in range(10)]), seed=1,
+                                        shuffle_block=4))
+
+    old, new = make_reader(), make_reader()
+    with pytest.warns(DeprecationWarning, match=r"shuffle\(\) is deprecated: use set_epoch\(\)"):
+        old.shuffle(1)
+    new.set_epoch(1)
+    assert old.get_next_batch(10) == new.get_next_batch(10)
+    assert old.state_dict() == new.state_dict()
+    for r in (old, new):
+        r.close()

@@ -8,7 +8,8 @@ warns, names the new one, and refuses a call that gives both.
 from __future__ import annotations
 
 import warnings
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from shardwise.errors import ConfigError
 
@@ -29,4 +30,17 @@ def renamed(old: str, old_value: T | None, new: str, new_value: T, where: str, *
     return old_value
 
 
-__all__ = ["renamed"]
+def renamed_method(old: str, new: str) -> Callable[..., Any]:
+    """A method ``old`` that warns and calls ``new`` (a class attribute:
+    ``shuffle = renamed_method("shuffle", "set_epoch")``)."""
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        warnings.warn(f"{type(self).__name__}.{old}() is deprecated: use {new}() (the same "
+                      "meaning)", DeprecationWarning, stacklevel=2)
+        return getattr(self, new)(*args, **kwargs)
+
+    method.__name__ = method.__qualname__ = old
+    method.__doc__ = f"Deprecated: the old name of :meth:`{new}`."
+    return method
+
+
+__all__ = ["renamed", "renamed_method"]

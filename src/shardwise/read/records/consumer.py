@@ -45,7 +45,7 @@ from shardwise.checkpoint import LoaderState, Resumable, as_count
 from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import ConfigError, StateError
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation, derive_seed
-from shardwise.read.deprecated import renamed
+from shardwise.read.deprecated import renamed, renamed_method
 from shardwise.read.records.pipeline import pad_batch
 
 ORDER_VERSION = 1
@@ -186,6 +186,8 @@ class SequentialConsumer(Resumable):
             raise ConfigError("set_epoch(epoch) would not change the order: pass "
                               "shuffle_block > 1, or a reader with set_epoch()")
         self._restart(Position(epoch=epoch))
+
+    shuffle = renamed_method("shuffle", "set_epoch")
 
     def _position(self) -> tuple[int, dict[str, Any]]:
         p = self._pos

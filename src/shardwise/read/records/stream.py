@@ -43,6 +43,7 @@ import xxhash
 
 from shardwise.checkpoint import LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, StateError
+from shardwise.read.deprecated import renamed_method
 from shardwise.read.guard import refuse_framework_sharding
 from shardwise.read.records.pipeline import (
     FINISHED,
@@ -234,6 +235,8 @@ class RecordStream(Resumable):
         epoch = as_count(epoch, "epoch", error=ConfigError)
         self._reset(self._fresh_positions(epoch))
         self._origin = epoch
+
+    shuffle = renamed_method("shuffle", "set_epoch")
 
     def set_read_ahead(self, task_size: int) -> None:
         """Records each stream reads and processes ahead, per task (``task_size``; it never
