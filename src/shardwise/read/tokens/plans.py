@@ -23,7 +23,7 @@ reads, not a map: a builder's peak memory is the int32 lengths, not the file too
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from numpy.lib import format as npy
 from shardwise.concurrency.once import build_once
 from shardwise.errors import CorruptChunkError
 from shardwise.format.atomic import TMP_PREFIX, npy_blocks
+from shardwise.format.megatron import HEADER_SIZE, read_idx
 from shardwise.plan.doc_shuffle import BLOCK as PLAN_BLOCK
 from shardwise.plan.doc_shuffle import (
     DocShuffleIndex,
@@ -67,24 +68,50 @@ def _load(path: Path, n_docs: int, total: int) -> npt.NDArray[np.int64] | None:
     return arr  # type: ignore[no-any-return]
 
 
+def _chunk_lengths(cache: Any, c: int, block: int) -> Iterator[npt.NDArray[np.integer]]:
+    """Chunk ``c``'s document lengths in blocks of ``block``, checked against the cache's
+    counts. Plain reads of the ``.idx``'s lengths section, not its memory map: a map would
+    keep every page read (2 GB of index at 100M documents) in the builder's RSS. A
+    document of several sequences (``--split-sentences``) takes the mapped, summed path."""
+    info = cache.chunks[c]
+    idx = cache.with_chunk_file(c, ".idx", read_idx)  # header checked; arrays not read
+    if idx.num_documents != info.documents:
+        raise CorruptChunkError(f"{idx.path}: {idx.num_documents} documents, the cache says "
+                                f"{info.documents}; run 'shardwise verify {cache.location}'")
+    if idx.num_documents != idx.num_sequences:
+        lengths = cache.doc_lengths(c)
+        yield from (lengths[a: a + block] for a in range(0, len(lengths), block))
+        return
+    n = idx.num_sequences
+    with open(idx.path, "rb") as f:
+        f.seek(HEADER_SIZE)
+        for a in range(0, n, block):
+            yield np.fromfile(f, dtype=np.int32, count=min(block, n - a))
+
+
 def _build(cache: Any, path: Path, block: int) -> None:
-    """Stream every chunk's document lengths, as running sums, into ``path``."""
+    """Stream every chunk's document lengths, as running sums, into ``path``; a chunk whose
+    lengths do not add up to its tokens is refused (its documents would be misplaced)."""
     for stale in path.parent.glob(f"{TMP_PREFIX}{path.name}.*"):  # a dead builder's
         stale.unlink(missing_ok=True)
     with npy_blocks(path, np.int64, cache.num_documents + 1) as put:
         put(np.zeros(1, dtype=np.int64))
         carry = 0
         for c, info in enumerate(cache.chunks):
-            lengths = cache.doc_lengths(c)
-            if len(lengths) != info.documents:
-                raise CorruptChunkError(f"{info.base}.idx: {len(lengths)} documents, the "
-                                        f"cache says {info.documents}; run 'shardwise "
-                                        f"verify {cache.location}'")
-            for a in range(0, len(lengths), block):
-                part = np.cumsum(lengths[a: a + block], dtype=np.int64)
+            first, negative = carry, False
+            for lengths in _chunk_lengths(cache, c, block):
+                if len(lengths) == 0:
+                    continue
+                negative |= bool(lengths.min() < 0)
+                part = np.cumsum(lengths, dtype=np.int64)
                 part += carry
                 carry = int(part[-1])
                 put(part)
+            if carry - first != info.tokens or negative:
+                raise CorruptChunkError(f"{info.base}.idx: its document lengths add up to "
+                                        f"{carry - first} tokens (negative ones: {negative}), "
+                                        f"the cache says {info.tokens}; run 'shardwise "
+                                        f"verify {cache.location}'")
 
 
 def stored_doc_starts(cache: Any, plan_root: Path, *, block: int = BLOCK
