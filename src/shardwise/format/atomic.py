@@ -119,7 +119,7 @@ def npy_blocks(path: Path, dtype: Any, length: int) -> Iterator[Callable[[Any], 
                 arr = np.ascontiguousarray(block, dtype=dt).reshape(-1)
                 if written + arr.size > length:
                     raise ValueError(f"{path}: more than the {length} values announced")
-                f.write(memoryview(arr).cast("B"))
+                f.write(arr.data.cast("B"))
                 written += arr.size
 
             yield write

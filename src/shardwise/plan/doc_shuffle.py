@@ -122,7 +122,8 @@ class DocShuffleIndex:
         if layout not in LAYOUTS:
             raise ValueError(f"{meta_path}: plan layout {layout!r}, this version reads "
                              f"{sorted(LAYOUTS)}; {fix}")
-        want = {"doc_order": (order_dt, (n_docs,)), "cum_tokens": (np.int64, (n_docs + 1,))}
+        want = {"doc_order": (order_dt, (n_docs,)),
+                "cum_tokens": (np.dtype(np.int64), (n_docs + 1,))}
         arrays = {name: _map(directory / f"{fingerprint}.{name}.npy", *want[name], fix)
                   for name in _ARRAYS}
         cum = arrays["cum_tokens"]
@@ -133,7 +134,7 @@ class DocShuffleIndex:
         return cls(arrays["doc_order"], cum, int(seq_len), bool(drop_last))
 
 
-def _map(path: Path, dtype: npt.DTypeLike, shape: tuple[int, ...], fix: str) -> IntArray:
+def _map(path: Path, dtype: np.dtype, shape: tuple[int, ...], fix: str) -> IntArray:
     """``path`` memory-mapped, refused unless it holds exactly ``dtype`` of ``shape``."""
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
