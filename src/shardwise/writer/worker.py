@@ -198,6 +198,9 @@ class SegmentBuilder:
         fields = {"source": t.source, "source_path": t.info.path, "segment": t.seg_index,
                   "index": self.next_index,
                   "range": SourceRange(unit, p.start, end, p.line_start, line)}
+        skipped = _skipped_lines(p.lines, p.line_start, line)
+        if skipped:
+            fields["skipped_lines"] = skipped
         root = open_root(job.root, job.storage_options)
         if job.records:
             meta, meta_sum = publish_record_chunk(root, stem, _records_table(p.docs),
@@ -215,6 +218,15 @@ class SegmentBuilder:
                             end, line, dict(self.errors if errors is None else errors)))
         self.next_index += 1
         self.pending = _Pending(start=end, line_start=line)
+
+
+def _skipped_lines(lines: list[int], start: int, stop: int) -> list[int]:
+    """The lines of ``[start, stop)`` that became no document (skipped records), in order;
+    empty, in O(1), when every line did."""
+    if len(lines) == stop - start:
+        return []
+    return np.setdiff1d(np.arange(start, stop, dtype=np.int64),
+                        np.asarray(lines, dtype=np.int64)).tolist()
 
 
 def _records_table(docs: list[dict[str, Any]]) -> Any:
