@@ -38,7 +38,7 @@ import numpy as np
 
 from shardwise.bench import add_common
 from shardwise.bench.read_data import MEGATRON_INSTALL
-from shardwise.bench.read_fresh import probe
+from shardwise.bench.read_fresh import CLOCKS, probe
 from shardwise.format.megatron import MAGIC, VERSION, dtype_code
 
 TARGETS = {"build_time_vs_megatron": 1.0, "build_memory_vs_megatron": 1.0,
@@ -74,7 +74,8 @@ with quiet():  # its imports (torch among them) count before, as shardwise's imp
     import megatron.core.datasets.gpt_dataset
 prefix, seq_len, seed, cache_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 before = status()
-ds, info = megatron_dataset(Path(prefix), seq_len, seed, Path(cache_dir))
+ds, info = megatron_dataset(Path(prefix), seq_len, seed, Path(cache_dir),
+                            now=lambda: time.perf_counter())
 if ds is None:
     raise SystemExit(info["note"])
 print(json.dumps({**status(), "before": before, "seconds": info["first_example_s"],
@@ -107,6 +108,9 @@ def add_subparser(which: Any) -> argparse.ArgumentParser:
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--read-batches", type=int, default=500,
                    help="micro-batches the reader-RSS process reads (default 500)")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="wall time, or the process's CPU time (steadier on a loaded machine; "
+                        "I/O waits not counted) (default wall)")
     p.add_argument("--dir", default=None, metavar="DIR",
                    help="keep the synthesised .idx here and reuse it (default: a temp dir)")
     p.add_argument("--no-megatron", action="store_true",
@@ -181,7 +185,8 @@ def measure_builds(prefix: Path, args: argparse.Namespace, work: Path,
             target = plans if name == "shardwise" else meg_dir
             shutil.rmtree(target, ignore_errors=True)
             code = BUILD_CODE if name == "shardwise" else MEGATRON_CODE
-            runs[name].append(probe(code, prefix, args.seq_len, args.seed, target))
+            runs[name].append(probe(code, prefix, args.seq_len, args.seed, target,
+                                    clock=args.clock))
             log(f"    build {r + 1}/{args.repeat} {name}: {runs[name][-1]['seconds']:.2f} s, "
                 f"+{_growth(runs[name][-1]):.0f} MB peak")
     out = {name: _best(v) for name, v in runs.items()}
@@ -189,8 +194,8 @@ def measure_builds(prefix: Path, args: argparse.Namespace, work: Path,
         meg = out["megatron"]
         out["build_time_vs_megatron"] = out["shardwise"]["seconds"] / meg["seconds"]
         out["build_memory_vs_megatron"] = out["shardwise"]["growth_mb"] / meg["growth_mb"]
-        cached = [probe(MEGATRON_CODE, prefix, args.seq_len, args.seed, meg_dir)
-                  for _ in range(args.repeat)]
+        cached = [probe(MEGATRON_CODE, prefix, args.seq_len, args.seed, meg_dir,
+                        clock=args.clock) for _ in range(args.repeat)]
         out["megatron_cached"] = _best(cached)
     return out
 
@@ -199,7 +204,7 @@ def measure_cached(prefix: Path, args: argparse.Namespace, work: Path) -> dict[s
     """First example with the plan cached (open included), and the reader's RSS."""
     plans = work / "plans"
     probe(BUILD_CODE, prefix, args.seq_len, args.seed, plans)  # warm: page cache, .pyc
-    first = _best([probe(BUILD_CODE, prefix, args.seq_len, args.seed, plans)
+    first = _best([probe(BUILD_CODE, prefix, args.seq_len, args.seed, plans, clock=args.clock)
                    for _ in range(args.repeat)])
     read = probe(READ_CODE, prefix, args.seq_len, args.seed, plans, args.micro_batch,
                  args.read_batches)
@@ -257,7 +262,8 @@ def format_size(docs: str, r: dict[str, Any]) -> list[str]:
 
 def format_report(rep: dict[str, Any]) -> str:
     lines = [f"shardwise bench plan: document-shuffle plans (seq_len {rep['seq_len']}, median "
-             f"document {rep['median_doc']} tokens, best of {rep['repeat']} fresh processes)"]
+             f"document {rep['median_doc']} tokens, best of {rep['repeat']} fresh processes, "
+             f"{rep['clock']} clock)"]
     for docs, r in rep["sizes"].items():
         lines += format_size(docs, r)
     if "note" in rep:
@@ -276,6 +282,7 @@ def run(args: argparse.Namespace) -> int:
             else Path(tempfile.mkdtemp(prefix="shardwise-bench-plan-", dir=args.tmp_dir)))
     work.mkdir(parents=True, exist_ok=True)
     rep: dict[str, Any] = {"seq_len": args.seq_len, "median_doc": args.median_doc,
+                           "clock": args.clock,
                            "repeat": args.repeat, "targets": TARGETS, "sizes": {},
                            "megatron": args.megatron}
     if not args.megatron and not args.no_megatron:
