@@ -19,9 +19,13 @@ say the permutation puts the stored documents in the order 2, 0, 1)::
     window 0 = [0, 5)      pieces (2, 0, 2), (0, 0, 3)       # (doc, offset in doc, length)
     window 1 = [4, 9)      pieces (0, 2, 1), (1, 0, 4)
 
-Cache files in the cache directory, for fingerprint ``F``: ``F.doc_order.npy``,
-``F.cum_tokens.npy`` and ``F.json`` (written last: its presence means the arrays are
-complete). Every file is written to a temporary name, fsynced and renamed.
+Cache files in the plan directory, for fingerprint ``F``: ``F.doc_order.npy`` (int32
+while document ids fit: layout 2), ``F.cum_tokens.npy`` and ``F.json`` (written last: its
+presence means the arrays are complete; format/SPEC.md, "Plan caches"). Every file is
+written to a temporary name, fsynced and renamed; :func:`write_doc_shuffle` streams the
+arrays there block by block (:func:`doc_shuffle_blocks`), so the builder never holds
+them. Which process builds (one per node, the others waiting) is decided above this
+pure layer, in :mod:`shardwise.read.tokens.plans`.
 """
 
 from __future__ import annotations
