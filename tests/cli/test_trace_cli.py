@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 import torch
+from tests.conftest import sample_texts, write_jsonl
 from tokenizers import Tokenizer
 
 import shardwise as sw
@@ -19,9 +19,6 @@ from shardwise.cli import main as cli_main
 from shardwise.read.config import load_read_config
 from shardwise.read.trace import trace
 from shardwise.torch import loader
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conftest import sample_texts, write_jsonl  # noqa: E402
 
 LAYOUT = {"global_batch_size": 4, "micro_batch_size": 1, "world_size": 2}
 

@@ -38,7 +38,7 @@ def _corpus(path: Path, texts: list[str], bad: dict[int, str]) -> Path:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path
           ) -> dict[str, Any]:
-    from conftest import sample_texts
+    from tests.conftest import sample_texts
 
     d = tmp_path_factory.mktemp("trace")
     texts = [t[:300] for t in sample_texts()[:90]]
@@ -235,7 +235,7 @@ def _sft_record(rec: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def test_packed_sft_over_a_record_cache(tmp_path: Path) -> None:
-    from conftest import sample_texts
+    from tests.conftest import sample_texts
 
     src = _corpus(tmp_path / "sft.jsonl", [t[:60] for t in sample_texts()[:60]],
                   {4: "{oops", 20: '{"id": 1}'})
