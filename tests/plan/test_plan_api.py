@@ -13,12 +13,12 @@ PINNED = [
     "PERMUTATION_VERSION", "Permutation", "blend_index", "blend_slice",
     "build_doc_shuffle_index", "chunks_of_stream", "cu_seqlens", "cyclic_micro_batch_indices",
     "derive_seed", "document_boundaries", "epoch_and_offset", "eval_micro_batch_indices",
-    "global_to_stream", "iter_micro_batches", "load_or_build", "locate", "micro_batch_indices",
+    "global_to_stream", "iter_micro_batches", "locate", "micro_batch_indices",
     "normalize_weights",
     "num_eval_steps", "num_micro_batches", "num_windows", "permutation", "permute_within",
     "plan_fingerprint", "position_ids", "rank_example_to_global", "shuffled_stream_chunks",
     "stream_to_global", "streams_of_rank", "streams_per_rank", "validate_batch_layout",
-    "window_span",
+    "window_span", "write_doc_shuffle",
 ]
 
 

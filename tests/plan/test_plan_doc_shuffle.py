@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 from shardwise.plan import (
     DocShuffleIndex,
     build_doc_shuffle_index,
-    load_or_build,
     num_windows,
     plan_fingerprint,
 )
+from shardwise.plan.doc_shuffle import doc_shuffle_blocks
+from shardwise.read.tokens.plans import load_or_build
 
 LENGTHS = st.lists(st.integers(0, 40), min_size=0, max_size=60)
 
@@ -94,27 +95,57 @@ def test_bad_inputs() -> None:
         index.pieces(1)
 
 
+PARAMS = {"seed": 3, "epoch": 0, "seq_len": 16, "drop_last": True}
+
+
 def test_load_or_build_caches_and_memory_maps(tmp_path: Path) -> None:
     lengths = np.arange(0, 500) % 37
-    key = {"cache": "abc", "seed": 3, "epoch": 0, "seq_len": 16, "drop_last": True}
+    key = {"cache": "abc", **PARAMS}
     calls = []
 
-    def build() -> DocShuffleIndex:
+    def doc_lengths() -> np.ndarray:
         calls.append(1)
-        return build_doc_shuffle_index(lengths, seed=3, epoch=0, seq_len=16, drop_last=True)
+        return lengths
 
-    first = load_or_build(tmp_path, key, build)
-    second = load_or_build(tmp_path, key, build)
-    assert len(calls) == 1
+    first = load_or_build(tmp_path, key, doc_lengths, block=64, **PARAMS)
+    second = load_or_build(tmp_path, key, doc_lengths, **PARAMS)
+    assert len(calls) == 1  # a cached plan reads no lengths
     assert isinstance(second.doc_order, np.memmap) and not second.doc_order.flags.writeable
-    assert np.array_equal(first.doc_order, build().doc_order)
+    expected = build_doc_shuffle_index(lengths, **PARAMS)
+    assert second.doc_order.dtype == np.int32  # ids fit: half the bytes (layout 2)
+    assert np.array_equal(first.doc_order, expected.doc_order)
+    assert np.array_equal(first.cum_tokens, expected.cum_tokens)
     assert [second.pieces(w) for w in range(second.n_windows)] == \
-        [first.pieces(w) for w in range(first.n_windows)]
+        [expected.pieces(w) for w in range(expected.n_windows)]
     names = sorted(p.name for p in tmp_path.iterdir())
     fp = plan_fingerprint(key)
-    assert names == [f"{fp}.cum_tokens.npy", f"{fp}.doc_order.npy", f"{fp}.json"]
-    load_or_build(tmp_path, {**key, "epoch": 1}, build)
-    assert len(calls) == 3  # another key is another plan
+    assert names == [f"{fp}.cum_tokens.npy", f"{fp}.doc_order.npy", f"{fp}.json", f"{fp}.lock"]
+    load_or_build(tmp_path, {"cache": "abc"}, doc_lengths, **{**PARAMS, "epoch": 1})
+    assert len(calls) == 2  # another key is another plan
+
+
+def test_blocks_make_the_same_plan_as_one_pass() -> None:
+    lengths = np.arange(1000) % 13
+    whole = build_doc_shuffle_index(lengths, **PARAMS)
+    parts = list(doc_shuffle_blocks(lengths, seed=3, epoch=0, block=97))
+    assert np.array_equal(np.concatenate([o for o, _ in parts]), whole.doc_order)
+    assert np.array_equal(np.concatenate([e for _, e in parts]), whole.cum_tokens[1:])
+
+
+def test_plans_of_layout_1_keep_loading(tmp_path: Path) -> None:
+    """A plan written before layout 2 (int64 doc_order, no layout key) maps as it is."""
+    lengths = np.arange(50) % 7
+    index = build_doc_shuffle_index(lengths, **PARAMS)
+    fp = plan_fingerprint({"cache": "old", **PARAMS})
+    np.save(tmp_path / f"{fp}.doc_order.npy", np.asarray(index.doc_order, dtype=np.int64))
+    np.save(tmp_path / f"{fp}.cum_tokens.npy", np.asarray(index.cum_tokens))
+    (tmp_path / f"{fp}.json").write_text(json.dumps({
+        "version": 1, "permutation_version": 1, "seq_len": 16, "drop_last": True,
+        "n_docs": 50, "total_tokens": index.total_tokens}))
+    loaded = load_or_build(tmp_path, {"cache": "old"}, lambda: pytest.fail("rebuilt"),
+                           **PARAMS)
+    assert loaded.doc_order.dtype == np.int64
+    assert np.array_equal(loaded.doc_order, index.doc_order)
 
 
 def test_fingerprint_is_order_independent_and_strict() -> None:
@@ -124,24 +155,53 @@ def test_fingerprint_is_order_independent_and_strict() -> None:
         plan_fingerprint({"a": object()})
 
 
-def test_damaged_files_are_named(tmp_path: Path) -> None:
-    key = {"k": 1}
+def _damage(directory: Path, fp: str, how: str) -> None:
+    meta = directory / f"{fp}.json"
+    if how == "other n_docs":
+        meta.write_text(json.dumps({**json.loads(meta.read_text()), "n_docs": 7}))
+    elif how == "truncated array":
+        path = directory / f"{fp}.cum_tokens.npy"
+        path.write_bytes(path.read_bytes()[:-8])
+    elif how == "bad header":
+        (directory / f"{fp}.cum_tokens.npy").write_bytes(b"\x93NUMPY truncated")
+    elif how == "other total":
+        meta.write_text(json.dumps({**json.loads(meta.read_text()), "total_tokens": 1}))
+    else:
+        meta.write_text("{not json")
 
-    def build() -> DocShuffleIndex:
-        return build_doc_shuffle_index([3, 4, 5], seed=0, epoch=0, seq_len=4, drop_last=True)
 
-    load_or_build(tmp_path, key, build)
-    fp = plan_fingerprint(key)
-    meta = tmp_path / f"{fp}.json"
-    meta.write_text(json.dumps({**json.loads(meta.read_text()), "n_docs": 7}))
-    with pytest.raises(ValueError, match=rf"{fp}.doc_order.npy: expected int64 of shape \(7,\)"):
-        load_or_build(tmp_path, key, build)
-    meta.write_text(json.dumps({**json.loads(meta.read_text()), "n_docs": 3}))
-    (tmp_path / f"{fp}.cum_tokens.npy").write_bytes(b"\x93NUMPY truncated")
-    with pytest.raises(ValueError, match=rf"{fp}.cum_tokens.npy: cannot be read as .npy"):
-        load_or_build(tmp_path, key, build)
-    meta.write_text("{not json")
-    with pytest.raises(ValueError, match="unreadable plan metadata"):
-        load_or_build(tmp_path, key, build)
-    with pytest.raises(ValueError, match="must return a DocShuffleIndex"):
-        load_or_build(tmp_path, {"k": 2}, lambda: None)  # type: ignore[arg-type,return-value]
+DAMAGE = {"other n_docs": r"doc_order.npy: expected int32 of shape \(7,\)",
+          "truncated array": r"cum_tokens.npy: cannot be read as .npy",
+          "bad header": r"cum_tokens.npy: cannot be read as .npy",
+          "other total": r"cum_tokens.npy: runs from 0 to 12, the metadata says 0 to 1",
+          "bad json": "unreadable plan metadata"}
+
+
+@pytest.mark.parametrize("how", sorted(DAMAGE))
+def test_damaged_plans_are_refused_then_rebuilt_never_used(tmp_path: Path, how: str) -> None:
+    key, params = {"k": 1}, {**PARAMS, "seq_len": 4}
+    built = []
+
+    def doc_lengths() -> list[int]:
+        built.append(1)
+        return [3, 4, 5]
+
+    load_or_build(tmp_path, key, doc_lengths, **params)  # unmapped again: damage is in place
+    good = build_doc_shuffle_index([3, 4, 5], **params)
+    fp = plan_fingerprint({**key, **params})
+    _damage(tmp_path, fp, how)
+    with pytest.raises(ValueError, match=DAMAGE[how]):  # the file itself is refused, named
+        DocShuffleIndex.load(tmp_path, fp)
+    again = load_or_build(tmp_path, key, doc_lengths, **params)  # and rebuilt, once
+    assert len(built) == 2
+    assert np.array_equal(again.doc_order, good.doc_order)
+    assert np.array_equal(again.cum_tokens, good.cum_tokens)
+    assert DocShuffleIndex.load(tmp_path, fp) is not None
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_bad_plan_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="disagree with the plan's parameters"):
+        load_or_build(tmp_path, {"seed": 4}, lambda: [1], **PARAMS)
+    with pytest.raises(ValueError, match="doc_lengths must be >= 0"):
+        load_or_build(tmp_path, {"k": 2}, lambda: [1, -1], **PARAMS)

@@ -9,6 +9,9 @@ pool, one poller.
   threads (a remote cache's downloads, sized from measured latency; its verification).
 * :mod:`.poll` -- :func:`wait_until`: the one wait/backoff rule for a producer (follow
   mode, producer directories, another process's download, the writer's lock).
+* :mod:`.flock` -- advisory locks a forked child does not inherit.
+* :mod:`.once` -- :func:`~.once.build_once`: one process per node builds a derived file
+  (a plan), the others wait and load it; a dead builder is replaced.
 
 This layer sits just above :mod:`shardwise.errors` and imports nothing else of shardwise,
 so the writer, the readers and storage can all use it.

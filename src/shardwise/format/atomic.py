@@ -90,6 +90,47 @@ def save_npy(path: Path, array: Any) -> None:
     atomic_write_with(path, lambda f: np.save(f, data, allow_pickle=False))
 
 
+@contextmanager
+def npy_blocks(path: Path, dtype: Any, length: int) -> Iterator[Callable[[Any], None]]:
+    """A 1-d ``.npy`` of ``length`` values written block by block, published atomically.
+
+    Yields ``write(block)``; on a clean exit the file must hold exactly ``length`` values,
+    and is fsynced and renamed into place. Why: an array of a billion values built in
+    blocks never needs to be in memory whole (a memory map would count every dirty page
+    in the builder's RSS). A failure or a kill leaves only a ``.tmp-`` file::
+
+        with npy_blocks(Path("plan.npy"), np.int64, 5) as write:
+            write(np.arange(3)); write(np.arange(3, 5))
+    """
+    import numpy as np
+    from numpy.lib import format as npy
+
+    dt = np.dtype(dtype)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)
+    written = 0
+    with _naming(path, tmp):
+        with open(tmp, "wb") as f:
+            npy.write_array_header_1_0(f, {"descr": npy.dtype_to_descr(dt),
+                                           "fortran_order": False, "shape": (int(length),)})
+
+            def write(block: Any) -> None:
+                nonlocal written
+                arr = np.ascontiguousarray(block, dtype=dt).reshape(-1)
+                if written + arr.size > length:
+                    raise ValueError(f"{path}: more than the {length} values announced")
+                f.write(arr.data.cast("B"))
+                written += arr.size
+
+            yield write
+            if written != length:
+                raise ValueError(f"{path}: {written} values written, {length} announced")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
 def remove_stale_temps(directory: Path) -> int:
     """Delete temporary files a killed writer left in ``directory`` (recursively)."""
     removed = 0

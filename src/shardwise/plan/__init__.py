@@ -36,8 +36,8 @@ from shardwise.plan.doc_shuffle import (
     DOC_SHUFFLE_VERSION,
     DocShuffleIndex,
     build_doc_shuffle_index,
-    load_or_build,
     plan_fingerprint,
+    write_doc_shuffle,
 )
 from shardwise.plan.permutation import (
     PERMUTATION_VERSION,
@@ -84,7 +84,6 @@ __all__ = [
     "eval_micro_batch_indices",
     "global_to_stream",
     "iter_micro_batches",
-    "load_or_build",
     "locate",
     "micro_batch_indices",
     "normalize_weights",
@@ -102,4 +101,5 @@ __all__ = [
     "streams_per_rank",
     "validate_batch_layout",
     "window_span",
+    "write_doc_shuffle",
 ]

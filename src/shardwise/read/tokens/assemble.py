@@ -22,8 +22,6 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import as_strided
 
-from shardwise.format.atomic import save_npy
-from shardwise.plan.doc_shuffle import plan_fingerprint
 from shardwise.read.examples import ignore_unmasked
 from shardwise.read.tokens.doc_rows import (
     NO_BOUNDS,
@@ -34,9 +32,16 @@ from shardwise.read.tokens.doc_rows import (
     span_sources,
     stage_runs,
 )
+from shardwise.read.tokens.plans import (
+    doc_lengths_from_starts,
+    starts_path,
+    stored_doc_starts,
+)
 from shardwise.storage.cache import MAX_OPEN_CHUNKS, Cache
 
 MAX_CACHED_DOC_STARTS = 64
+
+
 class WindowReader:
     """Turns window indices (or document pieces) into example arrays."""
 
@@ -101,27 +106,19 @@ class WindowReader:
             inside = inside[np.concatenate(([True], inside[1:] != inside[:-1]))]
         return inside
 
-    def all_doc_lengths(self, plan_root: Path) -> npt.NDArray[np.int64]:
-        starts = self.stored_doc_starts(plan_root)
-        return np.diff(starts)
+    def all_doc_lengths(self, plan_root: Path) -> npt.NDArray[np.integer]:
+        """Every stored document's length (int32 while they fit), read from the node's
+        document-starts file (:mod:`.plans`); only a plan's builder needs it."""
+        self.stored_doc_starts(plan_root)
+        return doc_lengths_from_starts(starts_path(self.cache, plan_root),
+                                       self.cache.num_documents)
 
     def stored_doc_starts(self, plan_root: Path) -> npt.NDArray[np.int64]:
-        """Start of every document in the stored stream (n_docs + 1 entries), built once
-        from the chunks' ``.idx`` files and cached as ``.npy`` (document shuffle only)."""
+        """Start of every document in the stored stream (n_docs + 1 entries), memory-mapped
+        from the plan directory, where one process per node builds it (document shuffle
+        only; :mod:`.plans`)."""
         if self._all_starts is None:
-            key = plan_fingerprint({"doc_starts": self.cache.fingerprint,
-                                    "tokens": self.cache.num_tokens,
-                                    "chunks": len(self.cache.chunks)})
-            path = plan_root / f"{key}.doc_starts.npy"
-            if path.exists():
-                self._all_starts = np.load(path, mmap_mode="r", allow_pickle=False)
-            else:
-                lengths = [np.asarray(self.cache.doc_lengths(c), dtype=np.int64)
-                           for c in range(len(self.cache.chunks))]
-                starts = np.zeros(sum(len(x) for x in lengths) + 1, dtype=np.int64)
-                np.cumsum(np.concatenate(lengths), out=starts[1:])
-                save_npy(path, starts)
-                self._all_starts = starts
+            self._all_starts = stored_doc_starts(self.cache, plan_root)
         return self._all_starts
 
     def chunks_of(self, ranges: list[tuple[int, int]]) -> list[int]:

@@ -29,18 +29,14 @@ from shardwise.choice import Choice
 from shardwise.errors import ConfigError
 from shardwise.format.paths import reader_dir
 from shardwise.plan.block_shuffle import BlockShuffle
-from shardwise.plan.doc_shuffle import (
-    DOC_SHUFFLE_VERSION,
-    DocShuffleIndex,
-    build_doc_shuffle_index,
-    load_or_build,
-)
+from shardwise.plan.doc_shuffle import DOC_SHUFFLE_VERSION, DocShuffleIndex
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation
 from shardwise.plan.windows import dropped_tokens, num_windows
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.examples import NEXT_TOKEN
 from shardwise.read.rows import ROW_FREE, Rows
 from shardwise.read.tokens.assemble import DocRun, WindowReader
+from shardwise.read.tokens.plans import load_or_build
 from shardwise.storage.cache import Cache, reader_cache
 
 PAD = -1
@@ -228,13 +224,16 @@ class TokenDataset(Configured):
         return hit
 
     def _doc_index(self, epoch: int) -> DocShuffleIndex:
-        c = self.config
-        lengths = self._reader.all_doc_lengths(self._plan_root())
+        """Epoch ``epoch``'s document-shuffle plan, memory-mapped from the plan directory,
+        where one process per node builds it while the others wait (a cached plan reads
+        no document lengths)."""
+        c, root = self.config, self._plan_root()
         key = {"cache": self.cache.fingerprint, "tokens": self.cache.num_tokens,
                "seed": c.seed, "epoch": epoch, "seq_len": c.seq_len, "drop_last": c.drop_last,
                "doc_shuffle_version": DOC_SHUFFLE_VERSION}
-        return load_or_build(self._plan_root(), key, lambda: build_doc_shuffle_index(
-            lengths, seed=c.seed, epoch=epoch, seq_len=c.seq_len, drop_last=c.drop_last))
+        return load_or_build(root, key, lambda: self._reader.all_doc_lengths(root),
+                             seed=c.seed, epoch=epoch, seq_len=c.seq_len,
+                             drop_last=c.drop_last)
 
     def _plan_root(self) -> Path:
         if self._plan_dir is not None:
