@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -98,13 +96,13 @@ def test_version_constant() -> None:
     assert PERMUTATION_VERSION == 1
 
 
-def test_million_indices_well_under_a_second() -> None:
-    p = Permutation(2**40 + 1, seed=9, epoch=0)  # worst case: domain is 4n
-    idx = np.arange(10**6)
-    p(idx[:10])
-    start = time.perf_counter()
-    p(idx)
-    assert time.perf_counter() - start < 1.0
+def test_a_million_indices_in_one_call_are_distinct_and_in_range() -> None:
+    """The vectorised path at its worst case (a domain of 4n, so cycle walking); its speed
+    is ``shardwise bench read``'s to measure, not a timed test's."""
+    n = 2**40 + 1
+    out = Permutation(n, seed=9, epoch=0)(np.arange(10**6))
+    assert out.shape == (10**6,) and out.min() >= 0 and out.max() < n
+    assert np.unique(out).size == 10**6
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [

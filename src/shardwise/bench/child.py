@@ -26,8 +26,8 @@ def run_child(code: str, *argv: object, env: dict[str, str] | None = None,
 
 
 def memory_mb() -> dict[str, float]:
-    """This process's peak RSS (``peak_mb``), heap (``anon_mb``) and mapped file pages
-    (``file_mb``), from /proc/self/status.
+    """This process's peak RSS (``peak_mb``), RSS now (``rss_mb``), heap (``anon_mb``) and
+    mapped file pages (``file_mb``), from /proc/self/status.
 
     Not ``ru_maxrss``: Linux starts a child's ``ru_maxrss`` at its parent's RSS across
     fork and exec, so a small child of a big parent reports the parent's peak. Self-contained
@@ -38,9 +38,9 @@ def memory_mb() -> dict[str, float]:
     try:
         with open("/proc/self/status") as f:
             kb = {k: int(v.split()[0]) for k, v in (x.split(":", 1) for x in f)
-                  if k in ("VmHWM", "RssAnon", "RssFile")}
-        return {"peak_mb": kb["VmHWM"] / 1024, "anon_mb": kb["RssAnon"] / 1024,
-                "file_mb": kb["RssFile"] / 1024}
+                  if k in ("VmHWM", "VmRSS", "RssAnon", "RssFile")}
+        return {"peak_mb": kb["VmHWM"] / 1024, "rss_mb": kb["VmRSS"] / 1024,
+                "anon_mb": kb["RssAnon"] / 1024, "file_mb": kb["RssFile"] / 1024}
     except (OSError, KeyError):  # not Linux: the best there is
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return {"peak_mb": peak / 1024 / (1024 if sys.platform == "darwin" else 1)}

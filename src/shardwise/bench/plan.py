@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from shardwise.bench import add_common
+from shardwise.bench.child import MEMORY_CODE
 from shardwise.bench.read_data import MEGATRON_INSTALL
 from shardwise.bench.read_fresh import CLOCKS, probe
 from shardwise.format.megatron import MAGIC, VERSION, dtype_code
@@ -46,52 +47,44 @@ TARGETS = {"build_time_vs_megatron": 1.0, "build_memory_vs_megatron": 1.0,
 DATA_VERSION = 1
 BLOCK = 1 << 22
 
-_STATUS = """
-def status():
-    with open("/proc/self/status") as f:
-        kb = {k: int(v.split()[0]) for k, v in (x.split(":", 1) for x in f)
-              if k in ("VmHWM", "VmRSS", "RssAnon", "RssFile")}
-    return {"peak_mb": kb["VmHWM"] / 1024, "rss_mb": kb["VmRSS"] / 1024,
-            "anon_mb": kb["RssAnon"] / 1024, "file_mb": kb["RssFile"] / 1024}
-"""
-BUILD_CODE = "import json, sys, time\n" + _STATUS + """
+BUILD_CODE = "import json, sys, time\n" + MEMORY_CODE + """
 import shardwise
 prefix, seq_len, seed, plan_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-before = status()
+before = memory_mb()
 t = time.perf_counter()
 cache = shardwise.open_cache(prefix)
 opened = time.perf_counter() - t
 ds = shardwise.TokenDataset(cache, seq_len=seq_len, seed=seed, shuffle="document",
                             plan_dir=plan_dir)
 ds[0]
-print(json.dumps({**status(), "before": before, "seconds": time.perf_counter() - t,
+print(json.dumps({**memory_mb(), "before": before, "seconds": time.perf_counter() - t,
                   "open_s": opened, "examples": len(ds)}))
 """
-MEGATRON_CODE = "import json, sys, time\n" + _STATUS + """
+MEGATRON_CODE = "import json, sys, time\n" + MEMORY_CODE + """
 from pathlib import Path
 from shardwise.bench.read_data import megatron_dataset, quiet
 with quiet():  # its imports (torch among them) count before, as shardwise's import does
     import megatron.core.datasets.gpt_dataset
 prefix, seq_len, seed, cache_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-before = status()
+before = memory_mb()
 ds, info = megatron_dataset(Path(prefix), seq_len, seed, Path(cache_dir),
                             now=lambda: time.perf_counter())
 if ds is None:
     raise SystemExit(info["note"])
-print(json.dumps({**status(), "before": before, "seconds": info["first_example_s"],
+print(json.dumps({**memory_mb(), "before": before, "seconds": info["first_example_s"],
                   "index_build_s": info["index_build_s"], "examples": len(ds)}))
 """
-READ_CODE = "import json, sys\n" + _STATUS + """
+READ_CODE = "import json, sys\n" + MEMORY_CODE + """
 import shardwise
 prefix, seq_len, seed, plan_dir, m, nb = sys.argv[1], *map(int, sys.argv[2:4]), sys.argv[4], \\
     *map(int, sys.argv[5:7])
 ds = shardwise.TokenDataset(shardwise.open_cache(prefix), seq_len=seq_len, seed=seed,
                             shuffle="document", plan_dir=plan_dir)
 ds.get_batch(list(range(m)))
-first = status()
+first = memory_mb()
 for k in range(1, nb + 1):
     ds.get_batch(list(range(k * m, (k + 1) * m)))
-print(json.dumps({"first": first, "after": status(), "batches": nb, "micro_batch": m}))
+print(json.dumps({"first": first, "after": memory_mb(), "batches": nb, "micro_batch": m}))
 """
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from shardwise.bench import add_common, add_inputs, check_counts
+from shardwise.bench.child import memory_mb
 from shardwise.bench.text_corpus import MB, make_corpus, read_texts, resolve_inputs
 from shardwise.errors import ConfigError, MissingExtraError
 
@@ -60,14 +60,9 @@ def add_subparser(which: Any) -> argparse.ArgumentParser:
 
 
 def rss_bytes() -> int:
-    """This process's resident set size now (Linux ``/proc``; else the peak so far)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """This process's resident set size now (:func:`~shardwise.bench.child.memory_mb`)."""
+    mem = memory_mb()
+    return int(mem.get("rss_mb", mem["peak_mb"]) * 2**20)
 
 
 def _timed(batches: Any, seconds: float, rss: list[int]) -> dict[str, float]:
