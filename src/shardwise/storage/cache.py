@@ -25,10 +25,9 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -41,10 +40,12 @@ from shardwise.checkpoint import fingerprint
 from shardwise.errors import CacheError, ConfigError, CorruptChunkError, ManifestError
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.chunk import META_SUFFIX, ChunkKind, ChunkMeta
-from shardwise.format.ledger import Ledger
+from shardwise.format.ledger import LEDGER_NAME, read_view
+from shardwise.format.ledger_index import ChunkColumns, LedgerView
 from shardwise.format.manifest import MANIFEST_NAME, Manifest
 from shardwise.format.megatron import MegatronIndex, open_bin, read_idx
 from shardwise.format.paths import safe_join, user_cache_dir
+from shardwise.storage.chunk_table import ChunkInfo, ChunkTable
 from shardwise.storage.download import DownloadDir, get_checked
 from shardwise.storage.integrity import CacheChecks
 from shardwise.storage.remote import RemoteStore, is_url
@@ -55,23 +56,11 @@ MAX_OPEN_CHUNKS = 64
 DEFAULT_LOCAL_BYTES = 8 << 30
 
 
-@dataclass(frozen=True)
-class ChunkInfo:
-    """A visible chunk: where its files are (``base`` + suffix) and what it holds."""
-
-    stem: str
-    base: Path
-    kind: ChunkKind
-    source: int
-    documents: int
-    tokens: int
-    meta_xxh3: str = ""
-
-
 class Cache:
     """A read-only view of a cache. Create it with :func:`open_cache`."""
 
-    def __init__(self, root: Path, *, manifest: Manifest | None, chunks: list[ChunkInfo],
+    def __init__(self, root: Path, *, manifest: Manifest | None,
+                 chunks: ChunkTable | Sequence[ChunkInfo],
                  dtype: np.dtype, eod_id: int | None, vocab_size: int | None,
                  finished: bool, errors: dict[str, int], fingerprint: str,
                  store: RemoteStore | None = None, downloads: DownloadDir | None = None,
@@ -91,7 +80,8 @@ class Cache:
         self.fingerprint = fingerprint
         self.finished = finished
         self.errors = errors
-        self.chunks: list[ChunkInfo] = []
+        self.chunks = (chunks if isinstance(chunks, ChunkTable)
+                       else ChunkTable.of(root, chunks, where=str(root)))
         self.cum_tokens = np.zeros(1, dtype=np.int64)
         self.cum_docs = np.zeros(1, dtype=np.int64)
         self.opened: Counter[str] = Counter()
@@ -99,7 +89,7 @@ class Cache:
         self._maps: OrderedDict[int, npt.NDArray[np.generic]] = OrderedDict()
         self._indexes: OrderedDict[int, MegatronIndex] = OrderedDict()
         self._checked_index: set[int] = set()
-        self._extend(chunks)
+        self._extend(self.chunks.columns)
         self.checks = CacheChecks(self)
 
     def __repr__(self) -> str:
@@ -124,31 +114,35 @@ class Cache:
     def num_documents(self) -> int:
         return int(self.cum_docs[-1])
 
-    def _extend(self, chunks: list[ChunkInfo]) -> None:
-        if not chunks:
-            return
-        self.chunks.extend(chunks)
-        toks = np.fromiter((c.tokens for c in chunks), dtype=np.int64, count=len(chunks))
-        docs = np.fromiter((c.documents for c in chunks), dtype=np.int64, count=len(chunks))
-        self.cum_tokens = np.concatenate([self.cum_tokens, self.cum_tokens[-1] + np.cumsum(toks)])
-        self.cum_docs = np.concatenate([self.cum_docs, self.cum_docs[-1] + np.cumsum(docs)])
+    def _extend(self, more: ChunkColumns) -> None:
+        """Prefix sums of the chunks appended to the table (``more``)."""
+        for name, column in (("cum_tokens", more.tokens), ("cum_docs", more.documents)):
+            cum = getattr(self, name)
+            setattr(self, name, np.concatenate([cum, cum[-1] + np.cumsum(column)]))
 
     def refresh(self) -> int:
         """Re-read the ledger; append newly visible chunks; return how many appeared."""
         if self.manifest is None or self.finished:
             return 0
-        ledger = Ledger.load(self.store or self.root)
-        visible = _visible_chunks(self.root, ledger, ChunkKind(self.manifest.chunk_kind))
-        for old, new in zip(self.chunks, visible, strict=False):
-            if old.stem != new.stem:
-                raise CacheError(f"{self.root}: the ledger reordered published chunks "
-                                 f"({old.stem} became {new.stem}); the cache was rebuilt "
-                                 "under a running reader")
-        fresh = visible[len(self.chunks):]
+        view, _ = read_view(self.store or self.root)
+        differ = self.chunks.same_prefix(view.chunks)
+        if differ >= 0:
+            new = (view.chunks.stem[differ].decode() if differ < len(view.chunks)
+                   else "nothing")
+            raise CacheError(f"{self.root}: the ledger reordered published chunks "
+                             f"({self.chunks[differ].stem} became {new}); the cache was "
+                             "rebuilt under a running reader")
+        fresh = view.chunks.tail(len(self.chunks))
+        self.chunks.extend(fresh, where=self._ledger_name)
         self._extend(fresh)
-        self.finished = ledger.finished and len(visible) == len(self.chunks)
-        self.errors = ledger.errors()
+        self.finished = view.finished
+        self.errors = view.errors
         return len(fresh)
+
+    @property
+    def _ledger_name(self) -> str:
+        return (self.store.url_of(LEDGER_NAME) if self.store is not None
+                else str(self.root / LEDGER_NAME))
 
     def _open(self, i: int) -> npt.NDArray[np.generic]:
         hit = self._maps.get(i)
@@ -385,27 +379,24 @@ class Cache:
         return np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)
 
 
-def _visible_chunks(root: Path, ledger: Ledger,
-                    kind: ChunkKind = ChunkKind.TOKENS) -> list[ChunkInfo]:
-    out = []
-    for source, entry in ledger.global_order():
-        base = safe_join(root, entry.stem, where=str(root / "ledger.json"))
-        out.append(ChunkInfo(entry.stem, base, kind, source, entry.documents, entry.tokens,
-                             entry.meta_xxh3))
-    return out
-
-
 def _open_shardwise(root: Path, verify: bool) -> Cache:
-    ledger = Ledger.load(root)
-    manifest = Manifest.load(root, xxh3=ledger.manifest_xxh3)
-    kind = ChunkKind(manifest.chunk_kind)
-    chunks = [ChunkInfo(c.stem, c.base, kind, c.source, c.documents, c.tokens, c.meta_xxh3)
-              for c in _visible_chunks(root, ledger)]
-    visible_all = ledger.finished
-    return Cache(root, manifest=manifest, chunks=chunks, dtype=np.dtype(manifest.dtype),
+    view, _ = read_view(root)
+    manifest = Manifest.load(root, xxh3=view.manifest_xxh3)
+    return _cache_of(root, manifest, view, verify=verify)
+
+
+def _cache_of(root: Path, manifest: Manifest, view: LedgerView, *, verify: bool,
+              store: RemoteStore | None = None, downloads: DownloadDir | None = None
+              ) -> Cache:
+    """An open cache of ``view``'s visible chunks, under ``root`` (a remote cache's
+    download directory)."""
+    ledger = store.url_of(LEDGER_NAME) if store is not None else str(root / LEDGER_NAME)
+    table = ChunkTable(root, ChunkKind(manifest.chunk_kind), view.chunks, where=ledger)
+    return Cache(root, manifest=manifest, chunks=table, dtype=np.dtype(manifest.dtype),
                  eod_id=manifest.tokenizer.eod_id, vocab_size=manifest.tokenizer.vocab_size,
-                 finished=visible_all, errors=ledger.errors(),
-                 fingerprint=fingerprint(manifest.identity()), verify=verify)
+                 finished=view.finished, errors=dict(view.errors),
+                 fingerprint=fingerprint(manifest.identity()), store=store,
+                 downloads=downloads, verify=verify)
 
 
 def _open_megatron(prefix: Path, verify: bool) -> Cache:
@@ -440,16 +431,11 @@ def _local_dir_for(store: RemoteStore, manifest: Manifest,
 
 def _open_remote(store: RemoteStore, local_dir: str | os.PathLike[str] | None,
                  local_bytes: int, verify: bool) -> Cache:
-    ledger = Ledger.load(store)
-    manifest = Manifest.load(store, xxh3=ledger.manifest_xxh3)
-    kind = ChunkKind(manifest.chunk_kind)
+    view, _ = read_view(store)
+    manifest = Manifest.load(store, xxh3=view.manifest_xxh3)
     downloads = DownloadDir(_local_dir_for(store, manifest, local_dir), local_bytes)
-    chunks = _visible_chunks(downloads.dir, ledger, kind)
-    return Cache(downloads.dir, manifest=manifest, chunks=chunks,
-                 dtype=np.dtype(manifest.dtype), eod_id=manifest.tokenizer.eod_id,
-                 vocab_size=manifest.tokenizer.vocab_size, finished=ledger.finished,
-                 errors=ledger.errors(), fingerprint=fingerprint(manifest.identity()),
-                 store=store, downloads=downloads, verify=verify)
+    return _cache_of(downloads.dir, manifest, view, verify=verify, store=store,
+                     downloads=downloads)
 
 
 def reader_cache(cache: Cache | str | os.PathLike[str], verify: bool | None) -> Cache:
