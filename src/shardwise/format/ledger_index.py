@@ -122,6 +122,22 @@ class LedgerView:
         return cls(ledger.manifest_xxh3, ledger.finished, ledger.errors(), totals,
                    ChunkColumns.from_order(ledger.global_order()))
 
+    def differences(self, other: LedgerView) -> list[str]:
+        """What differs from ``other`` (the view parsed from the ledger), one line each."""
+        out = [f"{k} {getattr(self, k)!r}, the ledger's is {getattr(other, k)!r}"
+               for k in ("manifest_xxh3", "finished", "errors", "sources")
+               if getattr(self, k) != getattr(other, k)]
+        if len(self.chunks) != len(other.chunks):
+            return [*out, f"{len(self.chunks)} visible chunks, the ledger has "
+                          f"{len(other.chunks)}"]
+        for k in COLUMNS:
+            ours, theirs = getattr(self.chunks, k), getattr(other.chunks, k)
+            differ = np.flatnonzero(ours != theirs)
+            if len(differ):
+                c = int(differ[0])
+                out.append(f"chunk {c}'s {k} is {ours[c]!r}, the ledger's {theirs[c]!r}")
+        return out
+
     def to_bytes(self, ledger_xxh3: str) -> bytes:
         """The ``ledger.index`` file for the ledger whose bytes hash to ``ledger_xxh3``."""
         columns = [(k, getattr(self.chunks, k)) for k in COLUMNS]

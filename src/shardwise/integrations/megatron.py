@@ -44,8 +44,9 @@ from shardwise.integrations.torch import ShardwiseLoader, loader
 from shardwise.read.compose.blend import Blend
 from shardwise.read.sampler import accumulation_steps
 from shardwise.read.tokens.dataset import TokenDataset
-from shardwise.storage.cache import Cache, open_cache
+from shardwise.storage.cache import Cache
 from shardwise.storage.cache_range import DocumentRange
+from shardwise.storage.opening import open_cache
 from shardwise.world import World
 
 SPLITS = ("train", "valid", "test")

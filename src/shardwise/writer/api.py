@@ -36,9 +36,9 @@ from shardwise.format.megatron import token_dtype
 from shardwise.sources.discovery import describe, discover, plan_segments
 from shardwise.sources.on_error import OnError
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES
+from shardwise.storage.chunk_check import CheckDepth
 from shardwise.storage.owned import clear_cache, foreign_names
 from shardwise.storage.remote import RemoteStore, open_root
-from shardwise.storage.verify import CheckDepth
 from shardwise.writer.config import ChunkPolicy
 from shardwise.writer.executor import LocalExecutor
 from shardwise.writer.processors import (

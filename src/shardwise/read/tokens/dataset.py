@@ -41,7 +41,8 @@ from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.examples import NEXT_TOKEN
 from shardwise.read.rows import ROW_FREE, Rows
 from shardwise.read.tokens.assemble import WindowReader
-from shardwise.storage.cache import Cache, reader_cache
+from shardwise.storage.cache import Cache
+from shardwise.storage.opening import reader_cache
 
 PAD = -1
 ORDER_VERSION = 1
