@@ -11,6 +11,23 @@ from typing import Any
 from shardwise.errors import ConfigError
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set size in MB: ``VmHWM`` of ``/proc/self/status``
+    (not ``ru_maxrss``: on Linux a spawned child's starts at its parent's), else (not
+    Linux) ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / 1024 / (1024 if sys.platform == "darwin" else 1)
+
+
 def run_child(code: str, *argv: object, env: dict[str, str] | None = None,
               what: str = "a bench process") -> dict[str, Any]:
     """``python -c code argv…``; its last line of output, parsed as JSON. A failed run
@@ -24,4 +41,4 @@ def run_child(code: str, *argv: object, env: dict[str, str] | None = None,
     return result
 
 
-__all__ = ["run_child"]
+__all__ = ["peak_rss_mb", "run_child"]
