@@ -13,7 +13,8 @@
 
    ``token``: ``open_cache`` + ``TokenDataset`` (window shuffle) + its first example;
    ``stream``: ``open_cache`` + ``StreamDataset`` as rank 0 of 8 + its first example;
-   ``inspect``: ``shardwise inspect --json``; ``verify``: ``shardwise verify --quick``.
+   ``inspect``: the summary ``shardwise inspect --json`` prints (sources, totals, a
+   sample of document lengths); ``verify``: ``shardwise verify --quick``.
    Each reports wall and CPU seconds after ``import shardwise`` and the process's peak
    RSS (``VmHWM`` of ``/proc/self/status``, import included); the best of ``--repeat``.
 3. Ratios: ``ledger / index`` (what the index saves) and ``largest / smallest`` size
@@ -31,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from shardwise.bench import add_common
 from shardwise.bench.child import peak_rss_mb, run_child
@@ -65,17 +68,15 @@ def _child_main(spec: dict[str, Any]) -> None:
     wall, cpu = time.perf_counter(), time.process_time()
     imported = wall - started
     path, probe = spec["path"], spec["probe"]
-    if probe in ("inspect", "verify"):
-        from contextlib import redirect_stdout
+    if probe == "inspect":  # what ``shardwise inspect --json`` computes
+        from shardwise.storage.summary import summarize
 
-        from shardwise.cli.main import main
+        orjson.dumps(summarize(shardwise.open_cache(path)).to_dict())
+    elif probe == "verify":  # ``shardwise verify --quick``
+        from shardwise.storage.verify_quick import verify_quick
 
-        argv = ["inspect", path, "--json"] if probe == "inspect" else ["verify", path,
-                                                                       "--quick"]
-        with open(os.devnull, "w") as out, redirect_stdout(out):
-            code = main(argv)
-        if code != 0:
-            raise SystemExit(f"shardwise {' '.join(argv)} exited {code}")
+        if not verify_quick(path).ok:
+            raise SystemExit(f"verify --quick found damage in {path}")
     elif probe == "token":
         ds = shardwise.TokenDataset(shardwise.open_cache(path), seq_len=SEQ_LEN, seed=1)
         ds[0]
