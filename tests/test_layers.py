@@ -4,7 +4,8 @@
 
     errors  _version
     format  world  checkpoint  choice  concurrency   (bytes; the world; the protocol; option enums;
-                                                      background threads, processes, polling)
+    chart                                             background threads, processes, polling;
+                                                      text and SVG charts)
     storage  sources  plan                           (where caches live; source files; pure plans)
     writer   read                                    (sources -> cache; cache -> examples)
     integrations  compat  testing                    (frameworks; seed systems' names; contracts)
@@ -31,7 +32,7 @@ import shardwise
 
 LAYERS = [
     {"errors", "_version"},
-    {"format", "world", "checkpoint", "choice", "concurrency"},
+    {"format", "world", "checkpoint", "choice", "concurrency", "chart"},
     {"storage", "sources", "plan"},
     {"writer", "read"},
     {"integrations", "compat", "testing"},

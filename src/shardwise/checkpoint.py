@@ -78,9 +78,103 @@ def fingerprint(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    return [f"{k}: state has {saved.get(k)!r}, this reader has {current.get(k)!r}"
-            for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+SKIP_KEY = "skip"  # a sampler's skip ranges in a state's config (see check_matches)
+
+
+def _ranges(value: Any) -> list[tuple[int, int]]:
+    try:
+        return [(as_count(a, "skip start"), as_count(b, "skip stop")) for a, b in (value or ())]
+    except (TypeError, ValueError):
+        raise StateError(f"config.skip must be a list of [start, stop] pairs, got {value!r}; "
+                         "the state was edited or damaged") from None
+
+
+def _past_skip_differences(saved: Any, current: Any, consumed: int) -> list[str]:
+    """Skip ranges whose part before ``consumed`` differs between a state and a reader
+    (each compared clipped to ``[0, consumed)``, so extending a range past the position or
+    splitting it there is not a difference).
+
+    The past cannot change: what was served (or skipped) before ``consumed`` is what the
+    state's list says, and ``shardwise trace`` of a past step must tell the truth, so
+    ranges reaching before ``consumed`` must be the saved ones. Ranges at or after it may
+    be added or removed: that is the skip-and-resume recipe (restore a checkpoint from
+    before a loss spike, skip the steps around it); a position at the start of a new range
+    continues at its end::
+
+        saved at 800 with skip [(400, 480), (800, 960)]; resume with
+          [(400, 480)]                ok: a future range removed
+          [(400, 480), (800, 1040)]   ok: a future range grown
+          [(400, 560)]                refused: [480, 560) was served
+          [(400, 480), (720, 880)]    refused: 720 < 800
+    """
+    def past(ranges: list[tuple[int, int]]) -> dict[tuple[int, int], tuple[int, int]]:
+        return {(a, min(b, consumed)): (a, b) for a, b in ranges if a < consumed}
+
+    old, new = past(_ranges(saved)), past(_ranges(current))
+    where = (f"lies (at least partly) before the saved position ({consumed:,} examples of "
+             "the global order)")
+    out = [f"skip range [{a:,}, {b:,}) {where}, but the state was saved without it"
+           for key, (a, b) in new.items() if key not in old]
+    out += [f"the state was saved skipping [{a:,}, {b:,}), which {where}, but this reader's "
+            "skip list no longer has it" for key, (a, b) in old.items() if key not in new]
+    return out
+
+
+STAGED = "staged_from"
+
+
+def staged(entries: Any) -> dict[str, Any]:
+    """A config value made of entries that each take effect from a position on — a blend
+    schedule's later stages, a skip list's ranges: ``[(start, value), ...]``, ``start`` in
+    examples of the reader's global order. A state saved at position ``p`` matches a
+    reader whose entries starting before ``p`` are the same: entries at or after ``p`` may
+    be added, changed or removed (nothing consumed so far depended on them), so a run can
+    change its plan for later and still resume exactly. A key missing on one side counts
+    as no entries::
+
+        staged([(1000, [0.4, 0.6])]) == {"staged_from": [[1000, [0.4, 0.6]]]}
+    """
+    return {STAGED: [[int(start), value] for start, value in entries]}
+
+
+def _started(value: Any, position: int) -> list[Any] | None:
+    """The entries of a :func:`staged` value that start before ``position`` (a missing
+    key: none); ``None`` when the value is not staged."""
+    if value is None:
+        return []
+    entries = value.get(STAGED) if isinstance(value, dict) and len(value) == 1 else None
+    if not isinstance(entries, list) or not all(
+            isinstance(e, list) and e and isinstance(e[0], int) for e in entries):
+        return None
+    return [e for e in entries if e[0] < position]
+
+
+def _stage_difference(key: str, saved: list[Any], current: list[Any], position: int) -> str:
+    """Name the first entry starting before ``position`` that differs."""
+    bad = next((x if x[0] <= y[0] else y for x, y in zip(saved, current, strict=False)
+                if x != y), None) or max(saved, current, key=len)[min(len(saved), len(current))]
+    return (f"{key}: the entry from example {bad[0]:,} differs (state has {saved!r}, this "
+            f"reader has {current!r}); only entries starting at or after the saved position "
+            f"{position:,} may change")
+
+
+def _differences(saved: dict[str, Any], current: dict[str, Any], position: int) -> list[str]:
+    """Every field that differs, except plans for after ``position``: a sampler's skip
+    ranges and a :func:`staged` value's entries may differ from ``position`` on."""
+    out: list[str] = []
+    for k in sorted(set(saved) | set(current)):
+        a, b = saved.get(k), current.get(k)
+        if a == b:
+            continue
+        if k == SKIP_KEY:
+            out += _past_skip_differences(a, b, position)
+            continue
+        a_started, b_started = _started(a, position), _started(b, position)
+        if a_started is None or b_started is None:
+            out.append(f"{k}: state has {a!r}, this reader has {b!r}")
+        elif a_started != b_started:
+            out.append(_stage_difference(k, a_started, b_started, position))
+    return out
 
 
 @dataclass(frozen=True)
@@ -126,11 +220,16 @@ class LoaderState:
             raise StateError(f"this state belongs to a {self.kind!r} reader, not {kind!r}")
         if self.fingerprint == fingerprint or (self.config and self.config == config):
             return  # the same config (a state from before a fingerprint change included)
-        diffs = _differences(self.config, config) or [
+        diffs = _differences(self.config, config, self.consumed)
+        if self.config and not diffs:
+            return  # only plans for later differ (skip ranges, staged entries)
+        diffs = diffs or [
             f"fingerprint: state has {self.fingerprint}, this reader has {fingerprint}"]
         raise StateError("refusing to resume: the state does not match this data and "
                          "configuration:\n  " + "\n  ".join(diffs) + "\nresume with the "
-                         "configuration and cache the state was saved with")
+                         "configuration and cache the state was saved with; plans for "
+                         "later (skip ranges, a blend schedule's stages) may change at or "
+                         f"after {self.consumed:,}, the saved position in examples")
 
     def extra_counts(self, *keys: str) -> tuple[int, ...]:
         """``extra[key]`` for each key, as integer counts; a :class:`StateError` naming the

@@ -24,7 +24,7 @@ from shardwise.cli import main as cli_main
 TINY = ("--tokens", "200000", "--seq-len", "128", "--batches", "3", "--repeat", "1",
         "--rss-batches", "4", "--seed", "7", "--chunks", "5", "--json")
 PATHS = ("numpy", "getitem", "getitems", "loader", "getitems_chunked", "loader_chunked",
-         "getitems_chunked_trusted", "loader_chunked_trusted")
+         "getitems_chunked_trusted", "loader_chunked_trusted", "getitems_doc", "loader_doc")
 
 
 def run_bench(*argv: object) -> tuple[int, dict[str, Any]]:
@@ -93,7 +93,7 @@ def test_json_report_structure(tiny: tuple[dict[str, Any], Path]) -> None:
         assert report["rss"][key]["peak_mb"] > 0
     for row in report["rows"]:
         assert set(row) == {"what", "value", "unit", "baseline_what", "baseline", "ratio"}
-    assert [t["want"] for t in report["targets"]] == [5.0, 0.5, 0.05, 0.3, 0.01, 0.9]
+    assert [t["want"] for t in report["targets"]] == [5.0, 0.5, 0.05, 0.3, 0.01, 0.9, 0.7]
     megatron_target = report["targets"][0]
     assert megatron_target["got"] is None and megatron_target["ok"] is None
     assert all(isinstance(t["ok"], bool) for t in report["targets"][1:])
@@ -105,7 +105,8 @@ def test_shardwise_and_plain_numpy_batches_are_identical(
     assert report["identical"] == {"getitem": True, "getitems": True, "loader": True,
                                    "getitems_chunked": True, "loader_chunked": True,
                                    "getitems_chunked_trusted": True,
-                                   "loader_chunked_trusted": True, "batches": 3, "all": True}
+                                   "loader_chunked_trusted": True, "getitems_doc": True,
+                                   "loader_doc": True, "batches": 3, "all": True}
     # the same check, independently, on the data the bench kept
     prefix = work / "tokens-200000"
     ds = TokenDataset(open_cache(prefix), seq_len=128, seed=7)
@@ -126,9 +127,11 @@ def test_human_report(tiny: tuple[dict[str, Any], Path]) -> None:
     assert "identical to plain numpy (3 micro-batches): getitem yes" in text
     assert "loader, cache of 5 chunks" in text and "loader_chunked yes" in text
     assert "doc shuffle, cold plan, 0.2M" in text and "doc shuffle, cached plan, 0.8M" in text
-    assert text.count("target ") == 6 and "not measured" in text
+    assert text.count("target ") == 7 and "not measured" in text
     assert "loader, 5 chunks, checks on" in text and "the same, verify=False" in text
     assert "first epoch, 5 chunks, checks on + hashing" in text
+    assert "loader, doc shuffle" in text and "loader, window shuffle" in text
+    assert "document shuffle >= 0.7x window path" in text
 
 
 def test_data_is_reused(tiny: tuple[dict[str, Any], Path]) -> None:
@@ -160,7 +163,7 @@ def test_megatron_baseline(tmp_path: Path) -> None:
     # Megatron's index files: left by the cached runs only
     assert {p.parent.name for p in tmp_path.glob("megatron-index-*/*/*")} == {"cached"}
     compared = [r for r in report["rows"] if r["baseline_what"].startswith("Megatron")]
-    assert len(compared) == 1 + 4 + 2 and all(r["ratio"] is not None for r in compared)
+    assert len(compared) == 1 + 1 + 4 + 2 and all(r["ratio"] is not None for r in compared)
 
 
 def test_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:

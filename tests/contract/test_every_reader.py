@@ -85,6 +85,13 @@ def _tokens(d: dict[str, Any], other: bool) -> Any:
                   global_batch_size=4, micro_batch_size=2, world=ONE)
 
 
+def _tokens_skipping(d: dict[str, Any], other: bool) -> Any:
+    """The loader with skip ranges: its position jumps them; every step still resumes."""
+    return loader(sw.TokenDataset(d["caches"][0], seq_len=16, seed=2 if other else 1),
+                  global_batch_size=4, micro_batch_size=2, world=ONE,
+                  skip_steps=[(0, 1), (2, 4)])
+
+
 def _torchdata(d: dict[str, Any], other: bool) -> Any:
     """The batch sampler a StatefulDataLoader checkpoints (its index lists as rows)."""
     ds = sw.TokenDataset(d["caches"][0], seq_len=16, seed=2 if other else 1)
@@ -123,6 +130,13 @@ def _consumer(d: dict[str, Any], other: bool) -> Any:
 def _blend_map(d: dict[str, Any], other: bool) -> Any:
     parts = [sw.TokenDataset(c, seq_len=16, seed=1) for c in d["caches"]]
     return loader(sw.Blend(parts, [0.7, 0.3], seed=2 if other else 1),
+                  global_batch_size=4, micro_batch_size=2, world=ONE)
+
+
+def _blend_schedule(d: dict[str, Any], other: bool) -> Any:
+    parts = [sw.TokenDataset(c, seq_len=16, seed=1) for c in d["caches"]]
+    schedule = [(0, [0.7, 0.3]), (6, [0.1, 0.9]), (13, [0.5, 0.5])]  # inside steps of 4
+    return loader(sw.Blend(parts, seed=2 if other else 1, schedule=schedule),
                   global_batch_size=4, micro_batch_size=2, world=ONE)
 
 
@@ -166,6 +180,7 @@ class _ShardFile(list):  # type: ignore[type-arg]
 # name -> (factory(data, other_config) -> a resumable iterable, the classes it covers)
 READERS: dict[str, tuple[Callable[[dict[str, Any], bool], Any], tuple[type, ...]]] = {
     "TokenDataset+loader": (_tokens, (sw.TokenDataset, ShardwiseLoader)),
+    "TokenDataset+loader(skip)": (_tokens_skipping, (ShardwiseLoader,)),
     "TokenDataset+torchdata": (_torchdata, (StatefulBatchSampler,)),
     "StreamDataset": (_stream, (sw.StreamDataset,)),
     "RecordStream": (_records, (sw.RecordStream,)),
@@ -173,6 +188,7 @@ READERS: dict[str, tuple[Callable[[dict[str, Any], bool], Any], tuple[type, ...]
     "ContiguousShards+loader": (_contiguous, (sw.ContiguousShards,)),
     "SequentialConsumer": (_consumer, (sw.SequentialConsumer,)),
     "Blend(map)+loader": (_blend_map, (sw.Blend,)),
+    "Blend(schedule)+loader": (_blend_schedule, (sw.Blend,)),
     "Blend(streams)": (_blend_streams, (sw.Blend,)),
     "PackedSFT": (_packed, (sw.PackedSFT,)),
     "compat.llm": (_llm, (DistributedShardedDataset, ResumableSequentialSampler)),

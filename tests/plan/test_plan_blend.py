@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise.plan import BlendSchedule, blend_index, blend_slice, normalize_weights
-from shardwise.plan.blend import CHECKPOINT_EVERY
+from shardwise.plan.blend import CHECKPOINT_EVERY, StagedBlend
 
 WEIGHTS = st.lists(st.one_of(st.just(0.0), st.floats(1e-3, 1.0)), min_size=1, max_size=7).filter(
     lambda w: sum(w) > 0)
@@ -113,3 +113,93 @@ def test_seeding_from_saved_counts_resumes_in_one_block() -> None:
     assert len(s) == 1000
     with pytest.raises(ValueError, match="cannot follow"):
         BlendSchedule(w).seed(100, [100, 0, 0, 0])
+
+
+# -- stages ------------------------------------------------------------------------------
+STAGES = st.lists(st.tuples(st.integers(1, 400), WEIGHTS), min_size=1, max_size=4)
+
+
+def staged_from(spec: list[tuple[int, list[float]]], k: int) -> StagedBlend:
+    """Stages of ``k`` sources: each spec entry is (length, weights padded/cut to k)."""
+    starts = np.cumsum([0] + [n for n, _ in spec[:-1]]).tolist()
+    weights = [(w + [0.0] * k)[:k] if sum((w + [0.0] * k)[:k]) > 0 else [1.0] * k
+               for _, w in spec]
+    return StagedBlend(list(zip(starts, weights, strict=True)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(spec=STAGES, k=st.integers(1, 5), tail=st.integers(0, 300))
+def test_stages_each_keep_their_own_guarantee_and_offsets_continue(
+        spec: list[tuple[int, list[float]]], k: int, tail: int) -> None:
+    plan = staged_from(spec, k)
+    n = plan.starts[-1] + tail
+    sources, offsets = plan.slice(0, n)
+    counts = realised_counts(sources, k)
+    for j, start in enumerate(plan.starts):  # counted from the stage's start
+        stop = plan.starts[j + 1] if j + 1 < len(plan.starts) else n
+        if stop <= start:
+            continue
+        w = plan.stages[j].weights
+        before = counts[start - 1] if start else np.zeros(k, np.int64)
+        rel = counts[start:stop] - before
+        assert (np.abs(rel - w * np.arange(1, stop - start + 1)[:, None]) <= 1 + 1e-9).all()
+        assert (w[sources[start:stop]] > 0).all()
+    # each source's offsets run 0, 1, 2, ... across every boundary: no repeat, no skip
+    for j in range(k):
+        assert offsets[sources == j].tolist() == list(range(int((sources == j).sum())))
+    for t in range(n + 1):  # counts_at is brute-force counting
+        want = counts[t - 1] if t else np.zeros(k, np.int64)
+        assert np.array_equal(plan.counts_at(t), want)
+    idx = np.random.default_rng(n).integers(0, max(n, 1), size=(3, 7))
+    if n:
+        s, o = staged_from(spec, k)(idx)  # random access on a fresh plan
+        assert np.array_equal(s, sources[idx]) and np.array_equal(o, offsets[idx])
+
+
+def test_one_stage_is_the_plain_rule_and_the_docstring_example() -> None:
+    w = [0.6, 0.25, 0.1, 0.05]
+    s, o = StagedBlend([(0, w)]).slice(0, 5000)
+    full_s, full_o = blend_index(5000, w)
+    assert np.array_equal(s, full_s) and np.array_equal(o, full_o)
+    plan = StagedBlend([(0, [0.5, 0.5]), (4, [0, 1]), (6, [0.5, 0.5])])
+    s, o = plan.slice(0, 9)
+    assert s.tolist() == [0, 1, 0, 1, 1, 1, 0, 1, 0]
+    assert o.tolist() == [0, 0, 1, 1, 2, 3, 2, 4, 3]
+    assert plan.counts_at(4).tolist() == [2, 2] and plan.counts_at(6).tolist() == [2, 4]
+
+
+def test_seeding_a_stage_continues_across_the_next_boundary_without_replay() -> None:
+    stages = [(0, [0.7, 0.3, 0]), (CHECKPOINT_EVERY + 10, [0.4, 0.3, 0.3]),
+              (CHECKPOINT_EVERY + 900, [0, 0, 1])]
+    full = StagedBlend(stages)
+    src, off = full.slice(0, CHECKPOINT_EVERY + 2500)
+    for t in (CHECKPOINT_EVERY + 10, CHECKPOINT_EVERY + 11, CHECKPOINT_EVERY + 899):
+        fresh = StagedBlend(stages)
+        k = fresh.stage_of(t)
+        fresh.seed(t, full.counts_at(t), full.base(k))
+        s, o = fresh.slice(t, t + 1500)
+        assert (s == src[t: t + 1500]).all() and (o == off[t: t + 1500]).all()
+        assert set(fresh.stages[0]._known) == {0}  # stage 0 was never computed
+    with pytest.raises(ValueError, match="counts at that stage's start are needed"):
+        StagedBlend(stages).seed(CHECKPOINT_EVERY + 20, full.counts_at(CHECKPOINT_EVERY + 20),
+                                 None)
+    known = StagedBlend(stages)
+    known.counts_at(CHECKPOINT_EVERY + 10)  # the stage's start is known: a forged one is not
+    forged = full.base(1) + np.asarray([1, -1, 0])
+    with pytest.raises(ValueError, match="differ from this blend's"):
+        known.seed(CHECKPOINT_EVERY + 20, full.counts_at(CHECKPOINT_EVERY + 20), forged)
+    with pytest.raises(ValueError, match="cannot precede"):
+        StagedBlend(stages).seed(CHECKPOINT_EVERY + 20, full.counts_at(CHECKPOINT_EVERY + 20),
+                                 [0, 0, 0])
+
+
+@pytest.mark.parametrize(("stages", "match"), [
+    ([], "at least one stage"),
+    ([(5, [1, 1])], "begin at 0 and increase"),
+    ([(0, [1, 1]), (0, [1, 2])], "begin at 0 and increase"),
+    ([(0, [1, 1]), (9, [1, 2, 3])], "one weight per source"),
+    ([(0, [1, 1]), (9, [0, 0])], "at least one weight"),
+])
+def test_bad_stages_are_refused(stages: list[tuple[int, list[float]]], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        StagedBlend(stages)

@@ -50,6 +50,31 @@ def test_windows_cover_every_token_once(lengths: list[int], seq_len: int, seed: 
     assert stream == expected[:len(stream)]  # documents appear whole, in shuffled order
 
 
+@settings(max_examples=120, deadline=None)
+@given(lengths=LENGTHS, seed=st.integers(0, 2**32), data=st.data())
+def test_any_span_is_the_shuffled_stream(lengths: list[int], seed: int,
+                                         data: st.DataObject) -> None:
+    """``span_pieces`` (what the reader calls, once per run of windows) names exactly the
+    shuffled stream's tokens of any span; an empty or out-of-range span is refused."""
+    index = build_doc_shuffle_index(np.asarray(lengths, dtype=np.int64), seed=seed, epoch=0,
+                                    seq_len=4, drop_last=False)
+    stream = [(int(d), k) for d in index.doc_order for k in range(lengths[int(d)])]
+    total = len(stream)
+    if total == 0:
+        with pytest.raises(ValueError, match="not a non-empty part"):
+            index.span_pieces(0, 1)
+        return
+    start = data.draw(st.integers(0, total - 1))
+    stop = data.draw(st.integers(start + 1, total))
+    docs, skip, end = index.span_pieces(start, stop)
+    got = [(int(d), k) for j, d in enumerate(docs)
+           for k in range(skip if j == 0 else 0, end if j == len(docs) - 1 else lengths[d])]
+    assert got == stream[start:stop]
+    for bad in ((start, start), (-1, stop), (start, total + 1)):
+        with pytest.raises(ValueError, match="not a non-empty part"):
+            index.span_pieces(*bad)
+
+
 def test_order_depends_on_seed_and_epoch_and_is_a_permutation() -> None:
     lengths = np.arange(1, 101)
     a = build_doc_shuffle_index(lengths, seed=1, epoch=0, seq_len=8, drop_last=True)

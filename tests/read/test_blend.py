@@ -226,3 +226,107 @@ def test_a_blend_names_what_its_sources_drop_and_pads_like_its_first(
     state["extra"]["blend_counts"] = [0.0, 0.0]
     with pytest.raises(StateError, match=r"blend counts\[0\] must be an integer"):
         dl.load_state_dict(state)
+
+
+# -- schedules ---------------------------------------------------------------------------
+SCHEDULE = [(0, {"a": 0.8, "b": 0.2}), (22, {"b": 1.0}), (30, {"a": 0.3, "b": 0.7})]
+
+
+def scheduled(caches: tuple[Path, Path], schedule: Any = SCHEDULE) -> Blend:
+    return Blend(datasets(caches), names=["a", "b"], seed=3, schedule=schedule)
+
+
+def test_a_schedule_holds_each_stage_and_continues_each_source(caches: tuple[Path, Path]
+                                                                ) -> None:
+    mix = scheduled(caches)
+    dl = loader(mix, global_batch_size=4, micro_batch_size=2, world=sw.World(0, 1))
+    rows = np.concatenate([b["input_ids"].numpy() for b in take(dl, 40)])  # 80 examples
+    src = source_of(rows)
+    assert_within_one(src[:22], [0.8, 0.2])
+    assert (src[22:30] == 1).all()
+    assert_within_one(src[30:], [0.3, 0.7])  # counted from the stage's start
+    ds = datasets(caches)
+    s, off = mix.locate(np.arange(80))
+    for j in (0, 1):  # every source goes on with its next example at each boundary
+        assert off[s == j].tolist() == list(range(int((s == j).sum())))
+        own = np.stack([ds[j][o]["input_ids"] for o in off[s == j].tolist()])
+        assert (rows[s == j] == own).all()
+    for t in range(81):  # counts_at and tokens_seen are brute-force counting
+        want = np.bincount(src[:t], minlength=2)
+        assert mix.counts_at(t).tolist() == want.tolist()
+        assert mix.tokens_seen(t) == {"a": int(want[0]) * 16, "b": int(want[1]) * 16}
+    report = mix.report(26)
+    assert report["stage"] == 1 and report["stage_start"] == 22
+    assert [r["weight"] for r in report["sources"]] == [0.0, 1.0]
+    assert report["max_deviation"] == 0
+
+
+def test_a_schedule_resumes_exactly_around_every_boundary(caches: tuple[Path, Path]
+                                                          ) -> None:
+    mix = scheduled(caches)
+    for b in (2, 4):  # boundaries inside a step (22 = 5.5 × 4) and on one (30 = 15 × 2)
+        assert_resumes_exactly(
+            lambda b=b: loader(mix, global_batch_size=b, micro_batch_size=2,
+                               world=sw.World(0, 1)), steps=64 // b)
+        assert_resumes_exactly(  # a fresh blend per restore: no schedule computed before
+            lambda b=b: loader(scheduled(caches), global_batch_size=b, micro_batch_size=2,
+                               world=sw.World(0, 1)), steps=48 // b,
+            stop_points=[20 // b, 22 // b, 24 // b, 30 // b, 32 // b])
+    recs = packed_records(40, 10_000)
+
+    def streams() -> Blend:
+        return Blend([Stream(1_000_000), PackedSFT(recs, seq_len=16, window=8, epochs=None)],
+                     schedule=[(0, [0.5, 0.5]), (9, [0.1, 0.9]), (15, [1, 0])])
+
+    assert_resumes_exactly(streams, steps=30)
+    state = streams().state_dict()
+    assert "stage_counts" in state["extra"] and "schedule" in state["config"]
+
+
+def test_the_schedule_after_the_saved_position_may_change(caches: tuple[Path, Path]) -> None:
+    def make(schedule: Any) -> Any:
+        return loader(scheduled(caches, schedule), global_batch_size=4, micro_batch_size=2,
+                      world=sw.World(0, 1))
+
+    first = make(SCHEDULE)
+    take(first, 12)  # micro-batches of 2: 24 examples, inside the stage from 22
+    state = json.loads(json.dumps(first.state_dict()))
+    later = SCHEDULE[:2] + [(40, {"a": 0.5, "b": 0.5}), (60, {"a": 1.0})]
+    resumed = make(later)
+    resumed.load_state_dict(state)
+    want = [b["input_ids"].numpy() for b in take(make(later), 40)[12:]]
+    assert all((g["input_ids"].numpy() == w).all()
+               for g, w in zip(take(resumed, 28), want, strict=True))
+    for changed, start in ((SCHEDULE[:1] + [(21, {"b": 1.0})] + SCHEDULE[2:], 21),
+                           (SCHEDULE[:1] + [(22, {"a": 0.1, "b": 0.9})] + SCHEDULE[2:], 22)):
+        with pytest.raises(StateError, match=f"schedule: the entry from example {start} "):
+            make(changed).load_state_dict(state)
+    single = loader(Blend(datasets(caches), [0.8, 0.2], names=["a", "b"], seed=3),
+                    global_batch_size=4, micro_batch_size=2, world=sw.World(0, 1))
+    take(single, 5)  # 10 examples; a run without a schedule adds one for later
+    plain = json.loads(json.dumps(single.state_dict()))
+    grown = make(SCHEDULE)
+    grown.load_state_dict(plain)
+    assert (take(grown, 1)[0]["input_ids"].numpy() == take(make(SCHEDULE), 6)[5][
+        "input_ids"].numpy()).all()
+    with pytest.raises(StateError, match="schedule: the entry from example 22"):
+        take(single, 7)  # 24 examples: past the new stage's start
+        make(SCHEDULE).load_state_dict(json.loads(json.dumps(single.state_dict())))
+
+
+def test_schedule_refusals(caches: tuple[Path, Path]) -> None:
+    ds = datasets(caches)
+    for kwargs, match in (
+            ({"schedule": [(5, [1, 1])]}, "first stage starts at 0"),
+            ({"schedule": [(0, [1, 1]), (0, [1, 2])]}, "starts increase"),
+            ({"schedule": [(0, {"a": 1, "web": 1})]}, r"name \['web'\]"),
+            ({"schedule": [(0, [1, 1]), (4, [1])]}, "stage 1: give one weight per dataset"),
+            ({"schedule": [(0, [1, 1]), (4, [0, 0])]}, "stage 1: at least one weight"),
+            ({"schedule": [(0, [1, 1])], "weights": [1, 2]}, "differ from the schedule"),
+            ({}, "weights=.* or schedule="),
+            ({"schedule": "0:1,1"}, "non-empty list")):
+        with pytest.raises(ConfigError, match=match):
+            Blend(ds, names=["a", "b"], **kwargs)
+    same = Blend(ds, [4, 1], names=["a", "b"], schedule=[(0, {"a": 0.8, "b": 0.2})])
+    assert "schedule" not in same.state_config()  # one stage: today's config and order
+    assert same.state_config() == Blend(ds, [0.8, 0.2], names=["a", "b"]).state_config()

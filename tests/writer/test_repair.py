@@ -175,3 +175,43 @@ def test_a_source_changed_where_its_fingerprint_does_not_look_is_refused(
                                          f"{source} changed since this cache was built"):
         build([source], out, tokenizer=tokenizer_path, chunk_docs=64, workers=2,
               progress=False)
+
+
+def test_a_chunk_built_before_skipped_lines_existed_is_rebuilt_as_it_was(
+        tmp_path: Path, tokenizer_path: Path) -> None:
+    """Chunk metadata gained ``skipped_lines``; a cache built before it (the field absent
+    although records were skipped) must still repair to its own bytes, not stop as if the
+    source had changed."""
+    from dataclasses import replace
+
+    from shardwise.format.checksum import bytes_checksum
+    from shardwise.format.chunk import read_meta
+    from shardwise.format.ledger import Ledger
+
+    corpus = tmp_path / "bad.jsonl"
+    lines = [orjson.dumps({"text": f"document {i} " * 5}).decode() if i % 7 else "{not json"
+             for i in range(80)]
+    corpus.write_text("\n".join(lines) + "\n")
+    args: dict[str, Any] = dict(chunk_docs=8, workers=1, progress=False, on_error="skip")
+    out = tmp_path / "cache"
+    build([corpus], out, tokenizer=tokenizer_path, **args)
+    ledger = Ledger.load(out)
+    old: dict[str, bytes] = {}  # rewrite every chunk as an earlier build wrote it
+    for seg in ledger.sources[0].segments:
+        for k, entry in enumerate(seg.chunks):
+            path = out / (entry.stem + ".json")
+            meta = read_meta(path)
+            if meta.skipped_lines:
+                old[entry.stem] = replace(meta, skipped_lines=None).to_json()
+                path.write_bytes(old[entry.stem])
+                seg.chunks[k] = replace(entry, meta_xxh3=bytes_checksum(old[entry.stem]))
+    ledger.save(out)
+    assert old and verify_cache(out).ok
+    stem = sorted(old)[0]
+    _flip(out / (stem + ".bin"), 2)
+
+    summary = build([corpus], out, tokenizer=tokenizer_path, **args)
+
+    assert set(summary.rebuilt_chunks) == {stem}
+    assert (out / (stem + ".json")).read_bytes() == old[stem]
+    assert verify_cache(out).ok

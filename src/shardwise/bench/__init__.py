@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-BENCHES = ("build", "read", "stream", "records", "open")
+BENCHES = ("build", "read", "stream", "records", "trace", "open")
 
 
 def add_common(p: argparse.ArgumentParser, *, repeat: int, repeat_help: str,

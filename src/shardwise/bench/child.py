@@ -3,29 +3,13 @@ cached helps it) and read back the JSON line it prints last."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import subprocess
 import sys
 from typing import Any
 
 from shardwise.errors import ConfigError
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident set size in MB: ``VmHWM`` of ``/proc/self/status``
-    (not ``ru_maxrss``: on Linux a spawned child's starts at its parent's), else (not
-    Linux) ``ru_maxrss``."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    import resource
-
-    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kb / 1024 / (1024 if sys.platform == "darwin" else 1)
 
 
 def run_child(code: str, *argv: object, env: dict[str, str] | None = None,
@@ -41,4 +25,28 @@ def run_child(code: str, *argv: object, env: dict[str, str] | None = None,
     return result
 
 
-__all__ = ["peak_rss_mb", "run_child"]
+def memory_mb() -> dict[str, float]:
+    """This process's peak RSS (``peak_mb``), heap (``anon_mb``) and mapped file pages
+    (``file_mb``), from /proc/self/status.
+
+    Not ``ru_maxrss``: Linux starts a child's ``ru_maxrss`` at its parent's RSS across
+    fork and exec, so a small child of a big parent reports the parent's peak. Self-contained
+    (imports inside) so :data:`MEMORY_CODE` can paste it into a child's code."""
+    import resource
+    import sys
+
+    try:
+        with open("/proc/self/status") as f:
+            kb = {k: int(v.split()[0]) for k, v in (x.split(":", 1) for x in f)
+                  if k in ("VmHWM", "RssAnon", "RssFile")}
+        return {"peak_mb": kb["VmHWM"] / 1024, "anon_mb": kb["RssAnon"] / 1024,
+                "file_mb": kb["RssFile"] / 1024}
+    except (OSError, KeyError):  # not Linux: the best there is
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return {"peak_mb": peak / 1024 / (1024 if sys.platform == "darwin" else 1)}
+
+
+MEMORY_CODE = inspect.getsource(memory_mb).replace(" -> dict[str, float]", "")
+""":func:`memory_mb` as source, for the code of a child that must not import shardwise."""
+
+__all__ = ["MEMORY_CODE", "memory_mb", "run_child"]

@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 
 from shardwise.bench import add_common
-from shardwise.bench.child import peak_rss_mb, run_child
+from shardwise.bench.child import memory_mb, run_child
 from shardwise.errors import ConfigError
 
 PROBES = ("token", "stream", "inspect", "verify")
@@ -88,7 +88,7 @@ def _child_main(spec: dict[str, Any]) -> None:
         next(iter(st))
     print(json.dumps({"seconds": time.perf_counter() - wall,
                       "cpu_seconds": time.process_time() - cpu, "import_s": imported,
-                      "peak_mb": peak_rss_mb()}))
+                      "peak_mb": memory_mb()["peak_mb"]}))
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,8 @@ another's page faults::
     *_chunked_trusted  the same with ``open_cache(..., verify=False)``: without the per-batch
                      id check and the background checksum verification, so the report shows
                      what the checks cost on the default path (target: at most 10%)
+    *_doc            the same with ``shuffle="document"`` (Megatron's order: documents
+                     shuffled, then packed; target: at least 0.7x the window path)
     megatron         megatron.core GPTDataset + torch DataLoader(batch_size=m, num_workers=0)
 
 The background verification hashes each chunk once per node; the untimed warm-up round
@@ -40,7 +42,6 @@ import contextlib
 import functools
 import itertools
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -53,21 +54,18 @@ import numpy.typing as npt
 
 from shardwise.bench.read_data import (
     MEGATRON_INSTALL,
-    VOCAB,
     chunked_copy,
     make_corpus,
     megatron_dataset,
     quiet,
 )
 from shardwise.bench.read_fresh import CLOCKS, measure_rss, measure_startup
+from shardwise.bench.read_once import measure_first_epoch, measure_seek, measure_verify_once
+from shardwise.bench.read_report import CHUNKED, DOC, TRUSTED, figure_rows, format_report, targets
 from shardwise.errors import ConfigError
 
 RSS_NOTE = ("peak RSS counts mapped page-cache pages (the kernel maps up to 64 KB around each "
             "touched page), for plain numpy too; the reader's own memory is the heap row")
-TARGETS = {"loader_vs_megatron": 5.0, "loader_vs_numpy": 0.5, "first_example_s": 0.050,
-           "import_s": 0.3, "seek_s": 0.010, "checks_vs_trusted": 0.9}
-CHUNKED = "_chunked"
-TRUSTED = "_chunked_trusted"
 
 
 def add_subparser(which: Any) -> argparse.ArgumentParser:
@@ -126,24 +124,49 @@ def _same_rows(batch: dict[str, Any], rows: npt.NDArray[np.int64]) -> bool:
                 and np.array_equal(labels.reshape(-1, L), rows[:, 1:]))
 
 
+def _doc_rows(ds: Any, mm: npt.NDArray[Any]) -> Callable[[list[int]], npt.NDArray[Any]]:
+    """Reference rows of a document-shuffled dataset (epoch 0), made apart from its reader:
+    the plan built again from the cache's document lengths, each window's pieces sliced
+    from the memory-mapped ``.bin`` one by one."""
+    from shardwise.plan.doc_shuffle import build_doc_shuffle_index
+
+    c, cache = ds.config, ds.cache
+    lengths = np.concatenate([np.asarray(cache.doc_lengths(k), dtype=np.int64)
+                              for k in range(len(cache.chunks))])
+    starts = np.concatenate(([0], np.cumsum(lengths)))
+    index = build_doc_shuffle_index(lengths, seed=c.seed, epoch=0, seq_len=c.seq_len,
+                                    drop_last=c.drop_last)
+
+    def rows(idx: list[int]) -> npt.NDArray[Any]:
+        return np.stack([np.concatenate([mm[starts[d] + o: starts[d] + o + n]
+                                         for d, o, n in index.pieces(w)]).astype(np.int64)
+                         for w in idx])
+    return rows
+
+
 def check_identical(readers: dict[str, Any], mm: npt.NDArray[Any], args: argparse.Namespace,
                     loaders: dict[str, Callable[[], Any]]) -> dict[str, Any]:
-    """The first micro-batches through every shardwise path vs plain-numpy slicing."""
+    """The first micro-batches through every shardwise path vs plain-numpy slicing (the
+    document-shuffled paths: vs the plan's pieces sliced one by one)."""
     L, m = args.seq_len, args.micro_batch
     k = min(args.batches, 8)
     ok: dict[str, Any] = {"getitem": True, **{f"getitems{s}": True for s in readers},
                           **{f"loader{s}": True for s in loaders}}
     batches = {s: iter(make()) for s, make in loaders.items()}
     ds = readers[""]
+    doc_rows = _doc_rows(readers[DOC], mm) if DOC in readers else None
     for b in range(k):
         idx = list(range(b * m, (b + 1) * m))
-        rows = np.stack([np.asarray(mm[w * L: w * L + L + 1], dtype=np.int64)
-                         for w in ds.windows(idx).tolist()])
+        want = {"": np.stack([np.asarray(mm[w * L: w * L + L + 1], dtype=np.int64)
+                              for w in ds.windows(idx).tolist()])}
+        if doc_rows is not None:
+            want[DOC] = doc_rows(idx)
         for suffix, reader in readers.items():
-            ok[f"getitems{suffix}"] &= _same_rows(reader.__getitems__(idx), rows)
-        ok["getitem"] &= all(_same_rows(ds[i], rows[j: j + 1]) for j, i in enumerate(idx))
+            ok[f"getitems{suffix}"] &= _same_rows(reader.__getitems__(idx),
+                                                  want.get(suffix, want[""]))
+        ok["getitem"] &= all(_same_rows(ds[i], want[""][j: j + 1]) for j, i in enumerate(idx))
         for suffix, it in batches.items():
-            ok[f"loader{suffix}"] &= _same_rows(next(it), rows)
+            ok[f"loader{suffix}"] &= _same_rows(next(it), want.get(suffix, want[""]))
     ok["all"] = all(ok.values())
     return {**ok, "batches": k}
 
@@ -201,227 +224,6 @@ def measure_throughput(readers: dict[str, Any], mm: npt.NDArray[Any],
     return out
 
 
-def measure_verify_once(cache_dir: Path, clock: str) -> dict[str, Any]:
-    """The per-chunk checksum check the background verification runs once per node, over
-    the whole chunked cache (``verify_cache`` runs the same ``check_chunk``)."""
-    from shardwise.storage.verify import verify_cache
-
-    now = getattr(time, CLOCKS[clock])
-    started = now()
-    report = verify_cache(cache_dir)
-    seconds = now() - started
-    return {"seconds": seconds, "bytes": report.bytes_checked, "ok": report.ok,
-            "chunks": report.chunks_checked, "mb_per_s": report.bytes_checked / 1e6 / seconds}
-
-
-def measure_first_epoch(cache_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """One epoch of ``cache_dir`` through ``__getitems__`` on a node that has verified
-    nothing yet (its log removed), the background hashing included (waited for), beside
-    the same epoch with ``verify=False``; best of ``--repeat``."""
-    from shardwise import TokenDataset, open_cache
-    from shardwise.format.paths import READER_DIR
-    from shardwise.storage.integrity import LOG_DIR
-
-    now, m = getattr(time, CLOCKS[args.clock]), args.micro_batch
-    best = {"checks": float("inf"), "trusted": float("inf")}
-    n = hashed = 0
-    for _ in range(args.repeat):
-        for name, verify in (("checks", True), ("trusted", False)):
-            shutil.rmtree(cache_dir / READER_DIR / LOG_DIR, ignore_errors=True)
-            ds = TokenDataset(open_cache(cache_dir, verify=verify), seq_len=args.seq_len,
-                              seed=args.seed)
-            n = len(ds) // m * m
-            started = now()
-            for k in range(0, n, m):
-                ds.__getitems__(list(range(k, k + m)))
-            ds.cache.wait_for_verify()
-            ds.cache.raise_if_damaged()
-            best[name] = min(best[name], now() - started)
-            hashed = max(hashed, ds.cache.verify_stats()["hashed"])
-            ds.cache.close()
-    return {**best, "examples": n, "hashed_chunks": hashed}
-
-
-def measure_seek(prefix: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Loader construction plus its first batch, deep in the data (epoch 3) vs at 0."""
-    from shardwise import TokenDataset, World, open_cache
-    from shardwise.torch import loader
-
-    m, now = args.micro_batch, getattr(time, CLOCKS[args.clock])
-    probe = TokenDataset(open_cache(prefix), seq_len=args.seq_len, seed=args.seed)
-    deep = (3 * len(probe) + len(probe) // 2) // m * m
-    out: dict[str, Any] = {"consumed": deep}
-    for name, consumed in (("zero", 0), ("deep", deep)):
-        best = float("inf")
-        for _ in range(args.repeat):
-            ds = TokenDataset(open_cache(prefix), seq_len=args.seq_len, seed=args.seed)
-            started = now()
-            next(iter(loader(ds, global_batch_size=m, micro_batch_size=m, world=World(0, 1),
-                             num_workers=0, consumed=consumed)))
-            best = min(best, now() - started)
-        out[name] = best
-    return out
-
-
-# -- report -----------------------------------------------------------------------------
-def _row(what: str, value: float | None, unit: str, base_what: str, base: float | None
-         ) -> dict[str, Any]:
-    ratio = value / base if value is not None and base else None
-    return {"what": what, "value": value, "unit": unit, "baseline_what": base_what,
-            "baseline": base, "ratio": ratio}
-
-
-def _heap_growth(r: dict[str, Any]) -> float:
-    """RssAnon after reading minus RssAnon after the imports (what the reader added)."""
-    return float(r["anon_mb"] - r["after_import"]["anon_mb"])
-
-
-def figure_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each figure beside its baseline (ratio = figure / baseline)."""
-    tp, st, rss, cfg = rep["throughput"], rep["startup"], rep["rss"], rep["config"]
-    eps = {k: v["examples_per_s"] for k, v in tp.items()}
-    meg = eps.get("megatron")
-    np_name = "plain numpy memmap slicing"
-    rows = [_row("ds[i], one example per call", eps["getitem"], "ex/s", np_name, eps["numpy"]),
-            _row("ds.__getitems__, one micro-batch", eps["getitems"], "ex/s", np_name,
-                 eps["numpy"])]
-    if "loader" in eps:
-        rows += [_row("loader, num_workers=0", eps["loader"], "ex/s", np_name, eps["numpy"]),
-                 _row("loader, num_workers=0", eps["loader"], "ex/s",
-                      "Megatron GPTDataset + DataLoader", meg)]
-    chunks = rep["data"].get("chunked", {}).get("chunks")
-    for path in ("getitems", "loader"):
-        if path + CHUNKED in eps:
-            rows.append(_row(f"{path}, cache of {chunks} chunks", eps[path + CHUNKED], "ex/s",
-                             f"{path}, one .bin", eps[path]))
-    for path in ("getitems", "loader"):
-        if path + TRUSTED in eps:
-            rows.append(_row(f"{path}, {chunks} chunks, checks on", eps[path + CHUNKED],
-                             "ex/s", "the same, verify=False", eps[path + TRUSTED]))
-    if "first_epoch" in rep:
-        fe = rep["first_epoch"]
-        rows.append(_row(f"first epoch, {chunks} chunks, checks on + hashing", fe["examples"]
-                         / fe["checks"], "ex/s", "the same, verify=False",
-                         fe["examples"] / fe["trusted"]))
-    if "verify_once" in rep:
-        v = rep["verify_once"]
-        rows.append(_row(f"checksum check, {v['chunks']} chunks, {v['bytes'] / 1e6:,.0f} MB",
-                         v["mb_per_s"], "MB/s", "once per node, background thread", None))
-    if meg is not None:
-        rows.append(_row("Megatron GPTDataset + DataLoader", meg, "ex/s", np_name, eps["numpy"]))
-    small, large = f"{cfg['tokens'] / 1e6:g}M", f"{cfg['large_tokens'] / 1e6:g}M"
-    rows += [_row("import shardwise (fresh process)", st["import"]["seconds"], "s",
-                  "import numpy", st["import_numpy"]["seconds"]),
-             _row(f"first example, {small} tokens", st["first_small"]["seconds"], "s",
-                  "np.memmap + first window", st["first_numpy_small"]["seconds"]),
-             _row(f"first example, {large} tokens", st["first_large"]["seconds"], "s",
-                  f"first example, {small} tokens", st["first_small"]["seconds"])]
-    for size, name in ((small, "small"), (large, "large")):
-        for plan in ("cold", "cached"):
-            meg_first = st.get(f"megatron_{plan}_{name}", {}).get("seconds")
-            rows.append(_row(f"first example, doc shuffle, {plan} plan, {size}",
-                             st[f"doc_{plan}_{name}"]["seconds"], "s",
-                             f"Megatron GPTDataset, {plan} index", meg_first))
-    if "seek" in rep:
-        rows.append(_row(f"loader + first batch at example {rep['seek']['consumed']:,}",
-                         rep["seek"]["deep"], "s", "at example 0", rep["seek"]["zero"]))
-    for kind, key in (("peak RSS", "peak_mb"), ("heap (RssAnon)", "anon_mb")):
-        if key not in rss["small"]:
-            continue
-        rows += [_row(f"{kind}, {small} tokens", rss["small"][key], "MB",
-                      "plain numpy, same windows", rss["numpy_small"][key]),
-                 _row(f"{kind}, {large} tokens", rss["large"][key], "MB",
-                      "plain numpy, same windows", rss["numpy_large"][key]),
-                 _row(f"{kind}, {large} vs {small} tokens", rss["large"][key], "MB",
-                      f"{kind}, {small} tokens", rss["small"][key])]
-    if "anon_mb" in rss.get("megatron_small", {}):
-        rows += [_row(f"heap growth while reading, {size} tokens", _heap_growth(rss[name]),
-                      "MB", "Megatron GPTDataset, as many",
-                      _heap_growth(rss[f"megatron_{name}"]))
-                 for size, name in ((small, "small"), (large, "large"))]
-    return rows
-
-
-def targets(rep: dict[str, Any]) -> list[dict[str, Any]]:
-    """The project's acceptance figures, checked against this run (None: not measured)."""
-    tp, st = rep["throughput"], rep["startup"]
-    loader = tp.get("loader", {}).get("examples_per_s")
-    meg = tp.get("megatron", {}).get("examples_per_s")
-    checked = tp.get("loader" + CHUNKED, {}).get("examples_per_s")
-    trusted = tp.get("loader" + TRUSTED, {}).get("examples_per_s")
-    first = max(st[k]["seconds"] for k in ("first_small", "first_large", "doc_cached_small",
-                                           "doc_cached_large"))
-    t = TARGETS
-    out = [
-        {"what": f"loader >= {t['loader_vs_megatron']:g}x Megatron GPTDataset", "op": ">=",
-         "want": t["loader_vs_megatron"], "got": loader / meg if loader and meg else None},
-        {"what": f"loader >= {t['loader_vs_numpy']:.0%} of plain numpy", "op": ">=",
-         "want": t["loader_vs_numpy"],
-         "got": loader / tp["numpy"]["examples_per_s"] if loader else None},
-        {"what": f"first example < {t['first_example_s'] * 1e3:g} ms, both sizes, window "
-                 "shuffle and cached document plan", "op": "<",
-         "want": t["first_example_s"], "got": first},
-        {"what": f"import shardwise < {t['import_s']:g} s", "op": "<", "want": t["import_s"],
-         "got": st["import"]["seconds"]},
-        {"what": f"seek < {t['seek_s'] * 1e3:g} ms", "op": "<", "want": t["seek_s"],
-         "got": rep["seek"]["deep"] if "seek" in rep else None},
-        {"what": f"loader with checks >= {t['checks_vs_trusted']:.0%} of verify=False "
-                 "(chunked cache)", "op": ">=", "want": t["checks_vs_trusted"],
-         "got": checked / trusted if checked and trusted else None},
-    ]
-    for x in out:
-        got = x["got"]
-        x["ok"] = None if got is None else (got >= x["want"] if x["op"] == ">=" else
-                                            got < x["want"])
-    return out
-
-
-def _fmt(value: float | None, unit: str) -> str:
-    if value is None:
-        return "-"
-    if unit == "ex/s":
-        return f"{value:,.0f} ex/s"
-    if unit == "s":
-        return f"{value * 1e3:,.1f} ms"
-    return f"{value:,.1f} {unit}"
-
-
-def format_report(rep: dict[str, Any]) -> str:
-    cfg, data = rep["config"], rep["data"]
-    tp = rep["throughput"]
-    lines = [
-        f"shardwise bench read: Megatron .bin/.idx of {cfg['tokens']:,} tokens "
-        f"({data['small']['documents']:,} documents, mean {data['small']['mean_doc']:.0f}) "
-        f"and {cfg['large_tokens']:,}; uint16, vocab {VOCAB:,}",
-        f"  seq_len {cfg['seq_len']}, micro-batch {cfg['micro_batch']}, window shuffle, one "
-        f"process; {cfg['batches']} micro-batches per run, best of {cfg['repeat']}, "
-        f"{cfg['clock']} clock",
-        "",
-        f"  {'figure':<44}{'value':>16}   {'baseline':<34}{'value':>16}{'ratio':>9}",
-    ]
-    for r in rep["rows"]:
-        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
-        lines.append(f"  {r['what']:<44}{_fmt(r['value'], r['unit']):>16}   "
-                     f"{r['baseline_what']:<34}{_fmt(r['baseline'], r['unit']):>16}"
-                     f"{ratio:>9}")
-    if "loader" in tp:
-        lo = tp["loader"]
-        lines.append(f"  loader: {lo['batches_per_s']:,.0f} micro-batches/s, "
-                     f"{lo['tokens_per_s'] / 1e6:,.1f} M tokens/s")
-    lines += [f"  note: {n}" for n in rep["notes"]]
-    ident = rep["identical"]
-    lines += ["", f"  identical to plain numpy ({ident['batches']} micro-batches): "
-                  + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in ident.items()
-                              if k not in ("batches", "all") and v is not None)]
-    for tg in rep["targets"]:
-        got = tg["got"]
-        status = "not measured" if got is None else ("ok" if tg["ok"] else "MISSED")
-        shown = "-" if got is None else (f"{got:.2f}x" if tg["op"] == ">=" else
-                                         f"{got * 1e3:.1f} ms")
-        lines.append(f"  target {tg['what']}: {shown} {status}")
-    return "\n".join(lines)
-
-
 def _check_args(args: argparse.Namespace) -> None:
     for name in ("tokens", "large_factor", "chunks", "seq_len", "micro_batch", "batches",
                  "rss_batches", "repeat"):
@@ -448,58 +250,80 @@ def _torch_loaders(readers: dict[str, Any], m: int
     return {suffix: maker(ds) for suffix, ds in readers.items()}, None
 
 
+def _readers(small: Path, chunked: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The datasets timed: window shuffle on the one ``.bin``, on the chunked cache with
+    and without checks, and document shuffle on the one ``.bin``."""
+    from shardwise import TokenDataset, open_cache
+
+    readers = {suffix: TokenDataset(open_cache(path, verify=verify), seq_len=args.seq_len,
+                                    seed=args.seed)
+               for suffix, path, verify in (("", small, True), (CHUNKED, chunked, True),
+                                            (TRUSTED, chunked, False))}
+    readers[DOC] = TokenDataset(open_cache(small), seq_len=args.seq_len, seed=args.seed,
+                                shuffle="document")
+    return readers
+
+
+def _megatron(rep: dict[str, Any], note: str | None, small: Path, args: argparse.Namespace,
+              scratch: Callable[[], Path]) -> Any:
+    """Megatron's GPTDataset on the small corpus, or None (and why, in the notes)."""
+    meg = None
+    if note:
+        rep["notes"].append(note)
+    elif args.no_megatron:
+        rep["megatron"] = {"available": False, "note": "skipped (--no-megatron)"}
+    else:
+        meg, rep["megatron"] = megatron_dataset(small, args.seq_len, args.seed, scratch())
+    if rep.get("megatron", {}).get("note"):
+        rep["notes"].append(f"Megatron: {rep['megatron']['note']}")
+    return meg
+
+
+def _measure(rep: dict[str, Any], work: Path, args: argparse.Namespace,
+             stack: contextlib.ExitStack, log: Callable[[str], None]) -> None:
+    """Every figure of the report into ``rep``, on the data in ``work``."""
+    large_tokens = rep["config"]["large_tokens"]
+    small, large = work / f"tokens-{args.tokens}", work / f"tokens-{large_tokens}"
+    log(f"shardwise bench read: writing data in {work}")
+    data = rep["data"]
+    data["small"] = make_corpus(small, args.tokens, args.seed)
+    data["large"] = make_corpus(large, large_tokens, args.seed)
+    chunked, n_chunks = chunked_copy(small, args.chunks)
+    data["chunked"] = {"path": str(chunked), "chunks": n_chunks}
+    readers = _readers(small, chunked, args)
+    mm = np.memmap(small.with_name(small.name + ".bin"), dtype=np.uint16, mode="r")
+    loaders, note = _torch_loaders(readers, args.micro_batch)
+    meg = _megatron(rep, note, small, args, lambda: Path(stack.enter_context(
+        tempfile.TemporaryDirectory(dir=work))))
+    rep["identical"] = check_identical(readers, mm, args, loaders)
+    log("  measuring throughput")
+    rep["throughput"] = measure_throughput(readers, mm, args, loaders, meg, log)
+    rep["verify_once"] = measure_verify_once(chunked, args.clock)
+    rep["first_epoch"] = measure_first_epoch(chunked, args)
+    if loaders:
+        rep["seek"] = measure_seek(small, args)
+    log("  measuring start-up and RSS in fresh processes")
+    rep["startup"] = measure_startup(small, large, args, work, meg is not None)
+    rep["rss"] = measure_rss(small, large, args, work, meg is not None)
+
+
 def run(args: argparse.Namespace) -> int:
     """``shardwise bench read``: make the data, measure, print (``--json``: a dict)."""
     _check_args(args)
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
+    rep: dict[str, Any] = {"config": {**{k: v for k, v in vars(args).items()
+                                         if not k.startswith("_")},
+                                      "large_tokens": args.tokens * args.large_factor},
+                           "data": {}, "notes": [RSS_NOTE]}
     with contextlib.ExitStack() as stack:
         work = (Path(args.dir) if args.dir else Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="shardwise-bench-read-"))))
         work.mkdir(parents=True, exist_ok=True)
-        large_tokens = args.tokens * args.large_factor
-        small, large = work / f"tokens-{args.tokens}", work / f"tokens-{large_tokens}"
-        log(f"shardwise bench read: writing data in {work}")
-        data = {"small": make_corpus(small, args.tokens, args.seed),
-                "large": make_corpus(large, large_tokens, args.seed)}
-        chunked, n_chunks = chunked_copy(small, args.chunks)
-        data["chunked"] = {"path": str(chunked), "chunks": n_chunks}
-        rep: dict[str, Any] = {"config": {**{k: v for k, v in vars(args).items()
-                                             if not k.startswith("_")},
-                                          "large_tokens": large_tokens},
-                               "data": data, "notes": [RSS_NOTE]}
-        from shardwise import TokenDataset, open_cache
-
-        readers = {suffix: TokenDataset(open_cache(path, verify=verify), seq_len=args.seq_len,
-                                        seed=args.seed)
-                   for suffix, path, verify in (("", small, True), (CHUNKED, chunked, True),
-                                                (TRUSTED, chunked, False))}
-        mm = np.memmap(small.with_name(small.name + ".bin"), dtype=np.uint16, mode="r")
-        loaders, note = _torch_loaders(readers, args.micro_batch)
-        meg = None
-        if note:
-            rep["notes"].append(note)
-        elif args.no_megatron:
-            rep["megatron"] = {"available": False, "note": "skipped (--no-megatron)"}
-        else:
-            meg, rep["megatron"] = megatron_dataset(
-                small, args.seq_len, args.seed,
-                Path(stack.enter_context(tempfile.TemporaryDirectory(dir=work))))
-        if rep.get("megatron", {}).get("note"):
-            rep["notes"].append(f"Megatron: {rep['megatron']['note']}")
-        rep["identical"] = check_identical(readers, mm, args, loaders)
-        log("  measuring throughput")
-        rep["throughput"] = measure_throughput(readers, mm, args, loaders, meg, log)
-        rep["verify_once"] = measure_verify_once(chunked, args.clock)
-        rep["first_epoch"] = measure_first_epoch(chunked, args)
-        if loaders:
-            rep["seek"] = measure_seek(small, args)
-        log("  measuring start-up and RSS in fresh processes")
-        rep["startup"] = measure_startup(small, large, args, work, meg is not None)
-        rep["rss"] = measure_rss(small, large, args, work, meg is not None)
+        _measure(rep, work, args, stack, log)
     rep["rows"] = figure_rows(rep)
     rep["targets"] = targets(rep)
     print(json.dumps(rep, indent=2) if args.json else format_report(rep))
     return 0 if rep["identical"]["all"] else 1
 
 
-__all__ = ["MEGATRON_INSTALL", "add_subparser", "make_corpus", "run"]
+__all__ = ["MEGATRON_INSTALL", "add_subparser", "format_report", "make_corpus", "run"]

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from shardwise.bench.child import run_child
+from shardwise.bench.child import MEMORY_CODE, run_child
 
 CLOCKS = {"wall": "perf_counter", "cpu": "process_time"}
 
@@ -46,42 +46,26 @@ mm = np.memmap(prefix + ".bin", dtype=np.uint16, mode="r")
 np.array(mm[: seq_len + 1], dtype=np.int64)
 print(json.dumps({"seconds": time.perf_counter() - t}))
 """
-# /proc/self/status, not ru_maxrss: on Linux a spawned child's ru_maxrss starts at its
-# parent's RSS. VmHWM is the peak; RssAnon (heap) and RssFile (mapped file pages: the
-# kernel maps page-cache neighbours of each touched page) are read at the end.
-_MEM = """
-def mem_mb():
-    try:
-        with open("/proc/self/status") as f:
-            kb = {k: int(v.split()[0]) for k, v in (x.split(":", 1) for x in f)
-                  if k in ("VmHWM", "RssAnon", "RssFile")}
-        return {"peak_mb": kb["VmHWM"] / 1024, "anon_mb": kb["RssAnon"] / 1024,
-                "file_mb": kb["RssFile"] / 1024}
-    except (OSError, KeyError):
-        import resource
-        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return {"peak_mb": kb / 1024 / (1024 if sys.platform == "darwin" else 1)}
-"""
-RSS_CODE = "import json, sys\n" + _MEM + """
+RSS_CODE = "import json, sys\n" + MEMORY_CODE + """
 import shardwise
 prefix, seq_len, seed, m, nb = sys.argv[1], *map(int, sys.argv[2:6])
-before = mem_mb()
+before = memory_mb()
 ds = shardwise.TokenDataset(shardwise.open_cache(prefix), seq_len=seq_len, seed=seed)
 for k in range(nb):
     ds.__getitems__(list(range(k * m, (k + 1) * m)))
-print(json.dumps({**mem_mb(), "after_import": before}))
+print(json.dumps({**memory_mb(), "after_import": before}))
 """
-RSS_NUMPY_CODE = "import json, sys\n" + _MEM + """
+RSS_NUMPY_CODE = "import json, sys\n" + MEMORY_CODE + """
 import numpy as np
 prefix, seq_len, m, windows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-before = mem_mb()
+before = memory_mb()
 starts = (np.load(windows) * seq_len).reshape(-1, m).tolist()
 mm = np.memmap(prefix + ".bin", dtype=np.uint16, mode="r")
 out = np.empty((m, seq_len + 1), dtype=np.int64)
 for batch in starts:
     for r, s in enumerate(batch):
         out[r] = mm[s : s + seq_len + 1]
-print(json.dumps({**mem_mb(), "after_import": before}))
+print(json.dumps({**memory_mb(), "after_import": before}))
 """
 
 
@@ -96,19 +80,19 @@ if ds is None:
     raise SystemExit(info["note"])
 print(json.dumps({"seconds": info["first_example_s"]}))
 """
-MEGATRON_RSS_CODE = "import json, sys\n" + _MEM + """
+MEGATRON_RSS_CODE = "import json, sys\n" + MEMORY_CODE + """
 from pathlib import Path
 from shardwise.bench.read_data import megatron_dataset, quiet
 with quiet():  # its imports (torch among them) count before, as shardwise's import does
     import megatron.core.datasets.gpt_dataset
 prefix, seq_len, seed, m, nb, cache_dir = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6]
-before = mem_mb()
+before = memory_mb()
 ds, info = megatron_dataset(Path(prefix), seq_len, seed, Path(cache_dir))
 if ds is None:
     raise SystemExit(info["note"])
 for i in range(m * nb):
     ds[i % len(ds)]
-print(json.dumps({**mem_mb(), "after_import": before}))
+print(json.dumps({**memory_mb(), "after_import": before}))
 """
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from shardwise.bench import add_common, add_inputs
-from shardwise.bench.child import run_child
+from shardwise.bench.child import memory_mb, run_child
 from shardwise.errors import ConfigError
 
 GB = 1_000_000_000
@@ -91,11 +91,12 @@ def write_corpus(source: Path, gb: float, out: Path) -> dict[str, Any]:
 
 
 def _rss_mb() -> tuple[float, float]:
+    """This process's peak (VmHWM: see :func:`~shardwise.bench.child.memory_mb`) and its
+    largest reaped child's (worker processes: ``ru_maxrss`` is all the kernel keeps)."""
     import resource
 
-    self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return self_kb / 1024, child_kb / 1024
+    return memory_mb()["peak_mb"], child_kb / 1024
 
 
 def _child_main(spec: dict[str, Any]) -> None:

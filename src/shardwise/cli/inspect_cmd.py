@@ -2,7 +2,9 @@
 
 Thin shell over :func:`shardwise.storage.summary.summarize`: prints sources, totals, build
 status, skipped records and a histogram of document lengths; ``--json`` for machines,
-``--plot`` for a PNG, ``--examples`` to eyeball the packed windows a model will see.
+``--plot`` for a PNG, ``--examples`` to eyeball the packed windows a model will see. Given
+a read config (``read.json``) it shows the blend's schedule and planned mix instead
+(:mod:`shardwise.cli.inspect_schedule`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from shardwise.cli import inspect_schedule
 from shardwise.errors import ConfigError, MissingExtraError
 from shardwise.format.chunk import ChunkKind
 from shardwise.plan.windows import dropped_tokens, num_windows
@@ -38,14 +41,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=textwrap.fill(DESCRIPTION, 88),
         epilog="examples:\n  shardwise inspect cache/\n  shardwise inspect cache/ --json\n"
                "  shardwise inspect cache/ --plot lengths.png\n"
-               "  shardwise inspect cache/ --examples 2 --seq-len 16 --tokenizer tok.json",
+               "  shardwise inspect cache/ --examples 2 --seq-len 16 --tokenizer tok.json\n"
+               "  shardwise inspect read.json --plot mix.svg   # a blend schedule's mix",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", metavar="DIR", help="cache directory, Megatron prefix, or cache URL "
-                   "(s3://bucket/prefix; chunk files are downloaded to ~/.cache/shardwise)")
+                   "(s3://bucket/prefix; chunk files are downloaded to ~/.cache/shardwise); "
+                   "or a read config (.json): its blend schedule and planned mix")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--plot", metavar="FILE.png", type=Path,
                    help="write a PNG: document length distribution and tokens per source "
-                        "(needs matplotlib: pip install 'shardwise[plot]')")
+                        "(needs matplotlib: pip install 'shardwise[plot]'); for a read "
+                        "config, FILE.svg: the planned mix over steps (no library needed)")
+    p.add_argument("--steps", metavar="N", type=_positive, default=None,
+                   help="read config: chart the first N steps (default: a quarter past "
+                        "the last stage's start)")
     p.add_argument("--examples", metavar="N", type=_non_negative, default=0,
                    help="print the first N packed windows of SEQ_LEN+1 tokens")
     p.add_argument("--seq-len", metavar="L", type=_positive, default=None,
@@ -77,6 +86,8 @@ def _non_negative(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if inspect_schedule.is_read_config(str(args.path)):
+        return inspect_schedule.run(args)
     if args.examples and args.seq_len is None:
         raise ConfigError("--examples N needs --seq-len L (windows of L+1 tokens)")
     cache = open_cache(args.path, verify=not args.no_verify)

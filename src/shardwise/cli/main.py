@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from shardwise.errors import ShardwiseError
 
-SUBCOMMANDS = ("build", "inspect", "verify", "convert", "bench")
+SUBCOMMANDS = ("build", "inspect", "verify", "convert", "trace", "bench")
 STDOUT = "standard output"  # how an OSError of writing the output names it
 
 EXIT_OK, EXIT_DAMAGED, EXIT_USAGE, EXIT_ENVIRONMENT = 0, 1, 2, 3

@@ -59,7 +59,12 @@ class SourceRange:
 
 @dataclass(frozen=True)
 class ChunkMeta:
-    """Everything known about a published chunk; written as ``<stem>.json``."""
+    """Everything known about a published chunk; written as ``<stem>.json``.
+
+    ``skipped_lines``: the lines (rows) of ``range`` that became no document (records a
+    build skipped under ``on_error='skip'``), counted like ``line_start``; ``None`` when
+    there are none, so the ``.json`` of such a chunk is what it always was. It names each
+    document's source line exactly (``shardwise trace``)."""
 
     stem: str
     kind: ChunkKind
@@ -72,10 +77,13 @@ class ChunkMeta:
     range: SourceRange
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     format_version: int = 1
+    skipped_lines: list[int] | None = None
 
     def to_json(self) -> bytes:
         d = asdict(self)
         d["kind"] = self.kind.value
+        if self.skipped_lines is None:  # optional: absent when every line is a document
+            del d["skipped_lines"]
         return orjson.dumps(d, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2)
 
     @classmethod

@@ -27,6 +27,11 @@ take any shardwise dataset as ``train_dataset`` / ``eval_dataset``, under torchr
   the checkpoint's ``global_step``. The state is global, so another number of processes
   continues exactly when the global batch size is kept (e.g. 2 ranks → 1 rank with twice
   the accumulation).
+* **Skipping steps** (``shardwise_skip_steps=[(a, b)]``: optimizer steps ``a`` to ``b - 1``
+  of shardwise's order are never read — the skip-and-resume recipe after a loss spike;
+  a resume may add ranges at or after the checkpoint). Trainer counts the steps it
+  trains, the loader's state counts positions: an epoch ends at the same position and
+  yields fewer steps, and ``global_step`` is checked against the examples served.
 * **Records** (a RecordStream's, a producer directory's, a foreign dataset's: anything
   without ``label_convention = "next_token"``) keep HF's own per-token labels and go to
   ``default_data_collator`` unchanged.
@@ -51,6 +56,7 @@ from shardwise.errors import ConfigError, MissingExtraError, StateError
 from shardwise.format.atomic import atomic_write_bytes
 from shardwise.integrations.torch import ShardwiseLoader, loader
 from shardwise.integrations.torch import collate as torch_collate
+from shardwise.plan.skips import advance
 from shardwise.read.examples import NEXT_TOKEN
 from shardwise.world import World
 
@@ -104,8 +110,11 @@ class _Epochs:
         return self.epoch_examples // self.step
 
     def __iter__(self) -> Iterator[Any]:
-        c, e = self.loader.consumed, self.epoch_examples
-        left = ((c // e + 1) * e - c) // self.step
+        sampler, e = self.loader._indices.sampler, self.epoch_examples
+        # the next step served (past a skipped range that starts here): its epoch is this one
+        c = advance(sampler.skip, self.loader.consumed, 1, self.step) - self.step
+        end = (c // e + 1) * e
+        left = (end - c - sampler.skipped(c, end)) // self.step
         it = cast(Generator[Any, None, None], iter(self.loader))
         try:
             for _ in range(left):
@@ -126,14 +135,17 @@ class ShardwiseTrainerMixin:
     TokenDataset / Blend; ``"cyclic"``: Megatron's per-epoch reshuffle of ``[0, n)``, for
     other map-style datasets; default: chosen by the dataset) and ``shardwise_seed`` (the
     cyclic sampler's seed). A ``data_collator`` you pass gets the list of examples torch
-    gives any collator; the default is :func:`collate`."""
+    gives any collator; the default is :func:`collate`. ``shardwise_skip_steps``: ranges
+    ``[a, b)`` of optimizer steps whose data is never read (see the module docs)."""
 
     def __init__(self, *args: Any, shardwise_sampler: str | None = None,
-                 shardwise_seed: int = 0, **kwargs: Any) -> None:
+                 shardwise_seed: int = 0, shardwise_skip_steps: Any = None,
+                 **kwargs: Any) -> None:
         given = kwargs.get("data_collator") or (args[2] if len(args) > 2 else None)
         super().__init__(*args, **kwargs)
         self._sw_given = given
         self._sw_sampler, self._sw_seed = shardwise_sampler, shardwise_seed
+        self._sw_skip = shardwise_skip_steps
         self._sw_resume: str | None = None
         self._sw_train: Any = None
         self.args.ignore_data_skip = True  # type: ignore[attr-defined]  # the state resumes
@@ -183,7 +195,7 @@ class ShardwiseTrainerMixin:
                     sampler=sampler, seed=self._sw_seed, data_sharding=False,
                     num_workers=workers, pin_memory=a.dataloader_pin_memory,
                     persistent_workers=a.dataloader_persistent_workers and workers > 0,
-                    collate_fn=self._sw_collate_for(ds))
+                    collate_fn=self._sw_collate_for(ds), skip_steps=self._sw_skip)
         return _Epochs(dl, per_epoch)
 
     def _iterable_loader(self, ds: Any, batch_size: int) -> DataLoader:  # type: ignore[type-arg]
@@ -242,20 +254,22 @@ class ShardwiseTrainerMixin:
             state = json.load(f)
         train = self._sw_train
         if isinstance(train, _Epochs):
+            train.load_state_dict(state)  # first: a past skip range that differs is named
             self._sw_check_step(checkpoint, state, train)
-            train.load_state_dict(state)
         else:
             train.dataset.load_state_dict(state)
 
     def _sw_check_step(self, checkpoint: str, state: dict[str, Any], train: _Epochs) -> None:
-        """The loader's position must be the checkpoint's steps × this global batch."""
+        """The examples the loader served (its position less the skipped ranges before
+        it) must be the checkpoint's steps × this global batch."""
         with open(os.path.join(checkpoint, "trainer_state.json"), "rb") as f:
             step = int(json.load(f)["global_step"])
-        B = train.loader._indices.sampler.global_batch_size
-        if state.get("consumed") != step * B:
-            raise StateError(f"{checkpoint}: the loader state is at {state.get('consumed')} "
-                             f"examples but global_step {step} × global batch {B} = "
-                             f"{step * B}; resume with the global batch size the run was "
+        sampler, consumed = train.loader._indices.sampler, int(state.get("consumed", -1))
+        B, served = sampler.global_batch_size, consumed - sampler.skipped(0, consumed)
+        if served != step * B:
+            raise StateError(f"{checkpoint}: the loader state has served {served} examples "
+                             f"(position {consumed}) but global_step {step} × global batch "
+                             f"{B} = {step * B}; resume with the global batch size the run was "
                              "saved with (per_device_train_batch_size × world size × "
                              "gradient_accumulation_steps)")
 

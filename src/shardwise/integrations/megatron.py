@@ -37,12 +37,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.checkpoint import as_count
 from shardwise.choice import Choice
 from shardwise.errors import ConfigError
 from shardwise.format.chunk import IGNORE_INDEX
 from shardwise.integrations.torch import ShardwiseLoader, loader
+from shardwise.plan.skips import advance
 from shardwise.read.compose.blend import Blend
-from shardwise.read.sampler import accumulation_steps
+from shardwise.read.sampler import accumulation_steps, normalise_skip, skip_from_steps
 from shardwise.read.tokens.dataset import TokenDataset
 from shardwise.storage.cache import Cache
 from shardwise.storage.cache_range import DocumentRange
@@ -296,6 +298,8 @@ def build_pretraining_data_loader(dataset: Any, consumed_samples: int, *,
                                   dataloader_type: str = "single", data_sharding: bool = True,
                                   seed: int = 0, num_workers: int = 0,
                                   full_validation: bool = False,
+                                  skip_steps: Sequence[Sequence[int]] | None = None,
+                                  global_batch_size: int | None = None,
                                   **loader_kwargs: Any) -> ShardwiseLoader | Any:
     """Megatron's ``build_pretraining_data_loader``: this data-parallel rank's
     micro-batches from ``consumed_samples`` on (all ranks' samples, as Megatron counts).
@@ -307,6 +311,12 @@ def build_pretraining_data_loader(dataset: Any, consumed_samples: int, *,
     which every rank would read whole. ``world`` is the data-parallel world (with tensor or
     pipeline parallelism: ``World(mpu.get_data_parallel_rank(),
     mpu.get_data_parallel_world_size())``). ``full_validation``: one padded pass.
+
+    ``skip_steps``: iterations ``[a, b)`` of ``global_batch_size`` (constant: no ramp-up)
+    whose data is never read, the skip-and-resume recipe. Unlike ``--iterations-to-skip``
+    (which reads, discards and counts them) ``consumed_samples`` then counts the samples
+    trained on; it is turned into the data position here. Megatron's checkpoint holds no
+    skip list to check: keep the ranges before the resume point as the run had them.
     """
     if dataset is None:
         return None
@@ -321,10 +331,37 @@ def build_pretraining_data_loader(dataset: Any, consumed_samples: int, *,
         return dataset
     w = World.resolve(world, reader="shardwise.megatron.build_pretraining_data_loader")
     sampler = "eval" if full_validation else kind.value
+    micro_steps, position = _skipped_micro_steps(skip_steps, global_batch_size,
+                                                 micro_batch_size, w, consumed_samples)
     return loader(dataset, global_batch_size=micro_batch_size * w.size,
                   micro_batch_size=micro_batch_size, world=w, sampler=sampler, seed=seed,
                   data_sharding=data_sharding, consumed=0 if full_validation
-                  else consumed_samples, num_workers=num_workers, **loader_kwargs)
+                  else position, num_workers=num_workers,
+                  skip_steps=None if full_validation else micro_steps, **loader_kwargs)
+
+
+def _skipped_micro_steps(skip_steps: Sequence[Sequence[int]] | None,
+                         global_batch_size: int | None, micro_batch_size: int, world: World,
+                         consumed_samples: int) -> tuple[Any, int]:
+    """Iteration ranges → the loader's micro-steps (``m × W`` examples each), and the
+    samples trained on → the position in the data order (the skipped ranges before it
+    added back)::
+
+        B = 8, m × W = 4, skip_steps [(1, 2)]:  micro-steps [(2, 4)]; 16 trained → 24
+    """
+    if not skip_steps:
+        return None, consumed_samples
+    if global_batch_size is None:
+        raise ConfigError("skip_steps counts training iterations: pass global_batch_size= "
+                          "(Megatron's --global-batch-size) too")
+    accumulation_steps(global_batch_size, micro_batch_size, world.size)  # B = m × W × k
+    step = micro_batch_size * world.size
+    ranges = normalise_skip(skip_from_steps(skip_steps, global_batch_size), step)
+    served = as_count(consumed_samples, "consumed_samples", error=ConfigError)
+    if served % step:
+        raise ConfigError(f"consumed_samples={served} is not a whole number of micro-batch "
+                          f"× data-parallel size = {step}")
+    return [(a // step, b // step) for a, b in ranges], advance(ranges, 0, served // step, step)
 
 
 def global_batch_size_at(consumed_samples: int, global_batch_size: int,

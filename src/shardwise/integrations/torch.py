@@ -17,7 +17,16 @@ the one global order, whatever the sizes.
 
 ``describe()`` (and ``repr``) says what the run serves and what it leaves out: the
 dataset's drops (a last partial window, …) and the sampler's (a finite run's last partial
-step, a cyclic epoch's remainder); an eval pass only pads.
+step, a cyclic epoch's remainder, the examples a skip list leaves out); an eval pass
+only pads.
+
+**Skipping steps** (``skip_steps=[(a, b), …]``: global steps ``a`` to ``b - 1``, at the
+global batch size given) — the skip-and-resume recipe after a loss spike. Only those steps
+change; ``consumed`` stays a position in the unskipped order and the run's end is the same
+position (:mod:`shardwise.read.sampler`). The skip list is in the state's config: a state
+loads when the ranges before its position are the ones it was saved with; ranges at or
+after it may be added or removed, and a position where a new range starts continues at
+its end (:meth:`shardwise.checkpoint.LoaderState.check_matches`).
 
 State keys: ``kind``, ``version``, ``fingerprint``, ``consumed``, ``config``, ``extra``.
 """
@@ -26,17 +35,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from shardwise.checkpoint import Configured, LoaderState, Resumable, as_count
+from shardwise.checkpoint import SKIP_KEY, Configured, LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, MissingExtraError, StateError
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.guard import refuse_framework_sharding
 from shardwise.read.rows import stacked
-from shardwise.read.sampler import BatchSampler, SamplerKind
+from shardwise.read.sampler import BatchSampler, SamplerKind, skip_from_steps
 from shardwise.world import World
 
 try:
@@ -143,6 +152,8 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
     def consumed(self) -> int:
         """Examples of the global order received by all ranks together."""
         pos = self._indices
+        if pos.sampler.skip:  # skipped ranges make the position jump
+            return pos.sampler.advance(pos.received)
         return pos.start + pos.received * pos.sampler.step_examples
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
@@ -233,6 +244,7 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
                 "micro_batch_size": s.micro_batch_size,
                 "world": f"{s.world.rank}/{s.world.size}", "epoch_examples": s.n,
                 "run_examples": s.end, "consumed": self.consumed,
+                "skip": [list(r) for r in s.skip],
                 "drops": [d.to_dict() for d in drops], "padding": s.padding(),
                 "summary": describe_drops(drops)}
 
@@ -261,6 +273,8 @@ def sampler_state_config(dataset: Any, s: BatchSampler) -> dict[str, Any]:
             cfg["epoch_examples"] = s.n - s.n % s.step_examples
     if s.kind is SamplerKind.EVAL:
         cfg["world_size"] = s.world.size
+    if s.skip:  # compared by its own rule on resume (checkpoint.SKIP_KEY); absent when empty,
+        cfg[SKIP_KEY] = [list(r) for r in s.skip]  # so states without skips keep their prints
     return cfg
 
 
@@ -297,6 +311,7 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
            total_samples: int | None = None, consumed: int = 0, pin_memory: bool = False,
            persistent_workers: bool = False, prefetch_factor: int | None = None,
            look_ahead: int = LOOK_AHEAD, collate_fn: Callable[[Any], Any] | None = None,
+           skip_steps: Iterable[Sequence[int]] | None = None,
            **dataloader_kwargs: Any) -> ShardwiseLoader:
     """This rank's loader over ``dataset`` (a TokenDataset or any map-style dataset).
 
@@ -309,7 +324,10 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
     this many coming micro-batches download in the background while earlier ones are read
     (0: only on demand; local caches never prefetch). ``collate_fn`` (default
     :func:`collate`) gets what torch gives any collator: a list of per-example dicts (HF's
-    ``default_data_collator`` works).
+    ``default_data_collator`` works). ``skip_steps``: half-open ranges of global steps
+    (of ``global_batch_size``) to leave out (see the module docs); ``epochs`` and
+    ``total_samples`` still count positions of the order, skipped ones included, so the
+    run ends where it would without skips and never reads past its planned data.
 
     >>> dl = loader(ds, global_batch_size=64, micro_batch_size=8,  # doctest: +SKIP
     ...             world=World(0, 2))
@@ -322,7 +340,8 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
     total = (total_samples if epochs is None
              else as_count(epochs, "epochs", minimum=1, error=ConfigError) * len(dataset))
     batches = BatchSampler(len(dataset), global_batch_size, micro_batch_size, world, kind,
-                           seed, data_sharding, as_count(consumed, "consumed"), total)
+                           seed, data_sharding, as_count(consumed, "consumed"), total,
+                           skip_from_steps(skip_steps, global_batch_size))
     if kind is SamplerKind.EVAL:
         _check_eval(dataset, batches)
     extra: dict[str, Any] = {}

@@ -19,20 +19,21 @@ torchdata snapshots the sampler iterator when it hands out each batch's indices
 (``snapshot_every_n_steps=1``, the default), so the saved position is the batches the
 caller *received*, not what the workers prefetched. The position is global (the same on
 every rank); restoring into another world size works when it is a whole number of the
-new ``micro_batch_size × world size``.
+new ``micro_batch_size × world size``. ``skip_steps`` leaves global steps out as
+:func:`shardwise.torch.loader`'s does (the same state rule on resume).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from shardwise.checkpoint import Configured, LoaderState, Resumable
 from shardwise.errors import StateError
 from shardwise.integrations.torch import sampler_state_config
 from shardwise.read.guard import refuse_framework_sharding
-from shardwise.read.sampler import BatchSampler, SamplerKind
+from shardwise.read.sampler import BatchSampler, SamplerKind, skip_from_steps
 from shardwise.world import World
 
 
@@ -42,7 +43,7 @@ class _Pass:
 
     def __init__(self, owner: StatefulBatchSampler) -> None:
         self.owner = owner
-        self.start, self.taken = owner.sampler.consumed, 0
+        self.sampler, self.taken = owner.sampler, 0
         self._it = iter(owner.sampler)
 
     def __iter__(self) -> _Pass:
@@ -55,7 +56,7 @@ class _Pass:
 
     @property
     def consumed(self) -> int:
-        return self.start + self.taken * self.owner.sampler.step_examples
+        return self.sampler.advance(self.taken)  # skipped ranges make the position jump
 
     def state_dict(self) -> dict[str, Any]:
         return self.owner.state_dict()
@@ -112,14 +113,15 @@ class StatefulBatchSampler(Resumable):
 def batch_sampler(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
                   world: World | None = None, sampler: str = "single", seed: int = 0,
                   data_sharding: bool = True, total_samples: int | None = None,
-                  consumed: int = 0) -> StatefulBatchSampler:
+                  consumed: int = 0,
+                  skip_steps: Iterable[Sequence[int]] | None = None) -> StatefulBatchSampler:
     """This rank's micro-batches of ``dataset`` for a ``StatefulDataLoader`` (arguments as
     :func:`shardwise.torch.loader`'s)."""
     world = World.resolve(world, reader="shardwise.torchdata.batch_sampler")
     kind = SamplerKind.parse(sampler)
     return StatefulBatchSampler(dataset, BatchSampler(
         len(dataset), global_batch_size, micro_batch_size, world, kind, seed, data_sharding,
-        consumed, total_samples))
+        consumed, total_samples, skip_from_steps(skip_steps, global_batch_size)))
 
 
 __all__ = ["StatefulBatchSampler", "batch_sampler"]

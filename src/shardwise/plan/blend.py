@@ -23,18 +23,42 @@ Source ``j``'s first example comes at slot ``<= (1 - eps) / w_j``, i.e. within
     source   0 1 0 2 0 1 0 2 1 0        counts after 10: 5, 3, 2
     offset   0 0 1 0 2 1 3 1 2 4        (the example's index within its source)
 
-The rule has no closed form, so the schedule is computed sequentially (~1 µs per example)
+The rule has no closed form, so the schedule is computed sequentially (~1.6 µs per example)
 from the counts at a checkpoint; ``BlendSchedule`` keeps the counts every
 ``CHECKPOINT_EVERY`` examples, so once a prefix was computed any later seek costs at most one
 block. For a run of ``n`` examples, materialise ``blend_index(n, w)`` once and cache it as
 ``.npy`` when start-up time matters.
+
+**Stages** (:class:`StagedBlend`): weights that change at given example positions,
+``[(0, w0), (s1, w1), ...]``. Inside stage ``k`` the rule runs on counts *relative to the
+stage start* ``s_k`` — stage ``k`` is ``BlendSchedule(w_k)`` read from slot 0 — so every
+prefix of every stage, counted from its start, is within one example of that stage's
+weights; each source's offsets continue across a boundary (stage ``k`` adds the counts
+reached at ``s_k``), so no source repeats or skips an example. One stage is exactly the
+plain rule. ``w = [.5, .5]`` then ``[0, 1]`` from example 4, then ``[.5, .5]`` from 6::
+
+    i        0 1 2 3 | 4 5 | 6 7 8
+    source   0 1 0 1 | 1 1 | 0 1 0       counts at 4: 2, 2; at 6: 2, 4
+    offset   0 0 1 1 | 2 3 | 2 4 3
+
+Cost of ``counts_at(t)``: O(sources) at a stage start once that start is known, and at any
+position a checkpoint seeded (a state carries the counts at its position and at its
+stage's start, so a resume never replays); elsewhere at most one block of the rule from
+the latest known position in the same stage, after the stage's prefix was computed once.
+A stage's start counts need the previous stage run to its end once (~1.6 µs per example:
+3M examples took 4.9 s here). So "tokens seen at step s" is O(sources) from a state saved
+at ``s`` or at a stage start, and O(s × B) the first time in a fresh process: the rule has
+no closed form, and a closed-form rule would have changed today's order (and, with it,
+every saved state's continuation) while giving up the proven bound.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_right
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -211,3 +235,99 @@ def blend_slice(start: int, stop: int, weights: npt.ArrayLike) -> tuple[IntArray
     Costs O(stop) the first time; keep a ``BlendSchedule`` to reuse its checkpoints.
     """
     return BlendSchedule(weights).slice(start, stop)
+
+
+class StagedBlend:
+    """A blend whose weights change at given example positions (see the module docs).
+
+    ``stages`` is ``[(start, weights), ...]``: the first start 0, starts increasing, every
+    stage's weights over the same sources (0 leaves a source out of that stage). State (a
+    cache, never part of a checkpoint): each stage's :class:`BlendSchedule` and the counts
+    known at stage starts (``_base``).
+    """
+
+    def __init__(self, stages: Sequence[tuple[int, npt.ArrayLike]]) -> None:
+        if not stages:
+            raise ValueError("a blend needs at least one stage: [(0, weights), ...]")
+        self.starts = [check_int(s, f"stage {k} start", minimum=0)
+                       for k, (s, _) in enumerate(stages)]
+        if self.starts[0] != 0 or (np.diff(self.starts) <= 0).any():
+            raise ValueError(f"stage starts must begin at 0 and increase, got {self.starts}")
+        self.stages = [BlendSchedule(w) for _, w in stages]
+        k = {st.weights.size for st in self.stages}
+        if len(k) != 1:
+            raise ValueError(f"every stage needs one weight per source, got sizes {sorted(k)}")
+        self.sources = k.pop()
+        self._base: dict[int, IntArray] = {0: np.zeros(self.sources, dtype=np.int64)}
+
+    def stage_of(self, t: int) -> int:
+        """The stage that example ``t`` (or the position after ``t`` examples) is in."""
+        return bisect_right(self.starts, t) - 1
+
+    def base(self, k: int) -> IntArray:
+        """Counts per source at the start of stage ``k`` (computed once per stage)."""
+        if k not in self._base:
+            prev = self.base(k - 1)
+            self._base[k] = prev + self.stages[k - 1].counts_at(
+                self.starts[k] - self.starts[k - 1])
+        return self._base[k]
+
+    def counts_at(self, t: int) -> IntArray:
+        """Examples taken from each source among the first ``t``."""
+        t = check_int(t, "t", minimum=0)
+        k = self.stage_of(t)
+        return self.base(k) + self.stages[k].counts_at(t - self.starts[k])
+
+    def seed(self, t: int, counts: npt.ArrayLike, stage_counts: npt.ArrayLike | None) -> None:
+        """Declare the counts after ``t`` examples and at the start of ``t``'s stage (as a
+        checkpoint saved them): later reads continue from there without replay."""
+        t = check_int(t, "t", minimum=0)
+        k = self.stage_of(t)
+        c = np.asarray(counts, dtype=np.int64).reshape(-1)
+        if self.starts[k] == t:
+            base = c
+        elif stage_counts is not None:
+            base = np.asarray(stage_counts, dtype=np.int64).reshape(-1)
+        elif k == 0:
+            base = np.zeros(self.sources, dtype=np.int64)
+        else:
+            raise ValueError(f"position {t} is in stage {k} (from example {self.starts[k]}): "
+                             "the counts at that stage's start are needed too")
+        if base.size != self.sources or int(base.sum()) != self.starts[k] or (base > c).any():
+            raise ValueError(f"counts {base.tolist()} at the start of stage {k} (example "
+                             f"{self.starts[k]}) cannot precede counts {c.tolist()} at {t}")
+        if k in self._base and not np.array_equal(self._base[k], base):
+            raise ValueError(f"counts {base.tolist()} at the start of stage {k} differ from "
+                             f"this blend's {self._base[k].tolist()}")
+        self.stages[k].seed(t - self.starts[k], c - base)
+        self._base[k] = base
+
+    def slice(self, start: int, stop: int) -> tuple[IntArray, IntArray]:
+        """``(source_ids, source_offsets)`` of examples ``[start, stop)``."""
+        lo = check_int(start, "start", minimum=0)
+        hi = check_int(stop, "stop", minimum=lo)
+        parts_s, parts_o = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+        while lo < hi:
+            k = self.stage_of(lo)
+            end = min(hi, self.starts[k + 1]) if k + 1 < len(self.starts) else hi
+            s, o = self.stages[k].slice(lo - self.starts[k], end - self.starts[k])
+            parts_s.append(s)
+            parts_o.append(o + self.base(k)[s])
+            lo = end
+        return np.concatenate(parts_s), np.concatenate(parts_o)
+
+    def __call__(self, idx: IndexLike) -> tuple[IntArray, IntArray]:
+        """``(source_ids, source_offsets)`` for arbitrary example indices (any shape)."""
+        arr, _ = as_index_array(idx, "blend example index")
+        if len(self.stages) == 1:
+            return self.stages[0](arr)
+        if arr.size and arr.min() < 0:
+            raise ValueError(f"blend example indices must be >= 0, got {arr.min()}")
+        flat = arr.reshape(-1)
+        where = np.searchsorted(np.asarray(self.starts), flat, side="right") - 1
+        src, off = np.empty_like(flat), np.empty_like(flat)
+        for k in np.unique(where).tolist():
+            sel = where == k
+            s, o = self.stages[k](flat[sel] - self.starts[k])
+            src[sel], off[sel] = s, o + self.base(k)[s]
+        return src.reshape(arr.shape), off.reshape(arr.shape)

@@ -26,6 +26,7 @@ complete). Every file is written to a temporary name, fsynced and renamed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -81,16 +82,38 @@ class DocShuffleIndex:
         O(log n_docs + pieces); empty documents never appear.
         """
         start, stop = self.span(w)
-        cum = self.cum_tokens
-        first = int(np.searchsorted(cum, start, side="right")) - 1
-        last = int(np.searchsorted(cum, stop, side="left"))
-        begin = np.asarray(cum[first:last])
-        end = np.asarray(cum[first + 1:last + 1])
-        lo, hi = np.maximum(begin, start), np.minimum(end, stop)
-        keep = hi > lo
-        docs = np.asarray(self.doc_order[first:last])[keep]
-        return [(int(d), int(o), int(n))
-                for d, o, n in zip(docs, (lo - begin)[keep], (hi - lo)[keep], strict=True)]
+        docs, skip, end = self.span_pieces(start, stop)
+        cum = self._plain[0]
+        first = int(cum.searchsorted(start, side="right")) - 1
+        lengths = np.diff(cum[first: first + len(docs) + 1]).tolist()
+        lengths[-1] = end
+        lengths[0] -= skip
+        return [(d, skip if j == 0 else 0, n)
+                for j, (d, n) in enumerate(zip(docs.tolist(), lengths, strict=True)) if n]
+
+    def span_pieces(self, start: int, stop: int) -> tuple[IntArray, int, int]:
+        """Tokens ``[start, stop)`` of the shuffled stream (any span: a run of consecutive
+        windows is read in one call) as the stored documents holding them, in order.
+
+        Returns ``(docs, skip, end)``: each of ``docs`` is read whole, except the first,
+        read from ``skip`` tokens in, and the last, read up to ``end`` tokens in (both
+        when there is one). Empty documents may appear between them (no tokens). In the
+        worked example, ``span_pieces(4, 9)`` is ``([0, 1], 2, 4)``. One binary search
+        for both ends, O(pieces).
+        """
+        cum, order = self._plain
+        if not 0 <= start < stop <= cum[-1]:
+            raise ValueError(f"span [{start}, {stop}) is not a non-empty part of the "
+                             f"shuffled stream [0, {self.total_tokens})")
+        first, last = cum.searchsorted((start, stop - 1), side="right").tolist()
+        return order[first - 1: last], start - int(cum[first - 1]), stop - int(cum[last - 1])
+
+    @functools.cached_property
+    def _plain(self) -> tuple[IntArray, IntArray]:
+        """``cum_tokens`` and ``doc_order`` as plain arrays (a memory map's subclass costs
+        microseconds per slice on the read path)."""
+        return (np.asarray(self.cum_tokens).view(np.ndarray),
+                np.asarray(self.doc_order).view(np.ndarray))
 
     def save(self, directory: Path, fingerprint: str) -> None:
         """Write the arrays and then the metadata file, each atomically."""

@@ -13,12 +13,29 @@ A sampler is a pure function of ``(consumed, world, micro_batch_size, seed)``
   the world size).
 * ``eval``: one pass in stored order; the last step is padded with index ``-1``, which
   :class:`~shardwise.read.tokens.dataset.TokenDataset` turns into fully masked examples.
+
+**Skip ranges** (``skip=``, :mod:`shardwise.plan.skips`): half-open ranges of positions
+in the global order left out, whole steps of ``micro_batch_size × world size`` — the
+skip-and-resume recipe after a loss spike. Only the skipped steps change: every other
+step reads exactly what it reads without a skip list. ``consumed`` stays a position in the
+unskipped order (a skipped range just makes it jump), so position ``p`` and global step
+``p // B`` mean the same examples with or without skips (``shardwise trace`` of a step
+stays true), and ``total`` is a position too: the run ends where it would without skips,
+serving fewer steps, so adding a skip never reads past the planned data (an epoch bound
+stays an epoch). A loader's state records its skip list (``config["skip"]``); on resume,
+ranges before the saved position must be the saved ones, later ones may change
+(:meth:`shardwise.checkpoint.LoaderState.check_matches`). The ``eval`` sampler refuses a
+skip list: an eval pass sees every example once. Stream placement (StreamDataset,
+RecordStream, PackedSFT, a Blend of streams) has no sampler and takes no skip list; a
+config that gives one for it is refused with :func:`refuse_skip`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import operator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from shardwise.checkpoint import as_count, check_not_past_end
 from shardwise.choice import Choice
@@ -30,6 +47,7 @@ from shardwise.plan.batches import (
     micro_batch_indices,
     num_eval_steps,
 )
+from shardwise.plan.skips import Skip, advance, served_segments, skipped_in
 from shardwise.read.drops import Drop
 from shardwise.world import World
 
@@ -57,6 +75,79 @@ def accumulation_steps(global_batch_size: int, micro_batch_size: int, world_size
     return global_batch_size // step
 
 
+def _as_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or getattr(value, "ndim", 0) != 0:
+        raise ConfigError(f"{where} must be an integer position, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{where} must be an integer position, got {value!r} "
+                          f"({type(value).__name__})") from None
+
+
+def normalise_skip(ranges: Iterable[Any] | None, step: int, *, unit: str = "examples") -> Skip:
+    """``ranges`` sorted and merged (overlapping or touching ranges become one), each
+    checked: two integers ``start < stop``, both multiples of ``step`` (a skip leaves out
+    whole steps of ``micro_batch_size × world size``, so every rank skips the same step)::
+
+        normalise_skip([(8, 12), (0, 4), (4, 6)], 2) == ((0, 6), (8, 12))
+    """
+    out: list[tuple[int, int]] = []
+    for r in ranges or ():
+        if isinstance(r, (str, bytes)) or not hasattr(r, "__len__") or len(r) != 2:
+            raise ConfigError(f"skip: each range is a pair (start, stop) of {unit}, got {r!r}")
+        start = _as_int(r[0], f"skip range {tuple(r)!r}: start")
+        stop = _as_int(r[1], f"skip range {tuple(r)!r}: stop")
+        if not 0 <= start < stop:
+            raise ConfigError(f"skip range ({start}, {stop}) of {unit} is empty or negative: "
+                              "a range is half-open [start, stop) with 0 <= start < stop")
+        if start % step or stop % step:
+            lo, hi = start - start % step, -(-stop // step) * step
+            raise ConfigError(f"skip range ({start}, {stop}) of {unit} is not a whole number "
+                              f"of steps of micro_batch_size × world size = {step}: every "
+                              f"rank must skip the same steps; use ({lo}, {hi}) to cover it")
+        out.append((start, stop))
+    merged: list[tuple[int, int]] = []
+    for start, stop in sorted(out):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(stop, merged[-1][1]))
+        else:
+            merged.append((start, stop))
+    return tuple(merged)
+
+
+def skip_from_steps(steps: Iterable[Any] | None, global_batch_size: int) -> Skip:
+    """Global-step ranges ``[a, b)`` → position ranges ``[a·B, b·B)`` (not yet
+    normalised): a step ``s`` is positions ``[s·B, (s+1)·B)``."""
+    out = []
+    for r in steps or ():
+        if isinstance(r, (str, bytes)) or not hasattr(r, "__len__") or len(r) != 2:
+            raise ConfigError(f"skip_steps: each range is a pair (first step, stop step), "
+                              f"got {r!r}")
+        a = _as_int(r[0], f"skip_steps range {tuple(r)!r}: start")
+        b = _as_int(r[1], f"skip_steps range {tuple(r)!r}: stop")
+        if not 0 <= a < b:
+            raise ConfigError(f"skip_steps range ({a}, {b}) is empty or negative: a range "
+                              "is half-open [start, stop) of global steps, 0 <= start < stop")
+        out.append((a * global_batch_size, b * global_batch_size))
+    return tuple(out)
+
+
+def refuse_skip(skip: object, reader: str) -> None:
+    """A ConfigError for a non-empty skip list given to a reader without a sampler.
+
+    Why not yet: such a reader's ranks read their own streams ahead of the training step
+    (a prefetch thread per rank, a batch size of its own), so skipping a range means
+    restarting that read-ahead at the range's end on every rank — a seek each reader
+    family (streams, records, packed SFT, blends of them) would implement on its own.
+    The global placement skips by index arithmetic in one place, the sampler."""
+    if skip:
+        raise ConfigError(f"{reader} reads with stream placement, which cannot skip ranges "
+                          f"(skip={skip!r}); skip steps with global placement (a "
+                          "TokenDataset or Blend through shardwise.torch.loader(..., "
+                          "skip_steps=)), or drop the skip list")
+
+
 @dataclass(frozen=True)
 class BatchSampler:
     """Yields this rank's micro-batches (lists of example indices) from ``consumed`` on.
@@ -68,6 +159,9 @@ class BatchSampler:
     same for every ``B``, so a position saved under one global batch size continues
     exactly under another (Megatron's batch-size ramp-up) whenever it is a whole number
     of the new ``micro_batch_size × world size`` steps.
+
+    ``skip``: ranges of positions to leave out (see the module docs), normalised here
+    (sorted, merged, whole steps).
     """
 
     n: int
@@ -79,6 +173,7 @@ class BatchSampler:
     data_sharding: bool = True
     consumed: int = 0
     total: int | None = None
+    skip: Skip = ()
 
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "micro_batch_size"):
@@ -95,6 +190,11 @@ class BatchSampler:
                               f"micro_batch_size × world size = {step}: it is not a multiple "
                               "(save checkpoints at global-batch boundaries)")
         self.check_in_run(self.consumed)
+        object.__setattr__(self, "skip", normalise_skip(self.skip, step))
+        if self.skip and self.kind is SamplerKind.EVAL:
+            raise ConfigError(f"sampler='eval' sees every example once, but skip={self.skip} "
+                              "was given; skip ranges are for training samplers (single, "
+                              "cyclic): drop the skip list for evaluation")
 
     @property
     def end(self) -> int | None:
@@ -126,7 +226,23 @@ class BatchSampler:
             out.append(Drop(self.total % step, "examples", f"the run's last partial step "
                             f"({self.total:,} is not a multiple of micro_batch × world = "
                             f"{step})", of=self.total))
+        if self.skip:
+            end = None if self.total is None else self.total - self.total % step
+            out.append(Drop(skipped_in(self.skip, 0, end), "examples", f"the skip list "
+                            f"{list(self.skip)} (positions of the global order; the run "
+                            "still ends at the same position)", of=self.total))
         return out
+
+    def advance(self, k: int) -> int:
+        """The position after this sampler serves ``k`` micro-batch steps from
+        ``consumed`` (skipped ranges on the way are jumped)."""
+        if not self.skip:
+            return self.consumed + k * self.step_examples
+        return advance(self.skip, self.consumed, k, self.step_examples)
+
+    def skipped(self, lo: int, hi: int | None) -> int:
+        """Positions in ``[lo, hi)`` the skip list leaves out."""
+        return skipped_in(self.skip, lo, hi)
 
     def padding(self) -> int:
         """Masked padding examples an eval pass adds to fill its last step."""
@@ -145,25 +261,37 @@ class BatchSampler:
             return max(0, steps - self.consumed // self.step_examples)
         if self.total is None:
             raise TypeError("an endless sampler has no len(); pass total= (or epochs=)")
-        return max(0, self.total - self.consumed) // self.step_examples
+        steps = max(0, self.total - self.consumed) // self.step_examples
+        end = self.consumed + steps * self.step_examples
+        return steps - self.skipped(self.consumed, end) // self.step_examples
 
     def micro_batch(self, k: int) -> list[int]:
-        """This rank's ``k``-th micro-batch counted from ``consumed``."""
+        """This rank's ``k``-th micro-batch counted from ``consumed`` (skipped steps not
+        counted)."""
         m, w = self.micro_batch_size, self.world
-        if self.kind is SamplerKind.SINGLE:
-            idx = micro_batch_indices(k, rank=w.rank, world_size=w.size, micro_batch_size=m,
-                                      consumed=self.consumed)
-        elif self.kind is SamplerKind.CYCLIC:
-            idx = cyclic_micro_batch_indices(k, n=self.n, rank=w.rank, world_size=w.size,
-                                             micro_batch_size=m, seed=self.seed,
-                                             consumed=self.consumed,
-                                             data_sharding=self.data_sharding)
-        else:
+        if self.kind is SamplerKind.EVAL:
             idx = eval_micro_batch_indices(k + self.consumed // self.step_examples, n=self.n,
                                            rank=w.rank, world_size=w.size, micro_batch_size=m)
+            return idx.tolist()
+        return self._at(self.advance(k + 1) - self.step_examples)
+
+    def _at(self, position: int) -> list[int]:
+        """This rank's micro-batch of the step at ``position`` (single, cyclic)."""
+        m, w = self.micro_batch_size, self.world
+        if self.kind is SamplerKind.SINGLE:
+            idx = micro_batch_indices(0, rank=w.rank, world_size=w.size, micro_batch_size=m,
+                                      consumed=position)
+        else:
+            idx = cyclic_micro_batch_indices(0, n=self.n, rank=w.rank, world_size=w.size,
+                                             micro_batch_size=m, seed=self.seed,
+                                             consumed=position,
+                                             data_sharding=self.data_sharding)
         return idx.tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
+        if self.skip:
+            yield from self._iter_skipping()
+            return
         limit = None if (self.total is None and self.kind is not SamplerKind.EVAL) else len(self)
         if self.kind is SamplerKind.SINGLE:  # every step of pretraining: no per-step checks
             w = self.world
@@ -175,3 +303,20 @@ class BatchSampler:
         while limit is None or k < limit:
             yield self.micro_batch(k)
             k += 1
+
+    def _iter_skipping(self) -> Iterator[list[int]]:
+        """The served runs of positions between the skipped ranges, each read as without
+        a skip list."""
+        step, w = self.step_examples, self.world
+        end = None if self.total is None else self.total - self.total % step
+        for lo, hi in served_segments(self.skip, self.consumed, end):
+            if self.kind is SamplerKind.SINGLE:
+                yield from iter_micro_batches(rank=w.rank, world_size=w.size,
+                                              micro_batch_size=self.micro_batch_size,
+                                              consumed=lo,
+                                              steps=None if hi is None else (hi - lo) // step)
+                continue
+            p = lo
+            while hi is None or p < hi:
+                yield self._at(p)
+                p += step

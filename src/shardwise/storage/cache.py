@@ -378,3 +378,14 @@ class Cache:
         if len(parts) == 1:
             return parts[0]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)
+
+
+def __getattr__(name: str) -> object:
+    """``open_cache`` and ``reader_cache`` moved to :mod:`shardwise.storage.opening`; this
+    keeps ``from shardwise.storage.cache import open_cache`` (code written before the move)
+    working. Import them from ``shardwise.storage.opening``."""
+    if name in ("open_cache", "reader_cache"):
+        from shardwise.storage import opening
+
+        return getattr(opening, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

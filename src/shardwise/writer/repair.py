@@ -140,7 +140,8 @@ def repair_tasks(root: Root, ledger: Ledger, infos: list[SourceInfo],
             position, line = _start_of(root, seg, first)
             part = replace(seg, position=position, line=line, chunks=list(seg.chunks[:first]),
                            errors={}, finished=False)
-            tasks.append(Task(s, infos[s], g, part, rebuild=count))
+            expect = tuple(c.meta_xxh3 for c in seg.chunks[first:first + count])
+            tasks.append(Task(s, infos[s], g, part, rebuild=count, expect=expect))
     return tasks
 
 

@@ -57,13 +57,16 @@ class Task:
 
     ``rebuild`` > 0 makes it a repair: republish only the ``rebuild`` chunks that start at
     ``segment.position`` (numbered from ``len(segment.chunks)``), then end with
-    :class:`ChunksRebuilt` instead of :class:`SegmentDone`."""
+    :class:`ChunksRebuilt` instead of :class:`SegmentDone`. ``expect``: the ledger's
+    ``meta_xxh3`` of those chunks, in order (a chunk written before ``skipped_lines``
+    existed is republished without it, so it hashes as it did)."""
 
     source: int
     info: SourceInfo
     seg_index: int
     segment: Segment
     rebuild: int = 0
+    expect: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -192,29 +195,51 @@ class SegmentBuilder:
         p = self.pending
         if not p.docs or self.done:
             return
-        t, job = self.t, self.job
+        t = self.t
         stem = chunk_stem(t.source, t.seg_index, self.next_index)
         unit = "row" if t.info.format == "parquet" else "byte"
         fields = {"source": t.source, "source_path": t.info.path, "segment": t.seg_index,
                   "index": self.next_index,
                   "range": SourceRange(unit, p.start, end, p.line_start, line)}
-        root = open_root(job.root, job.storage_options)
-        if job.records:
-            meta, meta_sum = publish_record_chunk(root, stem, _records_table(p.docs),
-                                                  p.tokens, fields)
-        else:
-            lengths = np.fromiter((len(d) for d in p.docs), dtype=np.int64, count=len(p.docs))
-            ids = p.docs[0] if len(p.docs) == 1 else np.concatenate(p.docs)
-            if ids.size and (int(ids.max()) >= job.vocab_size or int(ids.min()) < 0):
-                for doc, line in zip(p.docs, p.lines, strict=True):  # name the record
-                    self._check_ids(doc, line)
-            tokens = ids.astype(job.dtype, copy=False)
-            meta, meta_sum = publish_token_chunk(root, stem, tokens, lengths, fields)
+        skipped = _skipped_lines(p.lines, p.line_start, line)
+        if skipped:
+            fields["skipped_lines"] = skipped
+        meta, meta_sum = self._publish_files(stem, fields)
+        k = self.next_index - len(t.segment.chunks)
+        if skipped and k < len(t.expect) and meta_sum != t.expect[k]:
+            # a repair of a chunk built before ``skipped_lines`` existed: write it as it was
+            # (format/SPEC.md); any other difference is the coordinator's to name
+            del fields["skipped_lines"]
+            meta, meta_sum = self._publish_files(stem, fields)
         self.emit(ChunkDone(t.source, t.seg_index,
                             ChunkEntry(stem, meta.documents, meta.tokens, meta_sum, p.empty),
                             end, line, dict(self.errors if errors is None else errors)))
         self.next_index += 1
         self.pending = _Pending(start=end, line_start=line)
+
+
+    def _publish_files(self, stem: str, fields: dict[str, Any]) -> tuple[Any, str]:
+        """Write the pending chunk's files and metadata; (metadata, its checksum)."""
+        p, job = self.pending, self.job
+        root = open_root(job.root, job.storage_options)
+        if job.records:
+            return publish_record_chunk(root, stem, _records_table(p.docs), p.tokens, fields)
+        lengths = np.fromiter((len(d) for d in p.docs), dtype=np.int64, count=len(p.docs))
+        ids = p.docs[0] if len(p.docs) == 1 else np.concatenate(p.docs)
+        if ids.size and (int(ids.max()) >= job.vocab_size or int(ids.min()) < 0):
+            for doc, line in zip(p.docs, p.lines, strict=True):  # name the record
+                self._check_ids(doc, line)
+        tokens = ids.astype(job.dtype, copy=False)
+        return publish_token_chunk(root, stem, tokens, lengths, fields)
+
+
+def _skipped_lines(lines: list[int], start: int, stop: int) -> list[int]:
+    """The lines of ``[start, stop)`` that became no document (skipped records), in order;
+    empty, in O(1), when every line did."""
+    if len(lines) == stop - start:
+        return []
+    return np.setdiff1d(np.arange(start, stop, dtype=np.int64),
+                        np.asarray(lines, dtype=np.int64)).tolist()
 
 
 def _records_table(docs: list[dict[str, Any]]) -> Any:

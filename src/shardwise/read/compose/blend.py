@@ -13,6 +13,16 @@ the source's *own* global order, so the blend inherits each source's shuffle and
 ``seed`` relabels the sources before scheduling (a keyed permutation), so two seeds give
 different interleavings with the same guarantee.
 
+A **schedule** changes the weights at given examples of the blend's order
+(``schedule=[(0, {"web": .7, "code": .3}), (51_200_000, {"web": .4, "code": .3, "math":
+.3})]``, by name or position; :mod:`~shardwise.read.compose.schedule`): each stage keeps
+the guarantee counted from its own start and every source continues with its next example
+(:class:`~shardwise.plan.blend.StagedBlend`). Every source is listed from the start (weight 0
+until its stage). Stages that start at or after a state's position may be added, changed
+or removed and the run still resumes exactly; an earlier one that differs is refused,
+named (:func:`~shardwise.checkpoint.staged`). ``len()`` follows the first stage's weights.
+``counts_at(t)`` / ``tokens_seen(t)`` report what each source gave the first ``t``.
+
 Two ways to read a blend:
 
 * **map-style** (every source has ``len`` and ``[i]``, e.g.
@@ -27,7 +37,9 @@ Two ways to read a blend:
 
 State keys (iterating, a :class:`~shardwise.checkpoint.LoaderState` of kind ``blend``):
 ``consumed``; ``extra = {"counts": examples taken per source, "sources": each iterable
-source's own state (None for map-style ones, whose position is their count)}``.
+source's own state (None for map-style ones, whose position is their count)}``, plus
+``"stage_counts"`` (the counts at the start of the current stage) with a schedule. A
+loader's state carries the same as seek hints ``blend_counts`` / ``blend_stage_counts``.
 """
 
 from __future__ import annotations
@@ -38,10 +50,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shardwise.checkpoint import LoaderState, Resumable, as_count
+from shardwise.checkpoint import LoaderState, Resumable, as_count, staged
 from shardwise.errors import ConfigError, StateError
-from shardwise.plan.blend import BLEND_VERSION, BlendSchedule, normalize_weights
+from shardwise.plan.blend import BLEND_VERSION, StagedBlend
 from shardwise.plan.permutation import Permutation, derive_seed
+from shardwise.read.compose.schedule import Weights, stages_of
 from shardwise.read.compose.sft_pack import source_identity
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.examples import NEXT_TOKEN, check_same_layout
@@ -54,6 +67,16 @@ Batch = dict[str, npt.NDArray[Any]]
 
 def _is_map(ds: Any) -> bool:
     return hasattr(ds, "__getitem__") and hasattr(ds, "__len__")
+
+
+def _seq_len(ds: Any) -> int | None:
+    """Positions per example: a TokenDataset's or StreamDataset's ``config.seq_len``, a
+    PackedSFT's ``seq_len``; ``None`` for records of no fixed length."""
+    for owner in (getattr(ds, "config", None), ds):
+        L = getattr(owner, "seq_len", None)
+        if isinstance(L, int) and not isinstance(L, bool):
+            return L
+    return None
 
 
 def _is_stream(ds: Any) -> bool:
@@ -71,21 +94,18 @@ class Blend(Resumable):
     state_kind = "blend"
     label_convention = NEXT_TOKEN  # every part agrees (checked): read/examples.py
 
-    def __init__(self, datasets: Sequence[Any], weights: Sequence[float], *, seed: int = 0,
-                 names: Sequence[str] | None = None, length: int | None = None) -> None:
+    def __init__(self, datasets: Sequence[Any], weights: Weights | None = None, *,
+                 seed: int = 0, names: Sequence[str] | None = None,
+                 length: int | None = None,
+                 schedule: Sequence[tuple[int, Weights]] | None = None) -> None:
         self.sources = list(datasets)
         k = len(self.sources)
-        if k == 0 or len(weights) != k:
-            raise ConfigError(f"give one weight per dataset: {k} datasets, "
-                              f"{len(weights)} weights")
-        try:
-            self.weights = normalize_weights(weights)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
         self.names = [str(n) for n in names] if names is not None else [
             f"source{j}" for j in range(k)]
-        if len(self.names) != k or len(set(self.names)) != k:
+        if k == 0 or len(self.names) != k or len(set(self.names)) != k:
             raise ConfigError(f"names must be {k} distinct strings, got {self.names}")
+        self.stages = stages_of(weights, schedule, self.names)
+        self.weights = self.stages[0][1]
         bad = [n for n, d in zip(self.names, self.sources, strict=True)
                if not (_is_map(d) or _is_stream(d))]
         if bad:
@@ -97,7 +117,7 @@ class Blend(Resumable):
         self.seed = seed
         self.map_style = all(_is_map(d) for d in self.sources)
         self._relabel = Permutation(k, derive_seed(seed, "blend"), 0)(np.arange(k))
-        self._schedule = BlendSchedule(self.weights[self._relabel])
+        self._schedule = StagedBlend([(s, w[self._relabel]) for s, w in self.stages])
         self._length = self._nominal_length(length)
         self._consumed = 0
         self._iters: dict[int, Iterator[Any]] = {}
@@ -128,44 +148,79 @@ class Blend(Resumable):
         return self._relabel[s], off
 
     def counts_at(self, t: int) -> npt.NDArray[np.int64]:
-        """Examples taken from each source among the first ``t`` of the blend."""
+        """Examples taken from each source among the first ``t`` of the blend (``t`` =
+        steps × global batch size). O(sources) where the schedule knows the position (a
+        stage start once computed, a restored state's position); elsewhere the rule runs
+        from the latest known position (:mod:`shardwise.plan.blend`: the cost)."""
         counts = np.zeros(len(self.sources), dtype=np.int64)
         counts[self._relabel] = self._schedule.counts_at(t)
         return counts
 
-    def seed_counts(self, t: int, counts: Sequence[int]) -> None:
-        """Resume the schedule at ``t`` from saved per-source counts (O(one block), not
-        O(t)); refuses counts no blend with these weights could have."""
-        if not isinstance(counts, list | tuple):
-            raise StateError(f"blend counts must be a list of {len(self.sources)} counts, "
+    def stage_start_counts(self, t: int) -> npt.NDArray[np.int64]:
+        """Examples taken from each source before the stage that position ``t`` is in."""
+        counts = np.zeros(len(self.sources), dtype=np.int64)
+        counts[self._relabel] = self._schedule.base(self._schedule.stage_of(t))
+        return counts
+
+    def _as_counts(self, counts: Any, name: str) -> npt.NDArray[np.int64]:
+        if not isinstance(counts, list | tuple) or len(counts) != len(self.sources):
+            raise StateError(f"{name} must be a list of {len(self.sources)} counts, "
                              f"got {counts!r}")
-        counts = [as_count(c, f"blend counts[{j}]") for j, c in enumerate(counts)]
+        out = [as_count(c, f"{name}[{j}]") for j, c in enumerate(counts)]
+        return np.asarray(out, dtype=np.int64)[self._relabel]
+
+    def seed_counts(self, t: int, counts: Sequence[int],
+                    stage_counts: Sequence[int] | None = None) -> None:
+        """Resume the schedule at ``t`` from saved per-source counts (and, past the first
+        stage, the counts at the start of ``t``'s stage): O(one block), not O(t); refuses
+        counts no blend with these weights could have."""
+        mine = self._as_counts(counts, "blend counts")
+        base = None if stage_counts is None else self._as_counts(stage_counts,
+                                                                  "blend stage counts")
         try:
-            self._schedule.seed(t, np.asarray(counts, dtype=np.int64)[self._relabel])
-        except (ValueError, IndexError) as e:
+            self._schedule.seed(t, mine, base)
+        except ValueError as e:
             raise StateError(f"blend counts {list(counts)} do not fit this blend at {t} "
                              f"examples: {e}") from None
 
     def seek_hints(self, consumed: int) -> dict[str, Any]:
         """What a loader checkpoint adds so a restore seeks in O(1): the counts at
-        ``consumed``."""
-        return {"blend_counts": self.counts_at(consumed).tolist()}
+        ``consumed`` (and at the start of its stage, for a schedule)."""
+        hints = {"blend_counts": self.counts_at(consumed).tolist()}
+        if len(self.stages) > 1:
+            hints["blend_stage_counts"] = self.stage_start_counts(consumed).tolist()
+        return hints
 
     def apply_seek_hints(self, consumed: int, hints: Mapping[str, Any]) -> None:
         counts = hints.get("blend_counts")
         if counts is not None:
-            self.seed_counts(consumed, counts)
+            self.seed_counts(consumed, counts, hints.get("blend_stage_counts"))
 
     def report(self, consumed: int | None = None) -> dict[str, Any]:
         """Per-source consumption after ``consumed`` examples (default: what this object
-        has yielded): counts, target and realised proportions, deviation in examples."""
+        has yielded): counts, tokens, the current stage's weights, realised proportions
+        and the deviation in examples counted from the stage's start (the guarantee)."""
         t = self._consumed if consumed is None else consumed
-        counts = self.counts_at(t)
-        rows = [{"name": n, "weight": float(w), "count": int(c),
-                 "realised": float(c / t) if t else 0.0, "deviation": float(c - w * t)}
-                for n, w, c in zip(self.names, self.weights, counts, strict=True)]
-        return {"consumed": t, "sources": rows,
+        counts, base = self.counts_at(t), self.stage_start_counts(t)
+        k = self._schedule.stage_of(t)
+        start, weights = self.stages[k]
+        rows = [{"name": n, "weight": float(w), "count": int(c), "tokens": tokens,
+                 "realised": float(c / t) if t else 0.0,
+                 "deviation": float(c - b - w * (t - start))}
+                for n, w, c, b, tokens in zip(self.names, weights, counts, base,
+                                              self.tokens_seen(t).values(), strict=True)]
+        return {"consumed": t, "stage": k, "stage_start": start, "sources": rows,
                 "max_deviation": max(abs(r["deviation"]) for r in rows)}  # type: ignore[arg-type]
+
+    def tokens_seen(self, t: int) -> dict[str, int | None]:
+        """Tokens each source gave the first ``t`` examples, in O(sources) when ``t`` is
+        known to the schedule (see :meth:`counts_at`): examples × ``seq_len`` for sources
+        whose examples are ``seq_len`` positions (a TokenDataset: input tokens, each
+        window's one extra label token not counted; a PackedSFT: positions, padding
+        included); ``None`` for sources of records of no fixed length."""
+        counts = self.counts_at(t)
+        return {n: None if (L := _seq_len(ds)) is None else int(c) * L
+                for n, ds, c in zip(self.names, self.sources, counts, strict=True)}
 
     # -- identity -------------------------------------------------------------------------
     def state_config(self) -> dict[str, Any]:
@@ -173,6 +228,8 @@ class Blend(Resumable):
         cfg: dict[str, Any] = {"blend": self.names, "weights": self.weights.tolist(),
                                "seed": self.seed, "length": self._length,
                                "blend_version": BLEND_VERSION}
+        if len(self.stages) > 1:  # later stages may change after a state's position
+            cfg["schedule"] = staged((s, w.tolist()) for s, w in self.stages[1:])
         for n, d in zip(self.names, self.sources, strict=True):
             cfg[f"source.{n}"] = source_identity(d)
         return cfg
@@ -270,8 +327,10 @@ class Blend(Resumable):
 
     def _position(self) -> tuple[int, dict[str, Any]]:
         streams = [None if _is_map(d) else d.state_dict() for d in self.sources]
-        return self._consumed, {"counts": self.counts_at(self._consumed).tolist(),
-                                "sources": streams}
+        extra = {"counts": self.counts_at(self._consumed).tolist(), "sources": streams}
+        if len(self.stages) > 1:
+            extra["stage_counts"] = self.stage_start_counts(self._consumed).tolist()
+        return self._consumed, extra
 
     def _seek(self, st: LoaderState) -> None:
         """Continue where the state was saved (per-source counts and source states)."""
@@ -280,7 +339,7 @@ class Blend(Resumable):
             raise StateError(f"the state has no per-source counts for {self.names}")
         # O(one block) instead of replaying the schedule from 0; the fingerprint pins the
         # schedule version and the counts are checked against the weights' quota
-        self.seed_counts(st.consumed, saved)
+        self.seed_counts(st.consumed, saved, st.extra.get("stage_counts"))
         streams = st.extra.get("sources")
         if not isinstance(streams, list) or len(streams) != len(self.sources):
             raise StateError(f"the state has no per-source states for {self.names}")

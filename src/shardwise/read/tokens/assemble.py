@@ -25,13 +25,18 @@ from numpy.lib.stride_tricks import as_strided
 from shardwise.format.atomic import save_npy
 from shardwise.plan.doc_shuffle import plan_fingerprint
 from shardwise.read.examples import ignore_unmasked
+from shardwise.read.tokens.doc_rows import (
+    NO_BOUNDS,
+    DocRun,
+    Span,
+    run_bounds,
+    run_offset,
+    span_sources,
+    stage_runs,
+)
 from shardwise.storage.cache import MAX_OPEN_CHUNKS, Cache
 
 MAX_CACHED_DOC_STARTS = 64
-NO_BOUNDS = np.zeros(0, dtype=np.int64)
-NO_BOUNDS.flags.writeable = False
-
-
 class WindowReader:
     """Turns window indices (or document pieces) into example arrays."""
 
@@ -45,9 +50,15 @@ class WindowReader:
         # cache keeps open)
         self._views: OrderedDict[int, tuple[int, npt.NDArray[Any]]] = OrderedDict()
         self._all_starts: npt.NDArray[np.int64] | None = None
+        # document shuffle: chunk token memory (the maps, as memoryviews: slicing one
+        # costs a third of slicing an array, and bytes.join copies them in one call), and
+        # the stored doc starts as a plain array
+        self._memory: OrderedDict[int, memoryview] = OrderedDict()
+        self.plain_doc_starts: npt.NDArray[np.int64] | None = None
         # the stream as of the dataset's creation (its windows were counted on it); a
         # plain list, because bisecting it per row is ~10x cheaper than numpy calls
         self._cum: list[int] = cache.cum_tokens.tolist()
+        self._cum_np = np.asarray(self._cum, dtype=np.int64)
         self._total = cache.num_tokens
 
     def __getstate__(self) -> dict[str, Any]:
@@ -55,6 +66,7 @@ class WindowReader:
         copies of the data); a copy in another process rebuilds what it reads."""
         d = dict(self.__dict__)
         d["_starts"], d["_views"], d["_all_starts"] = OrderedDict(), OrderedDict(), None
+        d["_memory"], d["plain_doc_starts"] = OrderedDict(), None
         d["_positions_2d"] = self._positions[None, :]
         return d
 
@@ -200,30 +212,63 @@ class WindowReader:
             stage[r] = src[s - lo_c: s - lo_c + L + 1]  # the common case
         return stage
 
-    def from_pieces(self, pieces: list[list[tuple[int, int, int]]],
-                    pad: npt.NDArray[np.bool_], doc_starts: npt.NDArray[np.int64]
-                    ) -> dict[str, npt.NDArray[Any]]:
-        """Rows for document-shuffled windows given as (stored doc, offset, length) runs."""
+    # -- document shuffle ----------------------------------------------------------------
+    def from_doc_runs(self, runs: list[DocRun], rows: int, doc_starts: npt.NDArray[np.int64]
+                      ) -> dict[str, npt.NDArray[Any]]:
+        """Rows for document-shuffled windows, given as runs of consecutive windows (a
+        sampler's micro-batch is one run); rows in no run are padding.
+
+        A run is one span of the shuffled stream, copied piece by piece (a stretch of one
+        stored document: a few per window, ~0.1 us each) into one flat buffer in the
+        stored dtype; its windows are overlapping ``seq_len + 1`` rows of that buffer. A
+        run of whole windows filling the batch (the common case) turns its buffer
+        straight into ``input_ids`` and ``labels``, one conversion each."""
         L = self.cfg.seq_len
-        rows = np.zeros((len(pad), L + 1), dtype=np.int64)
-        valid = [0] * len(pad)
-        bounds = [NO_BOUNDS] * len(pad)
-        real_rows = np.flatnonzero(~pad).tolist()
-        for r, runs in zip(real_rows, pieces, strict=True):
-            at, b = 0, []
-            for doc, off, n in runs:
-                s = int(doc_starts[doc]) + off
-                rows[r, at: at + n] = self.cache.read_tokens(s, s + n)
-                if at > 0 and off == 0:
-                    b.append(at)
-                at += n
-            valid[r] = at
-            bounds[r] = np.asarray([x for x in b if x < L], dtype=np.int64)
-        self.cache.checks.batch_ids(rows, lambda k: _piece_offset(
-            pieces, real_rows, doc_starts, *divmod(k, L + 1)))
-        return self._finish(np.ascontiguousarray(rows[:, :L]),
-                            np.ascontiguousarray(rows[:, 1:]), valid,
-                            bounds if self._want_boundaries else None)
+        spans = [self._copy_span(run, doc_starts) for run in runs]
+        if len(runs) == 1 and runs[0][3] == rows and len(spans[0].flat) == rows * L + 1:
+            flat = spans[0].flat
+            self.cache.checks.batch_ids(flat, spans[0].stream_offset)
+            input_ids = flat[:-1].astype(np.int64).reshape(rows, L)
+            labels = flat[1:].astype(np.int64).reshape(rows, L)
+            valid = [L + 1] * rows
+        else:
+            stage, valid = stage_runs(runs, spans, rows, L, self.cache.dtype)
+            self.cache.checks.batch_ids(stage, lambda k: run_offset(runs, spans, L, k))
+            input_ids, labels = stage[:, :L].astype(np.int64), stage[:, 1:].astype(np.int64)
+        bounds = run_bounds(runs, spans, rows, L) if self._want_boundaries else None
+        return self._finish(input_ids, labels, valid, bounds)
+
+    def doc_sources(self, run: DocRun, doc_starts: npt.NDArray[np.int64]
+                    ) -> tuple[list[int], list[int]]:
+        """:func:`~shardwise.read.tokens.doc_rows.span_sources` at this ``seq_len``."""
+        return span_sources(run, self.cfg.seq_len, doc_starts)
+
+    def _copy_span(self, run: DocRun, doc_starts: npt.NDArray[np.int64]) -> Span:
+        """The run's pieces joined (one copy each, from memoryviews of the chunk maps)."""
+        src, stops = self.doc_sources(run, doc_starts)
+        if len(self._cum) == 2:  # one chunk: stored offsets are its offsets
+            mem = self._chunk_memory(0)
+            parts = [mem[a:b] for a, b in zip(src, stops, strict=True)]
+        else:  # a document lies inside one chunk
+            cum = self._cum
+            chunks = (np.searchsorted(self._cum_np, src, side="right") - 1).tolist()
+            parts = [self._chunk_memory(c)[a - cum[c]: b - cum[c]]
+                     for c, a, b in zip(chunks, src, stops, strict=True) if b > a]
+        flat = np.frombuffer(b"".join(parts), dtype=self.cache.dtype)
+        return Span(flat, src, stops)
+
+    def _chunk_memory(self, c: int) -> memoryview:
+        """Chunk ``c``'s tokens as a memoryview of its map (kept: as many as the cache
+        keeps open)."""
+        hit = self._memory.get(c)
+        if hit is None:
+            hit = self.cache.tokens(c).data
+            self._memory[c] = hit
+            if len(self._memory) > MAX_OPEN_CHUNKS:
+                self._memory.popitem(last=False)
+        else:
+            self._memory.move_to_end(c)
+        return hit
 
     def _finish(self, input_ids: npt.NDArray[np.int64], labels: npt.NDArray[np.int64],
                 valid: list[int], bounds: list[npt.NDArray[np.int64]] | None
@@ -269,14 +314,3 @@ class WindowReader:
             self._positions_2d = np.tile(self._positions, (rows, 1))
         return self._positions_2d
 
-
-def _piece_offset(pieces: list[list[tuple[int, int, int]]], real_rows: list[int],
-                  doc_starts: npt.NDArray[np.int64], row: int, col: int) -> int:
-    """The stream offset of column ``col`` of document-shuffled row ``row`` (to name the
-    chunk an id came from)."""
-    at = 0
-    for doc, off, n in pieces[real_rows.index(row)]:
-        if col < at + n:
-            return int(doc_starts[doc]) + off + col - at
-        at += n
-    raise ValueError(f"column {col} of row {row} holds no token")

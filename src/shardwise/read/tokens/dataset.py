@@ -40,7 +40,7 @@ from shardwise.plan.windows import dropped_tokens, num_windows
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.examples import NEXT_TOKEN
 from shardwise.read.rows import ROW_FREE, Rows
-from shardwise.read.tokens.assemble import WindowReader
+from shardwise.read.tokens.assemble import DocRun, WindowReader
 from shardwise.storage.cache import Cache
 from shardwise.storage.opening import reader_cache
 
@@ -258,13 +258,8 @@ class TokenDataset(Configured):
         """A whole micro-batch as a dict of stacked arrays (one call, one allocation each)."""
         idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
         if self.config.shuffle is Shuffle.DOCUMENT:
-            arr = np.asarray(idx, dtype=np.int64).reshape(-1)
-            pad = self._check_pad(arr)
-            real = arr[~pad]
-            epochs, pos = np.divmod(real, self.num_windows)
-            pieces = [self._epoch_order(int(e)).pieces(int(p)) for e, p in zip(epochs, pos,
-                                                                                 strict=True)]
-            return self._reader.from_pieces(pieces, pad, self._doc_starts())
+            return self._reader.from_doc_runs(self._doc_runs(idx), len(idx),
+                                              self._doc_starts())
         return self._reader.from_windows(self._window_list(idx))
 
     def _window_list(self, indices: list[int]) -> list[int]:
@@ -303,24 +298,49 @@ class TokenDataset(Configured):
             return
         idx = list(indices)
         if self.config.shuffle is Shuffle.DOCUMENT:
-            starts = self._doc_starts()
-            ranges = [(int(starts[doc]) + off, int(starts[doc]) + off + n)
-                      for i in idx if i >= 0
-                      for doc, off, n in self._epoch_order(i // self.num_windows).pieces(
-                          i % self.num_windows)]
+            starts, ranges = self._doc_starts(), []
+            for run in self._doc_runs(idx):
+                src, stops = self._reader.doc_sources(run, starts)
+                ranges += [(a, b) for a, b in zip(src, stops, strict=True) if b > a]
         else:
             L, total = self.config.seq_len, self.cache.num_tokens
             ranges = [(w * L, min(w * L + L + 1, total)) for w in self._window_list(idx)
                       if w >= 0]
         self.cache.prefetch(self._reader.chunks_of(ranges))
 
-    @staticmethod
-    def _check_pad(idx: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
-        pad = idx < 0
-        if pad.any() and (idx < PAD).any():
-            raise IndexError(f"example indices must be >= 0 (or {PAD} for padding), "
-                             f"got {int(idx.min())}")
-        return pad
+    def _doc_runs(self, indices: list[int]) -> list[DocRun]:
+        """A micro-batch as runs of consecutive windows of one epoch's document order (a
+        sampler's micro-batch is one run: its span of the shuffled stream is read in one
+        go); :data:`PAD` rows are in no run."""
+        n, count = self.num_windows, len(indices)
+        i0 = int(indices[0]) if count else PAD
+        if i0 >= 0 and i0 % n + count <= n and indices == list(range(i0, i0 + count)):
+            epoch, w = divmod(i0, n)  # the usual case, checked in one comparison
+            return [(self._epoch_order(epoch), 0, w, count)]
+        runs: list[list[Any]] = []
+        last = PAD - 1
+        for r, i in enumerate(indices):
+            i = int(i)
+            if i < 0:
+                if i != PAD:
+                    raise IndexError(f"example indices must be >= 0 (or {PAD} for padding), "
+                                     f"got {i}")
+                last = PAD - 1
+            elif i == last + 1 and i % n:  # continues the run, in the same epoch
+                runs[-1][3] += 1
+                last = i
+            else:
+                epoch, w = divmod(i, n)
+                runs.append([self._epoch_order(epoch), r, w, 1])
+                last = i
+        return [(index, row, w, k) for index, row, w, k in runs]
 
     def _doc_starts(self) -> npt.NDArray[np.int64]:
-        return self._reader.stored_doc_starts(self._plan_root())
+        """Where each stored document starts in the stream, as a plain array (a memory
+        map's subclass costs microseconds per fancy index on the read path)."""
+        starts = self._reader.plain_doc_starts
+        if starts is None:
+            starts = np.asarray(self._reader.stored_doc_starts(self._plan_root())
+                                ).view(np.ndarray)
+            self._reader.plain_doc_starts = starts
+        return starts

@@ -1,0 +1,102 @@
+"""A blend's schedule as users write it: stages of weights, by source name or position.
+
+A schedule is ``[(start, weights), ...]``: from example ``start`` of the blend's global
+order on, the sources mix with ``weights`` (a list, one per source, or a dict by source
+name where a missing name means 0). The first stage starts at 0. A read config counts in
+training steps; ``ReadConfig.schedule_examples`` turns those into examples (``step ×
+global batch size``), the unit of the global order, which does not depend on the number
+of ranks::
+
+    [(0, {"web": .7, "code": .3}), (100_000, {"web": .4, "code": .3, "math": .3})]
+    with global batch 512  ->  stages from examples 0 and 51_200_000
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+from shardwise.checkpoint import as_count
+from shardwise.errors import ConfigError
+from shardwise.plan.blend import normalize_weights
+
+Weights: TypeAlias = "Sequence[float] | Mapping[str, float]"
+Stages: TypeAlias = "list[tuple[int, npt.NDArray[np.float64]]]"
+
+
+def weight_vector(weights: Any, names: Sequence[str], where: str) -> npt.NDArray[np.float64]:
+    """One normalised weight per source, from a list or a dict by name."""
+    if isinstance(weights, Mapping):
+        unknown = sorted(set(map(str, weights)) - set(names))
+        if unknown:
+            raise ConfigError(f"{where}: weights name {unknown}, which are not sources of "
+                              f"this blend {list(names)}")
+        weights = [weights.get(n, 0.0) for n in names]
+    if not isinstance(weights, Sequence | np.ndarray) or len(weights) != len(names):
+        got = len(weights) if isinstance(weights, Sequence | np.ndarray) else repr(weights)
+        raise ConfigError(f"{where}: give one weight per dataset: {len(names)} datasets "
+                          f"{list(names)}, got {got} weights")
+    try:
+        return normalize_weights(weights)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def stages_of(weights: Any, schedule: Any, names: Sequence[str]) -> Stages:
+    """``[(start, normalised weights), ...]`` from ``weights`` (one stage) or ``schedule``;
+    when both are given, the schedule's first stage must hold ``weights``."""
+    if schedule is None:
+        if weights is None:
+            raise ConfigError("a blend needs weights=[...] or schedule=[(0, weights), ...]")
+        return [(0, weight_vector(weights, names, "weights"))]
+    if isinstance(schedule, str | bytes | Mapping) or not isinstance(schedule, Sequence) \
+            or not schedule:
+        raise ConfigError(f"schedule must be a non-empty list of (start_example, weights), "
+                          f"got {schedule!r}")
+    stages: Stages = []
+    for k, entry in enumerate(schedule):
+        if not isinstance(entry, Sequence) or isinstance(entry, str) or len(entry) != 2:
+            raise ConfigError(f"schedule stage {k} must be (start_example, weights), "
+                              f"got {entry!r}")
+        start = as_count(entry[0], f"schedule stage {k} start", error=ConfigError)
+        if (k == 0 and start != 0) or (stages and start <= stages[-1][0]):
+            raise ConfigError(f"schedule stage {k} starts at example {start}: the first "
+                              "stage starts at 0 and starts increase")
+        stages.append((start, weight_vector(entry[1], names, f"schedule stage {k}")))
+    if weights is not None and not np.allclose(weight_vector(weights, names, "weights"),
+                                               stages[0][1], rtol=0, atol=1e-12):
+        raise ConfigError(f"weights {weights!r} differ from the schedule's first stage "
+                          f"{stages[0][1].tolist()}: give one of them")
+    return stages
+
+
+def planned_mix(stages: Stages, start: int, stop: int) -> npt.NDArray[np.float64]:
+    """Each source's planned share of examples ``[start, stop)``: the stages' weights
+    averaged over their overlap with the range. The blend realises it to within one
+    example per source and stage (the rule's guarantee); no example is computed."""
+    if stop <= start:
+        raise ConfigError(f"an empty range [{start}, {stop})")
+    total = np.zeros_like(stages[0][1])
+    ends = [s for s, _ in stages[1:]] + [max(stop, stages[-1][0])]
+    for (s, w), e in zip(stages, ends, strict=True):
+        overlap = min(e, stop) - max(s, start)
+        if overlap > 0:
+            total += overlap * w
+    return total / (stop - start)
+
+
+def mix_by_steps(stages: Stages, names: Sequence[str], global_batch_size: int, steps: int,
+                 rows: int = 24) -> list[tuple[str, dict[str, float]]]:
+    """``(label, {name: share})`` for at most ``rows`` buckets of consecutive steps of a
+    run of ``steps`` steps: what ``inspect --plot`` draws."""
+    per = max(1, -(-steps // rows))
+    out = []
+    for a in range(0, steps, per):
+        b = min(a + per, steps)
+        share = planned_mix(stages, a * global_batch_size, b * global_batch_size)
+        label = f"step {a}" if b == a + 1 else f"steps {a}-{b - 1}"
+        out.append((label, {n: float(x) for n, x in zip(names, share, strict=True) if x}))
+    return out
