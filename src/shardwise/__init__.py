@@ -23,7 +23,8 @@ from shardwise.errors import (
     StateError,
 )
 from shardwise.read.tokens.dataset import PAD, Shuffle, TokenDataset
-from shardwise.storage.cache import Cache, open_cache
+from shardwise.storage.cache import Cache
+from shardwise.storage.opening import open_cache
 from shardwise.world import World
 from shardwise.writer.api import build
 

@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from shardwise.cli import main as cli_main
+from shardwise.format.ledger_index import INDEX_NAME
 from shardwise.writer.convert import to_megatron
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -69,6 +70,34 @@ def test_json_report(cli, cache: Path) -> None:
     report = orjson.loads(out)
     assert code == 1 and report["ok"] is False
     assert report["problems"][0]["path"] == str(cache / "chunks/00000/00000-00000.json")
+
+
+def test_quick_checks_headers_and_sizes(cli, cache: Path) -> None:
+    code, out, _ = cli("verify", cache, "--quick")
+    assert code == 0
+    assert out == f"OK {cache}: 7 chunks checked (headers and sizes only: --quick)\n"
+    idx_path = cache / "chunks/00001/00000-00002.idx"
+    idx_path.write_bytes(b"NOTMEGATRON" + idx_path.read_bytes()[11:])
+    code, out, _ = cli("verify", cache, "--quick", "--json")
+    report = orjson.loads(out)
+    assert code == 1 and report["quick"] is True
+    assert [p["path"] for p in report["problems"]] == [str(idx_path)]
+    assert "bad magic" in report["problems"][0]["what"]
+
+
+def test_quick_is_for_local_caches(cli) -> None:
+    code, _, err = cli("verify", "s3://bucket/cache", "--quick")
+    assert code == 2 and "--quick checks a local cache directory" in err
+
+
+def test_a_damaged_ledger_index_is_rewritten_by_a_rerun(cli, cache: Path) -> None:
+    index = cache / INDEX_NAME
+    index.write_bytes(index.read_bytes()[:-8])
+    code, out, _ = cli("verify", cache)
+    assert code == 1 and f"BAD {index}: " in out
+    assert out.splitlines()[-1].endswith(
+        f"rerun the same build command: it rewrites {INDEX_NAME} (readers ignore it until "
+        "then)")
 
 
 def test_a_megatron_prefix_is_verified(cli, cache: Path, tmp_path: Path) -> None:

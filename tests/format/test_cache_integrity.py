@@ -12,6 +12,7 @@ from tests.cachefactory import make_cache, sample_docs
 import shardwise as sw
 from shardwise.errors import ManifestError
 from shardwise.format.ledger import LEDGER_NAME
+from shardwise.format.ledger_index import INDEX_NAME
 from shardwise.format.manifest import MANIFEST_NAME
 from shardwise.storage.verify import verify_cache
 
@@ -54,12 +55,15 @@ def test_a_version_1_ledger_without_the_checksum_still_opens(cache_dir: Path) ->
         del d["manifest_xxh3"]
 
     edit_json(cache_dir / LEDGER_NAME, downgrade)
+    (cache_dir / INDEX_NAME).unlink()  # a cache of that time had no ledger index either
     cache = sw.open_cache(cache_dir)
     assert len(cache.chunks) == 4
     report = verify_cache(cache_dir)
     assert report.ok
-    assert [n.path for n in report.notes] == [str(cache_dir / LEDGER_NAME)]
+    assert [n.path for n in report.notes] == [str(cache_dir / LEDGER_NAME),
+                                              str(cache_dir / INDEX_NAME)]
     assert "no manifest checksum" in report.notes[0].what
+    assert "missing" in report.notes[1].what
 
 
 @pytest.mark.parametrize("suffix", [".bin", ".idx", ".json"])

@@ -78,7 +78,7 @@ def make_corpus(prefix: Path, tokens: int, seed: int) -> dict[str, Any]:
 def chunked_copy(prefix: Path, chunks: int) -> tuple[Path, int]:
     """``prefix`` imported as a shardwise cache of about ``chunks`` chunks (reused when one
     of that size is there); its directory and chunk count."""
-    from shardwise.storage.cache import open_cache
+    from shardwise.storage.opening import open_cache
     from shardwise.writer.convert import from_megatron
 
     token_bytes = prefix.with_name(prefix.name + ".bin").stat().st_size

@@ -194,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     if not (args.mb > 0 and args.seconds > 0 and args.chunk_cache_mb >= 0):
         raise ConfigError("--mb and --seconds must be positive, --chunk-cache-mb >= 0")
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
-    from shardwise.storage.cache import open_cache
+    from shardwise.storage.opening import open_cache
     from shardwise.writer.api import build
 
     with tempfile.TemporaryDirectory(prefix="shardwise-bench-", dir=args.tmp_dir) as tmp:

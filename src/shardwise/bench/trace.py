@@ -137,7 +137,7 @@ def _rounds(args: argparse.Namespace, cache: Any) -> list[dict[str, float]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from shardwise.storage.cache import open_cache
+    from shardwise.storage.opening import open_cache
 
     base = Path(args.tmp_dir or tempfile.gettempdir())
     root = base / f"shardwise-bench-trace-{args.documents}-{args.chunk_docs}-{args.sources}"

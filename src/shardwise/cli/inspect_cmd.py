@@ -23,7 +23,8 @@ from shardwise.cli.args import count_arg
 from shardwise.errors import ConfigError, MissingExtraError
 from shardwise.format.chunk import ChunkKind
 from shardwise.plan.windows import dropped_tokens, num_windows
-from shardwise.storage.cache import Cache, open_cache
+from shardwise.storage.cache import Cache
+from shardwise.storage.opening import open_cache
 from shardwise.storage.summary import CacheSummary, sample_lengths, summarize
 
 BAR_WIDTH = 40
@@ -130,7 +131,7 @@ def window_report(cache: Cache, seq_len: int | None) -> dict[str, Any] | None:
     and the tokens after the last full one, which ``drop_last=True`` (the default) drops
     and ``drop_last=False`` pads and masks. ``None`` without ``--seq-len`` or for a
     record (Parquet) cache, which a TokenDataset does not read."""
-    if seq_len is None or any(c.kind is not ChunkKind.TOKENS for c in cache.chunks):
+    if seq_len is None or cache.chunks.kind is not ChunkKind.TOKENS:
         return None
     t = cache.num_tokens
     return {"seq_len": seq_len, "tokens": t,

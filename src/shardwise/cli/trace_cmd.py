@@ -204,7 +204,7 @@ def _decoder(args: argparse.Namespace, config: ReadConfig) -> Any:
     """ids → text with the tokenizer given, refused unless it is the cache's."""
     import xxhash
 
-    from shardwise.storage.cache import open_cache
+    from shardwise.storage.opening import open_cache
     from shardwise.writer.processors import load_tokenizer, parse_tokenizer
 
     path = args.tokenizer or config.tokenizer

@@ -16,13 +16,15 @@ b0 published)::
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from shardwise.errors import ManifestError
+from shardwise.format.checksum import bytes_checksum
 from shardwise.format.files import Root, read_file, where, write_file
+from shardwise.format.ledger_index import INDEX_NAME, LedgerView
 
 LEDGER_NAME = "ledger.json"
 LEDGER_VERSION = 2
@@ -126,7 +128,16 @@ class Ledger:
         return dict(sorted(total.items()))
 
     def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self), option=orjson.OPT_SORT_KEYS)
+        """Compact JSON, keys sorted (dicts built by hand: ``dataclasses.asdict`` costs
+        ~4 us per chunk, 0.4 s per save of a 100,000-chunk ledger)."""
+        sources = [{"segments": [
+            {"chunks": [{"documents": c.documents, "empty": c.empty, "meta_xxh3": c.meta_xxh3,
+                         "stem": c.stem, "tokens": c.tokens} for c in seg.chunks],
+             "errors": seg.errors, "finished": seg.finished, "line": seg.line,
+             "position": seg.position, "start": seg.start, "stop": seg.stop}
+            for seg in src.segments]} for src in self.sources]
+        return orjson.dumps({"manifest_xxh3": self.manifest_xxh3, "sources": sources,
+                             "version": self.version}, option=orjson.OPT_SORT_KEYS)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, where: str = LEDGER_NAME) -> Ledger:
@@ -146,16 +157,51 @@ class Ledger:
         return cls(sources=sources, manifest_xxh3=manifest_xxh3)
 
     def save(self, root: Root) -> None:
-        write_file(root, LEDGER_NAME, self.to_json())
+        """Replace ``ledger.json``, then its index (``ledger.index``: the reader's view,
+        tied to these bytes by their checksum)."""
+        data = self.to_json()
+        write_file(root, LEDGER_NAME, data)
+        write_file(root, INDEX_NAME, LedgerView.from_ledger(self).to_bytes(
+            bytes_checksum(data)))
 
     @classmethod
     def load(cls, root: Root) -> Ledger:
-        path = where(root, LEDGER_NAME)
+        return cls.parse(read_ledger(root), where=where(root, LEDGER_NAME))
+
+    @classmethod
+    def parse(cls, data: bytes, *, where: str = LEDGER_NAME) -> Ledger:
         try:
-            data = orjson.loads(read_file(root, LEDGER_NAME))
-        except FileNotFoundError:
-            raise ManifestError(f"{root}: no {LEDGER_NAME}; the build has not started "
-                                "or this is not a shardwise cache") from None
+            return cls.from_dict(orjson.loads(data), where=where)
         except orjson.JSONDecodeError as e:
-            raise ManifestError(f"{path}: invalid JSON ({e})") from e
-        return cls.from_dict(data, where=path)
+            raise ManifestError(f"{where}: invalid JSON ({e})") from e
+
+
+def read_ledger(root: Root) -> bytes:
+    """The bytes of ``root``'s ledger; a missing one is a :class:`ManifestError`."""
+    try:
+        return read_file(root, LEDGER_NAME)
+    except FileNotFoundError:
+        raise ManifestError(f"{root}: no {LEDGER_NAME}; the build has not started "
+                            "or this is not a shardwise cache") from None
+
+
+def read_view(root: Root) -> tuple[LedgerView, bool]:
+    """What a reader needs of ``root``'s ledger, and whether it came from the index.
+
+    The index is used when it was made from the ledger's current bytes; otherwise (no
+    index: a cache from before it; a stale or damaged one) the ledger is parsed, which
+    gives the same view, only slower."""
+    data = read_ledger(root)
+    try:
+        index = read_file(root, INDEX_NAME)
+    except FileNotFoundError:
+        index = None
+    if index is not None:
+        try:
+            view = LedgerView.from_bytes(index, ledger_xxh3=bytes_checksum(data),
+                                         where=where(root, INDEX_NAME))
+        except ManifestError:  # damaged: the ledger is the truth; verify reports it
+            view = None
+        if view is not None:
+            return view, True
+    return LedgerView.from_ledger(Ledger.parse(data, where=where(root, LEDGER_NAME))), False

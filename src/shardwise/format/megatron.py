@@ -143,22 +143,16 @@ def _corrupt(path: Path, what: str) -> CorruptChunkError:
                              "or rebuild this file")
 
 
-def read_idx(path: str | os.PathLike[str]) -> MegatronIndex:
-    """Parse and validate an ``.idx`` file without reading its arrays into memory."""
-    path = Path(path)
-    size = path.stat().st_size
-    if size < HEADER_SIZE:
+def idx_header(head: bytes, size: int, path: Path) -> tuple[np.dtype, int, int]:
+    """The dtype, sequence count and document-index count of an ``.idx`` whose first
+    ``HEADER_SIZE`` bytes are ``head`` and whose size is ``size``; a bad magic, version or
+    dtype code, or a size the header does not promise, is a :class:`CorruptChunkError`."""
+    if size < HEADER_SIZE or len(head) < HEADER_SIZE:
         raise _corrupt(path, f"file is {size} bytes, shorter than the {HEADER_SIZE}-byte header")
-    with open(path, "rb") as f:
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    magic = bytes(buf[: len(MAGIC)])
+    magic = bytes(head[: len(MAGIC)])
     if magic != MAGIC:
         raise _corrupt(path, f"bad magic {magic!r}, expected {MAGIC!r}")
-    off = len(MAGIC)
-    (version,) = struct.unpack_from("<Q", buf, off)
-    (code,) = struct.unpack_from("<B", buf, off + 8)
-    (n_seq,) = struct.unpack_from("<Q", buf, off + 9)
-    (n_doc,) = struct.unpack_from("<Q", buf, off + 17)
+    version, code, n_seq, n_doc = struct.unpack_from("<QBQQ", head, len(MAGIC))
     if version != VERSION:
         raise _corrupt(path, f"version {version}, expected {VERSION}")
     if code not in DTYPE_CODES:
@@ -167,10 +161,22 @@ def read_idx(path: str | os.PathLike[str]) -> MegatronIndex:
     if size != expected:
         raise _corrupt(path, f"size {size} bytes, header promises {expected} "
                        f"({n_seq} sequences, {n_doc} document indices)")
+    return np.dtype(DTYPE_CODES[code]), n_seq, n_doc
+
+
+def read_idx(path: str | os.PathLike[str]) -> MegatronIndex:
+    """Parse and validate an ``.idx`` file without reading its arrays into memory."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size < HEADER_SIZE:
+        raise _corrupt(path, f"file is {size} bytes, shorter than the {HEADER_SIZE}-byte header")
+    with open(path, "rb") as f:
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    dtype, n_seq, n_doc = idx_header(buf[:HEADER_SIZE], size, path)
     lengths = np.frombuffer(buf, dtype=np.int32, count=n_seq, offset=HEADER_SIZE)
     pointers = np.frombuffer(buf, dtype=np.int64, count=n_seq, offset=HEADER_SIZE + 4 * n_seq)
     docs = np.frombuffer(buf, dtype=np.int64, count=n_doc, offset=HEADER_SIZE + 12 * n_seq)
-    return MegatronIndex(path, np.dtype(DTYPE_CODES[code]), lengths, pointers, docs)
+    return MegatronIndex(path, dtype, lengths, pointers, docs)
 
 
 def check_index(index: MegatronIndex, bin_path: Path | str, bin_size: int | None = None

@@ -46,8 +46,9 @@ from shardwise.plan.skips import advance
 from shardwise.read.compose.blend import Blend
 from shardwise.read.sampler import accumulation_steps, normalise_skip, skip_from_steps
 from shardwise.read.tokens.dataset import TokenDataset
-from shardwise.storage.cache import Cache, open_cache
+from shardwise.storage.cache import Cache
 from shardwise.storage.cache_range import DocumentRange
+from shardwise.storage.opening import open_cache
 from shardwise.world import World
 
 SPLITS = ("train", "valid", "test")

@@ -1,7 +1,9 @@
-"""Opening a cache for reading: a shardwise cache directory or a Megatron ``prefix``.
+"""An open cache: its visible chunks and their files (opened by
+:mod:`shardwise.storage.opening`).
 
-A :class:`Cache` is a view of the ledger's visible chunks in global order, with prefix
-sums of documents and tokens, so that planning needs no chunk file. Chunk files are
+A :class:`Cache` is a view of the ledger's visible chunks in global order (a
+:class:`~shardwise.storage.chunk_table.ChunkTable` of columns), with prefix sums of
+documents and tokens, so that planning needs no chunk file. Chunk files are
 memory-mapped lazily, one chunk at a time, on first use; ``opened`` counts the chunks
 whose token data a process has touched (the locality contract is tested with it), and
 ``opened_index`` the chunks whose ``.idx`` (document lengths, metadata only) it has
@@ -22,60 +24,47 @@ node: in the background for local chunks) is described in
 
 from __future__ import annotations
 
-import os
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 
-from shardwise.checkpoint import fingerprint
 from shardwise.concurrency import ThreadPool
-from shardwise.errors import CacheError, ConfigError, CorruptChunkError, ManifestError
+from shardwise.errors import CacheError, CorruptChunkError
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.chunk import META_SUFFIX, ChunkKind, ChunkMeta
-from shardwise.format.ledger import Ledger
-from shardwise.format.manifest import MANIFEST_NAME, Manifest
+from shardwise.format.ledger import LEDGER_NAME, read_view
+from shardwise.format.ledger_index import ChunkColumns, SourceTotals
+from shardwise.format.manifest import Manifest
 from shardwise.format.megatron import MegatronIndex, open_bin, read_idx
-from shardwise.format.paths import safe_join, user_cache_dir
+from shardwise.format.paths import safe_join
+from shardwise.storage.chunk_table import ChunkInfo, ChunkTable
 from shardwise.storage.download import DownloadDir, get_checked
 from shardwise.storage.integrity import CacheChecks
 from shardwise.storage.prefetch import Prefetcher
-from shardwise.storage.remote import RemoteStore, is_url
+from shardwise.storage.remote import RemoteStore
 
 _T = TypeVar("_T")
 
 MAX_OPEN_CHUNKS = 64
-DEFAULT_LOCAL_BYTES = 8 << 30
-
-
-@dataclass(frozen=True)
-class ChunkInfo:
-    """A visible chunk: where its files are (``base`` + suffix) and what it holds."""
-
-    stem: str
-    base: Path
-    kind: ChunkKind
-    source: int
-    documents: int
-    tokens: int
-    meta_xxh3: str = ""
 
 
 class Cache:
-    """A read-only view of a cache. Create it with :func:`open_cache`."""
+    """A read-only view of a cache. Create it with
+    :func:`~shardwise.storage.opening.open_cache`."""
 
-    def __init__(self, root: Path, *, manifest: Manifest | None, chunks: list[ChunkInfo],
+    def __init__(self, root: Path, *, manifest: Manifest | None,
+                 chunks: ChunkTable | Sequence[ChunkInfo],
                  dtype: np.dtype, eod_id: int | None, vocab_size: int | None,
                  finished: bool, errors: dict[str, int], fingerprint: str,
                  store: RemoteStore | None = None, downloads: DownloadDir | None = None,
-                 verify: bool = True) -> None:
+                 verify: bool = True, sources: Sequence[SourceTotals] = ()) -> None:
         self.root = root
         self.store, self.downloads = store, downloads
         self.verify = verify
@@ -90,7 +79,9 @@ class Cache:
         self.fingerprint = fingerprint
         self.finished = finished
         self.errors = errors
-        self.chunks: list[ChunkInfo] = []
+        self.sources = list(sources)  # per source, every chunk the ledger names
+        self.chunks = (chunks if isinstance(chunks, ChunkTable)
+                       else ChunkTable.of(root, chunks, where=str(root)))
         self.cum_tokens = np.zeros(1, dtype=np.int64)
         self.cum_docs = np.zeros(1, dtype=np.int64)
         self.opened: Counter[str] = Counter()
@@ -98,7 +89,7 @@ class Cache:
         self._maps: OrderedDict[int, npt.NDArray[np.generic]] = OrderedDict()
         self._indexes: OrderedDict[int, MegatronIndex] = OrderedDict()
         self._checked_index: set[int] = set()
-        self._extend(chunks)
+        self._extend(self.chunks.columns)
         self.checks = CacheChecks(self)
 
     def __repr__(self) -> str:
@@ -123,31 +114,34 @@ class Cache:
     def num_documents(self) -> int:
         return int(self.cum_docs[-1])
 
-    def _extend(self, chunks: list[ChunkInfo]) -> None:
-        if not chunks:
-            return
-        self.chunks.extend(chunks)
-        toks = np.fromiter((c.tokens for c in chunks), dtype=np.int64, count=len(chunks))
-        docs = np.fromiter((c.documents for c in chunks), dtype=np.int64, count=len(chunks))
-        self.cum_tokens = np.concatenate([self.cum_tokens, self.cum_tokens[-1] + np.cumsum(toks)])
-        self.cum_docs = np.concatenate([self.cum_docs, self.cum_docs[-1] + np.cumsum(docs)])
+    def _extend(self, more: ChunkColumns) -> None:
+        """Prefix sums of the chunks appended to the table (``more``)."""
+        for name, column in (("cum_tokens", more.tokens), ("cum_docs", more.documents)):
+            cum = getattr(self, name)
+            setattr(self, name, np.concatenate([cum, cum[-1] + np.cumsum(column)]))
 
     def refresh(self) -> int:
         """Re-read the ledger; append newly visible chunks; return how many appeared."""
         if self.manifest is None or self.finished:
             return 0
-        ledger = Ledger.load(self.store or self.root)
-        visible = _visible_chunks(self.root, ledger, ChunkKind(self.manifest.chunk_kind))
-        for old, new in zip(self.chunks, visible, strict=False):
-            if old.stem != new.stem:
-                raise CacheError(f"{self.root}: the ledger reordered published chunks "
-                                 f"({old.stem} became {new.stem}); the cache was rebuilt "
-                                 "under a running reader")
-        fresh = visible[len(self.chunks):]
+        view, _ = read_view(self.store or self.root)
+        differ = self.chunks.same_prefix(view.chunks)
+        if differ >= 0:
+            new = (view.chunks.stem[differ].decode() if differ < len(view.chunks)
+                   else "nothing")
+            raise CacheError(f"{self.root}: the ledger reordered published chunks "
+                             f"({self.chunks[differ].stem} became {new}); the cache was "
+                             "rebuilt under a running reader")
+        fresh = view.chunks.tail(len(self.chunks))
+        self.chunks.extend(fresh, where=self._ledger_name)
         self._extend(fresh)
-        self.finished = ledger.finished and len(visible) == len(self.chunks)
-        self.errors = ledger.errors()
+        self.finished, self.errors, self.sources = view.finished, view.errors, view.sources
         return len(fresh)
+
+    @property
+    def _ledger_name(self) -> str:
+        return (self.store.url_of(LEDGER_NAME) if self.store is not None
+                else str(self.root / LEDGER_NAME))
 
     def _open(self, i: int) -> npt.NDArray[np.generic]:
         hit = self._maps.get(i)
@@ -386,119 +380,12 @@ class Cache:
         return np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)
 
 
-def _visible_chunks(root: Path, ledger: Ledger,
-                    kind: ChunkKind = ChunkKind.TOKENS) -> list[ChunkInfo]:
-    out = []
-    for source, entry in ledger.global_order():
-        base = safe_join(root, entry.stem, where=str(root / "ledger.json"))
-        out.append(ChunkInfo(entry.stem, base, kind, source, entry.documents, entry.tokens,
-                             entry.meta_xxh3))
-    return out
+def __getattr__(name: str) -> object:
+    """``open_cache`` and ``reader_cache`` moved to :mod:`shardwise.storage.opening`; this
+    keeps ``from shardwise.storage.cache import open_cache`` (code written before the move)
+    working. Import them from ``shardwise.storage.opening``."""
+    if name in ("open_cache", "reader_cache"):
+        from shardwise.storage import opening
 
-
-def _open_shardwise(root: Path, verify: bool) -> Cache:
-    ledger = Ledger.load(root)
-    manifest = Manifest.load(root, xxh3=ledger.manifest_xxh3)
-    kind = ChunkKind(manifest.chunk_kind)
-    chunks = [ChunkInfo(c.stem, c.base, kind, c.source, c.documents, c.tokens, c.meta_xxh3)
-              for c in _visible_chunks(root, ledger)]
-    visible_all = ledger.finished
-    return Cache(root, manifest=manifest, chunks=chunks, dtype=np.dtype(manifest.dtype),
-                 eod_id=manifest.tokenizer.eod_id, vocab_size=manifest.tokenizer.vocab_size,
-                 finished=visible_all, errors=ledger.errors(),
-                 fingerprint=fingerprint(manifest.identity()), verify=verify)
-
-
-def _open_megatron(prefix: Path, verify: bool) -> Cache:
-    idx = read_idx(prefix.with_name(prefix.name + ".idx"))
-    st = os.stat(prefix.with_name(prefix.name + ".bin"))
-    # O(1), not a pass over every length (0.2 s at 100M documents): where the last sequence
-    # ends; the lengths are checked against it before use (Cache.index, and the builder of
-    # document starts, read/tokens/plans.py)
-    tokens = (int(idx.sequence_pointers[-1]) // idx.dtype.itemsize
-              + int(idx.sequence_lengths[-1])) if idx.num_sequences else 0
-    if st.st_size != tokens * idx.dtype.itemsize:
-        raise CorruptChunkError(f"{prefix}.bin: size {st.st_size} bytes, {prefix.name}.idx "
-                                f"promises {tokens * idx.dtype.itemsize}; run "
-                                f"'shardwise verify {prefix}'")
-    stem = prefix.name
-    # a document of several sequences stays one document (Megatron's document_indices)
-    info = ChunkInfo(stem, prefix, ChunkKind.TOKENS, 0, idx.num_documents, tokens)
-    identity = {"megatron": stem, "bin_bytes": st.st_size,
-                "sequences": idx.num_sequences, "dtype": idx.dtype.name,
-                "head": idx.sequence_lengths[:4096].tolist(),
-                "tail": idx.sequence_lengths[-4096:].tolist()}
-    if idx.num_documents != idx.num_sequences:  # its documents (and their order) changed
-        identity["documents"] = idx.num_documents
-    fp = fingerprint(identity)
-    return Cache(prefix.parent, manifest=None, chunks=[info], dtype=idx.dtype, eod_id=None,
-                 vocab_size=None, finished=True, errors={}, fingerprint=fp, verify=verify)
-
-
-def _local_dir_for(store: RemoteStore, manifest: Manifest,
-                   local_dir: str | os.PathLike[str] | None) -> Path:
-    """``local_dir/<key>``: one subdirectory per (URL, cache identity), so a cache rebuilt
-    differently under the same URL never reuses stale downloads."""
-    base = Path(local_dir) if local_dir is not None else user_cache_dir() / "remote"
-    key = fingerprint({"url": store.url, "identity": manifest.identity()})
-    return base / key
-
-
-def _open_remote(store: RemoteStore, local_dir: str | os.PathLike[str] | None,
-                 local_bytes: int, verify: bool) -> Cache:
-    ledger = Ledger.load(store)
-    manifest = Manifest.load(store, xxh3=ledger.manifest_xxh3)
-    kind = ChunkKind(manifest.chunk_kind)
-    downloads = DownloadDir(_local_dir_for(store, manifest, local_dir), local_bytes)
-    chunks = _visible_chunks(downloads.dir, ledger, kind)
-    return Cache(downloads.dir, manifest=manifest, chunks=chunks,
-                 dtype=np.dtype(manifest.dtype), eod_id=manifest.tokenizer.eod_id,
-                 vocab_size=manifest.tokenizer.vocab_size, finished=ledger.finished,
-                 errors=ledger.errors(), fingerprint=fingerprint(manifest.identity()),
-                 store=store, downloads=downloads, verify=verify)
-
-
-def reader_cache(cache: Cache | str | os.PathLike[str], verify: bool | None) -> Cache:
-    """The cache a reader reads: ``cache`` itself, or opened from its path. ``verify``
-    None follows the cache (opened here: on); an explicit value must agree with an open
-    cache's, whose checks other readers may share."""
-    if not isinstance(cache, Cache):
-        return open_cache(cache, verify=verify is not False)
-    if verify is not None and verify != cache.verify:
-        raise ConfigError(f"verify={verify}, but {cache.location} was opened with "
-                          f"verify={cache.verify}; pass verify={verify} to open_cache (the "
-                          "checks belong to the open cache), or pass its path instead")
-    return cache
-
-
-def open_cache(path: str | os.PathLike[str], *, local_dir: str | os.PathLike[str] | None = None,
-               local_bytes: int = DEFAULT_LOCAL_BYTES,
-               storage_options: dict[str, Any] | None = None, verify: bool = True) -> Cache:
-    """Open a shardwise cache directory, a Megatron dataset by its prefix, or a cache on
-    an object store by its URL.
-
-    For a URL, chunk files are downloaded into ``local_dir`` (default
-    ``~/.cache/shardwise/remote``; give every node its own local disk), at most
-    ``local_bytes`` per cache; the ranks of a node share it. Credentials come from the
-    environment or ``storage_options`` (passed to fsspec), never from the cache.
-
-    ``verify`` (default on): refuse token ids outside the vocabulary, and checksum every
-    chunk this node reads, once (:mod:`shardwise.storage.integrity`); ``False`` trusts the
-    cache. Structure (sizes, ``.idx`` against ``.bin``) is always checked.
-
-    >>> cache = open_cache("cache/")                            # doctest: +SKIP
-    >>> cache = open_cache("data/corpus_text_document")         # .bin/.idx beside it
-    >>> cache = open_cache("s3://bucket/cache", local_dir="/nvme/sw", local_bytes=50 << 30)
-    """
-    if is_url(path):
-        return _open_remote(RemoteStore(os.fspath(path), storage_options), local_dir,
-                            local_bytes, verify)
-    p = Path(path)
-    if (p / MANIFEST_NAME).is_file():
-        return _open_shardwise(p, verify)
-    if p.with_name(p.name + ".idx").is_file() and p.with_name(p.name + ".bin").is_file():
-        return _open_megatron(p, verify)
-    if p.suffix in (".bin", ".idx") and p.with_suffix(".idx").is_file():
-        return _open_megatron(p.with_suffix(""), verify)
-    raise ManifestError(f"{p}: neither a shardwise cache (no {MANIFEST_NAME}) nor a Megatron "
-                        f"prefix (no {p.name}.bin / {p.name}.idx)")
+        return getattr(opening, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

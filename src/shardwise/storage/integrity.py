@@ -47,7 +47,7 @@ from shardwise.format.checksum import bytes_checksum
 from shardwise.format.ledger import ChunkEntry
 from shardwise.format.megatron import MegatronIndex, check_index, first_bad_id
 from shardwise.format.paths import READER_DIR, user_cache_dir
-from shardwise.storage.verify import ChunkExpect, check_chunk
+from shardwise.storage.chunk_check import ChunkExpect, check_chunk
 
 if TYPE_CHECKING:
     from shardwise.storage.cache import Cache
@@ -122,7 +122,7 @@ class ChunkVerifier:
     """Hashes the chunk files a process uses, one at a time, on a background thread.
 
     ``check(chunk, suffixes)`` does the work (the cache's call of
-    :func:`~shardwise.storage.verify.check_chunk`, skipping files the node log lists) and
+    :func:`~shardwise.storage.chunk_check.check_chunk`, skipping files the node log lists) and
     returns whether it hashed anything and the problem found (or None); ``submit`` runs a
     job on the cache's background threads. :meth:`want` queues a chunk's files on first
     use; the drain job takes them in order and stops at the first damage, which
@@ -359,7 +359,7 @@ class CacheChecks:
 
     def _verify_files(self, c: int, suffixes: tuple[str, ...]) -> tuple[bool, str | None]:
         """On the background thread: chunk ``c``'s files ``suffixes`` against their
-        checksums (:func:`~shardwise.storage.verify.check_chunk`), unless this node's log
+        checksums (:func:`~shardwise.storage.chunk_check.check_chunk`), unless this node's log
         lists them unchanged. Returns (whether data was hashed, the problem or None)."""
         cache, info = self.cache, self.cache.chunks[c]
         files = cache.meta(c).files

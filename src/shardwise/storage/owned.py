@@ -2,7 +2,8 @@
 
 A cache directory holds only files shardwise writes (SPEC.md, "A cache is a directory")::
 
-    manifest.json, ledger.json            the build
+    manifest.json, ledger.json,           the build
+    ledger.index
     chunks/SSSSS/GGGGG-KKKKK.{bin,idx,parquet,json}
     .shardwise-plans/…                    readers' directory: plan caches, logs (all of it)
     <16 hex>/.lock, <16 hex>/chunks/…     a remote cache's download directory, if put here
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from shardwise.errors import ConfigError
 from shardwise.format.ledger import LEDGER_NAME
+from shardwise.format.ledger_index import INDEX_NAME
 from shardwise.format.manifest import MANIFEST_NAME
 from shardwise.storage.remote import RemoteStore
 
@@ -28,7 +30,8 @@ PLANS_DIR = ".shardwise-plans"
 _TEMP = r"(?:\.tmp-|\.claim-)[^/]*"
 _CHUNK = rf"chunks/\d{{5,}}/(?:\d{{5,}}-\d{{5,}}\.(?:bin|idx|parquet|json)|{_TEMP})"
 _OWNED_FILE = re.compile(
-    rf"(?:{re.escape(MANIFEST_NAME)}|{re.escape(LEDGER_NAME)}|{_TEMP}|{_CHUNK}"
+    rf"(?:{re.escape(MANIFEST_NAME)}|{re.escape(LEDGER_NAME)}|{re.escape(INDEX_NAME)}"
+    rf"|{_TEMP}|{_CHUNK}"
     rf"|{re.escape(PLANS_DIR)}/.+"
     rf"|[0-9a-f]{{16}}/(?:\.lock|{_TEMP}|{_CHUNK}))")
 _OWNED_DIR = re.compile(rf"(?:chunks(?:/\d{{5,}})?|{re.escape(PLANS_DIR)}(?:/.+)?"
@@ -63,11 +66,11 @@ def clear_cache(root: Path | RemoteStore) -> int:
     """Delete every file shardwise wrote in ``root``; returns how many. Refuses with
     :class:`ConfigError` naming the foreign entries, before deleting anything, if there
     are any. The ledger goes first (no reader then trusts a chunk about to vanish), then
-    the manifest, then the rest."""
+    its index and the manifest, then the rest."""
     if isinstance(root, RemoteStore):
         keys = root.list_keys()
         _refuse(str(root), [k for k in keys if not is_owned(k)])
-        first = [k for k in (LEDGER_NAME, MANIFEST_NAME) if k in keys]
+        first = [k for k in (LEDGER_NAME, INDEX_NAME, MANIFEST_NAME) if k in keys]
         root.remove(first)
         root.remove([k for k in keys if k not in first])
         return len(keys)
@@ -75,7 +78,7 @@ def clear_cache(root: Path | RemoteStore) -> int:
         return 0
     _refuse(str(root), foreign_names(root))
     removed = 0
-    for name in (LEDGER_NAME, MANIFEST_NAME):
+    for name in (LEDGER_NAME, INDEX_NAME, MANIFEST_NAME):
         if (root / name).exists():
             (root / name).unlink()
             removed += 1

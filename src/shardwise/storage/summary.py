@@ -1,12 +1,12 @@
 """What a cache holds, for ``shardwise inspect``: sources, totals, build status, lengths.
 
-Everything except the length distribution comes from the manifest and the ledger (no
-chunk file is opened), including the count of empty documents (zero tokens, or only the
-appended end-of-document), which the ledger keeps per chunk. Document lengths come from
-the chunks' ``.idx`` files (or the ``input_ids`` column of Parquet chunks); for a huge
-cache they are *sampled*: at most ``MAX_SAMPLE_CHUNKS`` evenly spaced chunks, every
-``k``-th document of each, so that about ``sample_docs`` lengths are read. The histogram
-says when it is a sample.
+Everything except the length distribution comes from the manifest and the ledger's view
+(``ledger.index``; no chunk file is opened), including the count of empty documents (zero
+tokens, or only the appended end-of-document), which the ledger keeps per chunk. Document
+lengths come from the chunks' ``.idx`` files (or the ``input_ids`` column of Parquet
+chunks); for a huge cache they are *sampled*: at most ``MAX_SAMPLE_CHUNKS`` evenly spaced
+chunks, every ``k``-th document of each, so that about ``sample_docs`` lengths are read.
+The histogram says when it is a sample.
 
 Length buckets are powers of two: bucket ``[2^b, 2^(b+1))``, plus ``[0, 0]`` for empty
 documents. Example: lengths ``[1, 3, 3, 900]`` give ``[1, 1]: 1, [2, 3]: 2,
@@ -23,7 +23,6 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.format.chunk import ChunkKind
-from shardwise.format.ledger import Ledger
 from shardwise.format.megatron import read_idx
 from shardwise.storage.cache import Cache
 
@@ -127,15 +126,9 @@ def _sources(cache: Cache) -> list[SourceSummary]:
         size = c.base.with_name(c.base.name + ".bin").stat().st_size
         return [SourceSummary(str(c.base), "megatron", size, 1, c.documents, c.tokens, True,
                               empty=_zero_lengths(_with(c.base, ".idx")))]
-    ledger = Ledger.load(cache.store or cache.root)
-    out = []
-    for info, progress in zip(cache.manifest.sources, ledger.sources, strict=False):
-        entries = [e for seg in progress.segments for e in seg.chunks]
-        out.append(SourceSummary(info.path, info.format, info.size, len(entries),
-                                 sum(e.documents for e in entries),
-                                 sum(e.tokens for e in entries), progress.finished,
-                                 progress.errors(), progress.empty_documents()))
-    return out
+    return [SourceSummary(info.path, info.format, info.size, t.chunks, t.documents, t.tokens,
+                          t.finished, dict(t.errors), t.empty)
+            for info, t in zip(cache.manifest.sources, cache.sources, strict=False)]
 
 
 def sample_lengths(cache: Cache, sample_docs: int = SAMPLE_DOCS
@@ -147,7 +140,7 @@ def sample_lengths(cache: Cache, sample_docs: int = SAMPLE_DOCS
     picks = list(range(n))
     if n > MAX_SAMPLE_CHUNKS:
         picks = sorted(set(np.linspace(0, n - 1, MAX_SAMPLE_CHUNKS).round().astype(int)))
-    docs = sum(cache.chunks[i].documents for i in picks)
+    docs = int(cache.chunks.columns.documents[picks].sum())
     stride = max(1, -(-docs // max(sample_docs, 1)))
     parts = [_chunk_lengths(cache, i, stride) for i in picks]
     lengths = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)

@@ -49,7 +49,8 @@ from shardwise.format.megatron import (
     dtype_code,
     read_idx,
 )
-from shardwise.storage.cache import Cache, open_cache
+from shardwise.storage.cache import Cache
+from shardwise.storage.opening import open_cache
 
 _COPY_BLOCK = 8 << 20
 _SCAN_DOCS = 1 << 20

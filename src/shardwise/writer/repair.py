@@ -42,14 +42,14 @@ from shardwise.format.files import Root, read_file, where
 from shardwise.format.ledger import LEDGER_NAME, Ledger, Segment
 from shardwise.format.manifest import Manifest, SourceInfo
 from shardwise.format.paths import safe_join
-from shardwise.storage.remote import RemoteStore
-from shardwise.storage.verify import (
+from shardwise.storage.chunk_check import (
     CheckDepth,
     ChunkExpect,
-    Problem,
     check_chunk,
     check_remote_chunk,
 )
+from shardwise.storage.remote import RemoteStore
+from shardwise.storage.verify_report import Problem
 from shardwise.writer.worker import Task
 
 CHECK_THREADS = 4  # chunks checked at once: overlaps reads (hashing holds the GIL)

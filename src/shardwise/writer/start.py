@@ -29,9 +29,9 @@ from shardwise.format.manifest import (
     manifest_checksum,
 )
 from shardwise.sources.discovery import plan_segments
+from shardwise.storage.chunk_check import CheckDepth
 from shardwise.storage.owned import clear_cache, foreign_names
 from shardwise.storage.remote import RemoteStore
-from shardwise.storage.verify import CheckDepth
 from shardwise.writer.config import ChunkPolicy
 from shardwise.writer.repair import Damage, find_damaged
 

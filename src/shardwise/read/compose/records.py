@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from shardwise.format.chunk import ChunkKind
-from shardwise.storage.cache import Cache, reader_cache
+from shardwise.storage.cache import Cache
+from shardwise.storage.opening import reader_cache
 
 KEEP_CHUNKS = 4
 

@@ -111,7 +111,8 @@ from shardwise.read.stream.schedule import (
     longest_stream_windows,
     open_when_ready,
 )
-from shardwise.storage.cache import Cache, open_cache, reader_cache
+from shardwise.storage.cache import Cache
+from shardwise.storage.opening import open_cache, reader_cache
 from shardwise.world import World
 
 STREAM_ORDER_VERSION = 1

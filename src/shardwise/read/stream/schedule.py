@@ -41,7 +41,8 @@ from shardwise.format.ledger import LEDGER_NAME
 from shardwise.format.manifest import MANIFEST_NAME
 from shardwise.plan.stream import block_read_order, stream_chunk_tokens, windows_per_block
 from shardwise.read.stream.chunk_cache import ChunkCache, Tokens
-from shardwise.storage.cache import Cache, open_cache
+from shardwise.storage.cache import Cache
+from shardwise.storage.opening import open_cache
 
 IntArray = npt.NDArray[np.int64]
 

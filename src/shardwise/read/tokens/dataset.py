@@ -37,7 +37,8 @@ from shardwise.read.examples import NEXT_TOKEN
 from shardwise.read.rows import ROW_FREE, Rows
 from shardwise.read.tokens.assemble import DocRun, WindowReader
 from shardwise.read.tokens.plans import load_or_build
-from shardwise.storage.cache import Cache, reader_cache
+from shardwise.storage.cache import Cache
+from shardwise.storage.opening import reader_cache
 
 PAD = -1
 ORDER_VERSION = 1
