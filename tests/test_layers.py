@@ -123,9 +123,6 @@ def test_the_core_imports_no_optional_extra_at_import_time() -> None:
 
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 50  # decorators and docstring included
-# Being split by other helpers right now (issue 12); the lead removes each entry when its
-# split lands. No other exclusions: a module over the limit is split, not listed here.
-BEING_SPLIT = {"storage/cache.py", "storage/verify.py", "bench/read.py"}
 
 
 def _oversize(path: Path) -> list[str]:
@@ -147,13 +144,5 @@ def test_no_module_over_400_lines_and_no_function_over_50() -> None:
     """The house limits (docs/DESIGN.md): split along a real seam when one is crossed."""
     bad = [f"{p.relative_to(PACKAGE)}: {problem}"
            for p in sorted(PACKAGE.rglob("*.py"))
-           if p.relative_to(PACKAGE).as_posix() not in BEING_SPLIT
            for problem in _oversize(p)]
     assert not bad, "\n".join(bad)
-
-
-def test_the_exclusions_are_still_needed() -> None:
-    """An excluded module that meets the limits leaves the list, so it cannot grow back."""
-    done = [name for name in sorted(BEING_SPLIT) if (PACKAGE / name).is_file()
-            and not _oversize(PACKAGE / name)]
-    assert not done, f"{done} meet the limits now: remove them from BEING_SPLIT"
