@@ -119,6 +119,16 @@ def _no_dispatch(stream: Any) -> Any:
     return acc.prepare(DataLoader(stream, batch_size=2))
 
 
+def _leave_the_group() -> None:
+    """Every rank waits for the others, then tears the group down: a rank that exits while
+    its peer's gloo threads still talk to it aborts the peer ("terminate called without an
+    active exception", SIGABRT; seen once under load). Trainer leaves that to the script."""
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 if __name__ == "__main__":
     spec = json.loads(Path(sys.argv[1]).read_text())
     misuse(spec) if spec.get("misuse") else train(spec)
+    _leave_the_group()
