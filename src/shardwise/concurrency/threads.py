@@ -40,6 +40,16 @@ def _check_workers(workers: int) -> int:
     return workers
 
 
+def _run(future: Future[Any], job: Callable[[], Any]) -> None:
+    """Run one job into its future (its error too, as ``ThreadPoolExecutor`` does)."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(job())
+    except BaseException as e:  # handed to whoever waits on the future
+        future.set_exception(e)
+
+
 class ThreadPool:
     """Jobs run on at most ``workers`` daemon threads named ``name``."""
 
@@ -120,13 +130,8 @@ class ThreadPool:
                     self._threads.discard(me)
                     self._cond.notify_all()
                     return
-            future, job = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(job())
-            except BaseException as e:  # handed to whoever waits on the future
-                future.set_exception(e)
+            _run(*item)
+            del item  # an idle thread holds no job, nor what the job refers to (a cache)
 
     def close(self, wait: bool = True) -> None:
         """Cancel queued jobs; with ``wait``, join the threads (running jobs finish)."""

@@ -24,6 +24,7 @@ node: in the background for local chunks) is described in
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
@@ -44,6 +45,7 @@ from shardwise.format.ledger_index import ChunkColumns, SourceTotals
 from shardwise.format.manifest import Manifest
 from shardwise.format.megatron import MegatronIndex, open_bin, read_idx
 from shardwise.format.paths import safe_join
+from shardwise.storage import open_maps
 from shardwise.storage.chunk_table import ChunkInfo, ChunkTable
 from shardwise.storage.download import DownloadDir, get_checked
 from shardwise.storage.integrity import CacheChecks
@@ -146,7 +148,8 @@ class Cache:
     def _open(self, i: int) -> npt.NDArray[np.generic]:
         hit = self._maps.get(i)
         if hit is not None:
-            self._maps.move_to_end(i)
+            with contextlib.suppress(KeyError):  # dropped by another cache's open meanwhile
+                self._maps.move_to_end(i)
             return hit
         info = self.chunks[i]
         if info.kind is not ChunkKind.TOKENS:
@@ -160,6 +163,7 @@ class Cache:
                                     f"'shardwise verify {self.location}'") from None
         self.opened[info.stem] += 1
         self._maps[i] = tokens
+        open_maps.kept(self._maps, i)
         if len(self._maps) > MAX_OPEN_CHUNKS:
             self._maps.popitem(last=False)
         self.checks.opened(i, (".bin", ".idx"))
@@ -186,7 +190,8 @@ class Cache:
         the chunk's token data."""
         idx = self._indexes.get(i)
         if idx is not None:
-            self._indexes.move_to_end(i)
+            with contextlib.suppress(KeyError):
+                self._indexes.move_to_end(i)
             return idx
         info = self.chunks[i]
         try:
@@ -199,6 +204,7 @@ class Cache:
             self._checked_index.add(i)
         self.opened_index[info.stem] += 1
         self._indexes[i] = idx
+        open_maps.kept(self._indexes, i)
         if len(self._indexes) > MAX_OPEN_CHUNKS:
             self._indexes.popitem(last=False)
         self.checks.opened(i, (".idx",))

@@ -1,0 +1,63 @@
+"""Every open cache's memory maps share one process-wide budget (storage/open_maps.py):
+many caches in one process must not run out of file descriptors."""
+
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests.cachefactory import make_cache, sample_docs
+
+import shardwise as sw
+from shardwise.storage import open_maps
+
+
+@pytest.fixture(scope="module")
+def many_chunks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_cache(tmp_path_factory.mktemp("maps") / "cache",
+                      [sample_docs(240, seed=3, vocab_size=50)], chunk_docs=4, vocab_size=50)
+
+
+def _chunk_fds(root: Path) -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        n += target.startswith(str(root)) and target.endswith((".bin", ".idx"))
+    return n
+
+
+def test_many_caches_hold_at_most_the_budget_of_maps(many_chunks: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(open_maps, "LIMIT", 40)
+    caches = [sw.open_cache(many_chunks, verify=False) for _ in range(6)]
+    assert len(caches[0].chunks) == 60
+    first = {c: caches[0].tokens(c).copy() for c in range(60)}
+    for cache in caches:  # 6 caches x 60 chunks x (.bin + .idx): 720 maps unbounded
+        for c in range(60):
+            cache.index(c)
+            np.testing.assert_array_equal(cache.tokens(c), first[c])
+    gc.collect()
+    assert _chunk_fds(many_chunks) <= 40
+    for c in range(60):  # a dropped map is mapped again, with the same tokens
+        np.testing.assert_array_equal(caches[0].tokens(c), first[c])
+    for cache in caches:
+        cache.close()
+
+
+def test_an_array_in_use_outlives_its_dropped_map(many_chunks: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(open_maps, "LIMIT", 16)
+    cache = sw.open_cache(many_chunks, verify=False)
+    held = cache.tokens(0)
+    want = held.copy()
+    for c in range(1, 60):
+        cache.tokens(c)
+    assert 0 not in cache._maps  # dropped from the cache ...
+    np.testing.assert_array_equal(held, want)  # ... but the array handed out still reads
+    cache.close()
