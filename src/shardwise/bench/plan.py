@@ -39,7 +39,7 @@ import numpy as np
 from shardwise.bench import add_common
 from shardwise.bench.child import MEMORY_CODE
 from shardwise.bench.read_data import MEGATRON_INSTALL
-from shardwise.bench.read_fresh import CLOCKS, probe
+from shardwise.bench.read_fresh import add_megatron_options, probe
 from shardwise.format.megatron import MAGIC, VERSION, dtype_code
 
 TARGETS = {"build_time_vs_megatron": 1.0, "build_memory_vs_megatron": 1.0,
@@ -101,13 +101,7 @@ def add_subparser(which: Any) -> argparse.ArgumentParser:
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--read-batches", type=int, default=500,
                    help="micro-batches the reader-RSS process reads (default 500)")
-    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                   help="wall time, or the process's CPU time (steadier on a loaded machine; "
-                        "I/O waits not counted) (default wall)")
-    p.add_argument("--dir", default=None, metavar="DIR",
-                   help="keep the synthesised .idx here and reuse it (default: a temp dir)")
-    p.add_argument("--no-megatron", action="store_true",
-                   help="skip the Megatron-Core baseline")
+    add_megatron_options(p, keep="the synthesised .idx")
     add_common(p, repeat=2, repeat_help="fresh processes per figure, the fastest kept")
     return p
 

@@ -59,7 +59,12 @@ from shardwise.bench.read_data import (
     megatron_dataset,
     quiet,
 )
-from shardwise.bench.read_fresh import CLOCKS, measure_rss, measure_startup
+from shardwise.bench.read_fresh import (
+    CLOCKS,
+    add_megatron_options,
+    measure_rss,
+    measure_startup,
+)
 from shardwise.bench.read_once import measure_first_epoch, measure_seek, measure_verify_once
 from shardwise.bench.read_report import CHUNKED, DOC, TRUSTED, figure_rows, format_report, targets
 from shardwise.errors import ConfigError
@@ -87,13 +92,7 @@ def add_subparser(which: Any) -> argparse.ArgumentParser:
                    help="micro-batches read by the RSS processes (default 500)")
     r.add_argument("--repeat", type=int, default=5, help="best of N runs (default 5)")
     r.add_argument("--seed", type=int, default=1234)
-    r.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                   help="wall time, or this process's CPU time (steadier on a loaded "
-                        "machine; I/O waits not counted) (default wall)")
-    r.add_argument("--dir", default=None, metavar="DIR",
-                   help="keep the data here and reuse it (default: a temp dir, removed)")
-    r.add_argument("--no-megatron", action="store_true",
-                   help="skip the Megatron-Core baseline")
+    add_megatron_options(r, keep="the data")
     r.add_argument("--json", action="store_true", help="print the figures as JSON")
     return r
 

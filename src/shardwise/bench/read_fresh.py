@@ -21,6 +21,18 @@ from shardwise.bench.child import MEMORY_CODE, run_child
 
 CLOCKS = {"wall": "perf_counter", "cpu": "process_time"}
 
+
+def add_megatron_options(p: argparse.ArgumentParser, *, keep: str) -> None:
+    """``--clock``, ``--dir`` (``keep``: what it keeps) and ``--no-megatron``: the options
+    of every bench that times fresh processes beside Megatron-Core."""
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="wall time, or the process's CPU time (steadier on a loaded machine; "
+                        "I/O waits not counted) (default wall)")
+    p.add_argument("--dir", default=None, metavar="DIR",
+                   help=f"keep {keep} here and reuse it (default: a temp dir, removed)")
+    p.add_argument("--no-megatron", action="store_true",
+                   help="skip the Megatron-Core baseline")
+
 IMPORT_CODE = """
 import json, sys, time
 t = time.perf_counter()
@@ -175,5 +187,5 @@ def measure_rss(small: Path, large: Path, args: argparse.Namespace, work: Path,
     return out
 
 
-__all__ = ["CLOCKS", "best_probe", "cold_and_cached", "measure_rss",
+__all__ = ["CLOCKS", "add_megatron_options", "best_probe", "cold_and_cached", "measure_rss",
            "measure_startup", "probe"]
