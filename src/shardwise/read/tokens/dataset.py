@@ -134,7 +134,8 @@ class TokenDataset(Configured):
         self._plan_dir = Path(plan_dir) if plan_dir is not None else None
         self._orders: dict[int, Any] = {}
         self._blocks: OrderedDict[tuple[int, int], npt.NDArray[np.int64]] = OrderedDict()
-        self._last_block: tuple[tuple[int, int], list[int]] = ((0, 0), [])
+        # the last order block each caller used, as a list (see _window_list)
+        self._last_block: dict[str, tuple[tuple[int, int], list[int]]] = {}
         self.num_windows = num_windows(self.cache.num_tokens, seq_len, drop_last=drop_last)
         if self.num_windows == 0:  # before the reader: it allocates seq_len positions
             raise ConfigError(f"the cache holds {self.cache.num_tokens} tokens: not one "
@@ -147,7 +148,7 @@ class TokenDataset(Configured):
         shuffle's memory-mapped plan would pickle as a copy); the worker rebuilds or maps
         them again on use."""
         d = dict(self.__dict__)
-        d["_orders"], d["_blocks"], d["_last_block"] = {}, OrderedDict(), ((0, 0), [])
+        d["_orders"], d["_blocks"], d["_last_block"] = {}, OrderedDict(), {}
         return d
 
     # -- identity -------------------------------------------------------------------------
@@ -261,11 +262,14 @@ class TokenDataset(Configured):
                                               self._doc_starts())
         return self._reader.from_windows(self._window_list(idx))
 
-    def _window_list(self, indices: list[int]) -> list[int]:
+    def _window_list(self, indices: list[int], slot: str = "read") -> list[int]:
         """:meth:`windows` in scalar Python for a micro-batch (a handful of indices: numpy's
-        per-call cost would dominate); :data:`PAD` stays ``PAD``."""
+        per-call cost would dominate); :data:`PAD` stays ``PAD``. The block last used is
+        kept as a list per ``slot``: the reader (``read``) and the look-ahead thread
+        (``ahead``, some blocks further on) would otherwise evict each other's, and each
+        batch would convert a whole order block to a list twice."""
         n, shuffle = self.num_windows, self.config.shuffle
-        (epoch, b), block = self._last_block
+        (epoch, b), block = self._last_block.get(slot, ((0, 0), []))
         base = epoch * n + b * ORDER_BLOCK
         if indices and min(indices) >= base and max(indices) < base + len(block):
             return [block[i - base] for i in indices]  # a sampler's micro-batch: one block
@@ -286,7 +290,7 @@ class TokenDataset(Configured):
             b, j = divmod(p, ORDER_BLOCK)
             if key != (epoch, b):
                 key, block = (epoch, b), self._order_block(epoch, b).tolist()
-                self._last_block = key, block
+                self._last_block[slot] = key, block
             out.append(block[j])
         return out
 
@@ -305,8 +309,8 @@ class TokenDataset(Configured):
                 ranges += [(a, b) for a, b in zip(src, stops, strict=True) if b > a]
         else:
             L, total = self.config.seq_len, self.cache.num_tokens
-            ranges = [(w * L, min(w * L + L + 1, total)) for w in self._window_list(idx)
-                      if w >= 0]
+            ranges = [(w * L, min(w * L + L + 1, total))
+                      for w in self._window_list(idx, "ahead") if w >= 0]
         return self.cache.prefetch(self._reader.chunks_of(ranges))
 
     def _doc_runs(self, indices: list[int]) -> list[DocRun]:
