@@ -13,7 +13,7 @@ import pytest
 import shardwise as sw
 from shardwise.bench.proxy import LatencyProxy, start_proxy
 from shardwise.errors import ConfigError
-from shardwise.storage import cache as cache_module
+from shardwise.storage import chunk_fetch
 from shardwise.world import World
 
 SEQ_LEN = 32
@@ -69,14 +69,14 @@ def test_a_read_through_the_proxy_keeps_the_local_copy_within_local_bytes(
     bound = 4 * max(bins)
     assert sum(bins) > 4 * bound, "the cache must be much larger than its local copy"
     peaks: list[int] = []
-    real = cache_module.get_checked
+    real = chunk_fetch.get_checked
 
-    def measured(store, key, spec, tmp):  # type: ignore[no-untyped-def]
-        real(store, key, spec, tmp)
+    def measured(store, key, spec, tmp, **kw):  # type: ignore[no-untyped-def]
+        real(store, key, spec, tmp, **kw)
         peaks.append(sum(p.stat().st_size for p in tmp.parent.parent.rglob("*")
                          if p.is_file() and not p.name.startswith((".lock", ".claim"))))
 
-    monkeypatch.setattr(cache_module, "get_checked", measured)
+    monkeypatch.setattr(chunk_fetch, "get_checked", measured)
     with LatencyProxy(_upstream(s3_env), latency=LATENCY) as proxy:
         cache = sw.open_cache(url, local_dir=tmp_path / "node", local_bytes=bound,
                               storage_options={"endpoint_url": f"http://127.0.0.1:{proxy.port}"})

@@ -354,3 +354,56 @@ def test_inspect_a_remote_cache(built: tuple[str, Path], tmp_path: Path,
     assert main(["inspect", url]) == 0
     out = capsys.readouterr().out
     assert url in out and "516 documents" in out
+
+
+def test_a_chunk_and_its_metadata_come_in_one_round_trip(built: tuple[str, Path],
+                                                         tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """A .bin whose metadata this process has not read yet is asked for together with it
+    (one request batch, no request of its own), and equals the local chunk."""
+    from shardwise.storage.remote import RemoteStore
+
+    url, local = built
+    calls: list[list[str]] = []
+    real_ranges, real_range = RemoteStore.get_ranges, RemoteStore.read_range
+
+    def ranges(self: RemoteStore, asked: list[tuple[str, int, int]]) -> list:
+        calls.append([k for k, _, _ in asked])
+        return real_ranges(self, asked)
+
+    def one_range(self: RemoteStore, key: str, start: int, stop: int) -> bytes:
+        calls.append([key])
+        return real_range(self, key, start, stop)
+
+    monkeypatch.setattr(RemoteStore, "get_ranges", ranges)
+    monkeypatch.setattr(RemoteStore, "read_range", one_range)
+    cache = sw.open_cache(url, local_dir=tmp_path / "node", local_bytes=64 << 20)
+    stem = cache.chunks[2].stem
+    got = np.asarray(cache.tokens(2)).copy()
+    assert calls == [[f"{stem}.json", f"{stem}.bin"]]
+    np.testing.assert_array_equal(got, sw.open_cache(local).tokens(2))
+    assert cache.meta(2).files[".bin"]["bytes"] == got.nbytes  # kept: not asked again
+    assert len(calls) == 1
+    cache.close()
+
+
+def test_reader_names_damaged_or_missing_metadata(built: tuple[str, Path],
+                                                  tmp_path: Path) -> None:
+    """The metadata that comes with a chunk's first block is checked against the ledger
+    before the block is trusted; a missing one is named, never read as empty."""
+    url, _ = built
+    bad = f"s3://{BUCKET}/badmeta-{os.getpid()}-{os.urandom(3).hex()}"
+    _copy_prefix(url, bad)
+    cache = sw.open_cache(bad, local_dir=tmp_path / "node", local_bytes=64 << 20)
+    flipped, deleted = cache.chunks[1].stem + ".json", cache.chunks[4].stem + ".json"
+    fs = _s3()
+    fs.pipe_file(f"{bad[5:]}/{flipped}", fs.cat_file(f"{bad[5:]}/{flipped}") + b" ")
+    fs.rm(f"{bad[5:]}/{deleted}")
+    with pytest.raises(CorruptChunkError, match=f"{bad}/{flipped}: xxh3_64 .*the ledger"):
+        cache.tokens(1)
+    with pytest.raises(CorruptChunkError, match=f"{bad}/{deleted}: named by the ledger"):
+        cache.tokens(4)
+    assert cache.downloads is not None
+    assert not list(cache.downloads.dir.rglob("*.bin"))  # nothing published locally
+    cache.close()

@@ -34,20 +34,18 @@ from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
-import orjson
 
 from shardwise.concurrency import ThreadPool
 from shardwise.errors import CacheError, CorruptChunkError
-from shardwise.format.checksum import bytes_checksum
 from shardwise.format.chunk import META_SUFFIX, ChunkKind, ChunkMeta
 from shardwise.format.ledger import LEDGER_NAME, read_view
 from shardwise.format.ledger_index import ChunkColumns, SourceTotals
 from shardwise.format.manifest import Manifest
 from shardwise.format.megatron import MegatronIndex, open_bin, read_idx
 from shardwise.format.paths import safe_join
-from shardwise.storage import open_maps
+from shardwise.storage import chunk_fetch, open_maps
 from shardwise.storage.chunk_table import ChunkInfo, ChunkTable
-from shardwise.storage.download import DownloadDir, get_checked
+from shardwise.storage.download import DownloadDir
 from shardwise.storage.integrity import CacheChecks
 from shardwise.storage.prefetch import Prefetcher
 from shardwise.storage.remote import RemoteStore
@@ -242,16 +240,9 @@ class Cache:
 
     def _fetch(self, info: ChunkInfo, suffix: str, until: float | None = None) -> Path:
         """Download (or find on this node) one chunk file, pinned ``until`` if given (a
-        download ahead of the reader: :mod:`shardwise.storage.prefetch`)."""
-        assert self.store is not None and self.downloads is not None
-        spec = self._meta(info).files.get(suffix)
-        if spec is None:
-            raise CorruptChunkError(f"{self.store.url_of(info.stem + META_SUFFIX)}: lists no "
-                                    f"{suffix} file; run 'shardwise verify {self.location}'")
-        key = info.stem + suffix
-        store = self.store
-        return self.downloads.fetch(key, int(spec["bytes"]),
-                                    lambda tmp: get_checked(store, key, spec, tmp), until)
+        download ahead of the reader: :mod:`shardwise.storage.prefetch`; the round trips:
+        :mod:`shardwise.storage.chunk_fetch`)."""
+        return chunk_fetch.fetch_file(self, info, suffix, until)
 
     def meta(self, i: int) -> ChunkMeta:
         """Chunk ``i``'s metadata (its files' sizes and checksums), checked against the
@@ -261,29 +252,18 @@ class Cache:
     def _meta(self, info: ChunkInfo) -> ChunkMeta:
         """A chunk's metadata, read once per process and checked against the ledger."""
         meta = self._metas.get(info.stem)
-        if meta is None:
-            if self.store is not None:
-                name = self.store.url_of(info.stem + META_SUFFIX)
-                read: Callable[[], bytes] = partial(  # with those of the chunks ahead
-                    self._prefetcher().small, info.stem + META_SUFFIX, self.store.get_many)
-            else:
-                name = str(info.base.with_name(info.base.name + META_SUFFIX))
-                read = partial(self._local, info, META_SUFFIX, Path.read_bytes)
-            advice = f"run 'shardwise verify {self.location}'"
-            try:
-                data = read()
-            except FileNotFoundError:
-                raise CorruptChunkError(f"{name}: named by the ledger but missing; "
-                                        f"{advice}") from None
-            if bytes_checksum(data) != info.meta_xxh3:
-                raise CorruptChunkError(f"{name}: xxh3_64 {bytes_checksum(data)}, the ledger "
-                                        f"says {info.meta_xxh3}; {advice}")
-            try:
-                meta = self._metas[info.stem] = ChunkMeta.from_dict(orjson.loads(data))
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise CorruptChunkError(f"{name}: not valid chunk metadata ({e}); "
-                                        f"{advice}") from e
-        return meta
+        if meta is not None:
+            return meta
+        if self.store is not None:  # with those of the chunks ahead, in one round trip
+            read: Callable[[], bytes] = partial(
+                self._prefetcher().small, info.stem + META_SUFFIX, self.store.get_many)
+        else:
+            read = partial(self._local, info, META_SUFFIX, Path.read_bytes)
+        try:
+            data: bytes | Exception = read()
+        except FileNotFoundError as e:
+            data = e
+        return chunk_fetch.load_meta(self, info, data)
 
     # -- checks as chunks are read (shardwise.storage.integrity) -------------------------
     def raise_if_damaged(self) -> None:
@@ -317,8 +297,7 @@ class Cache:
                 continue
             info = self.chunks[c]
             ahead.add(info.stem + ".bin", info.tokens * self.dtype.itemsize,
-                      partial(self._fetch, info, ".bin"),
-                      None if info.stem in self._metas else info.stem + META_SUFFIX)
+                      partial(self._fetch, info, ".bin"))  # its metadata comes with it
         return ahead.wants_more()
 
     def _prefetcher(self) -> Prefetcher:

@@ -47,7 +47,7 @@ from shardwise.concurrency.poll import check_wait_args, wait_until
 from shardwise.errors import CacheError, ConfigError, CorruptChunkError
 from shardwise.format.atomic import TMP_PREFIX, temp_path
 from shardwise.format.files import check_key
-from shardwise.storage.remote import RemoteStore
+from shardwise.storage.remote import SMALL_END, RemoteStore
 
 CLAIM_PREFIX = ".claim-"
 LOCK_NAME = ".lock"
@@ -239,13 +239,24 @@ class DownloadDir:
         return used + size <= self.max_bytes
 
 
-def get_checked(store: RemoteStore, key: str, spec: dict[str, object], tmp: Path) -> None:
+def first_block(store: RemoteStore, key: str, size: int, *, also: str
+                ) -> tuple[bytes | Exception, bytes | Exception]:
+    """Small object ``also`` (a chunk's metadata) and the first block of ``key`` (``size``
+    bytes expected), asked for at once: one round trip for both. Each is its bytes or the
+    exception reading it raised."""
+    small, first = store.get_ranges([(also, 0, SMALL_END), (key, 0, min(_BLOCK, size + 1))])
+    return small, first
+
+
+def get_checked(store: RemoteStore, key: str, spec: dict[str, object], tmp: Path, *,
+                first: bytes | Exception | None = None) -> None:
     """Download ``key`` into ``tmp`` in blocks, checking size and xxh3 (``spec``: the
     chunk metadata's entry for the file) as it streams.
 
     Each block is one ranged GET (no HEAD first: the size is known), so a file of up to
     ``_BLOCK`` bytes costs one round trip. The last block asks for one byte past the
-    expected end, so an object longer than its metadata is seen, not silently cut."""
+    expected end, so an object longer than its metadata is seen, not silently cut.
+    ``first``: the first block, already fetched by :func:`first_block` (or its error)."""
     import xxhash
 
     url, want = store.url_of(key), int(spec["bytes"])  # type: ignore[call-overload]
@@ -254,7 +265,13 @@ def get_checked(store: RemoteStore, key: str, spec: dict[str, object], tmp: Path
         with open(tmp, "wb") as dst:
             while True:
                 stop = min(got + _BLOCK, want + 1)
-                block = store.read_range(key, got, stop) if want else store.get(key)
+                block = (first if first is not None else
+                         store.read_range(key, got, stop) if want else store.get(key))
+                if isinstance(block, Exception):
+                    raise block
+                if first is not None and len(block) > stop:  # asked for more than this spec
+                    block = block[:stop]
+                first = None
                 h.update(block)
                 dst.write(block)
                 got += len(block)

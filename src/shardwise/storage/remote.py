@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 
 from shardwise.format.files import check_key
 
-_SMALL = 64 << 20  # get_many's range end: past the end of any small object
+SMALL_END = _SMALL = 64 << 20  # a range end past the end of any small object
 
 
 def is_url(path: str | os.PathLike[str] | RemoteStore) -> bool:
@@ -101,11 +101,18 @@ class RemoteStore:
         """Small whole objects (each under 64 MiB) fetched concurrently, each in one ranged
         GET: ``relative → bytes``, or the exception that object raised
         (FileNotFoundError when it does not exist)."""
-        paths = [self.key(r) for r in relatives]
-        n = len(paths)
-        got = self.fs.cat_ranges(paths, [0] * n, [_SMALL] * n, on_error="return")
-        return {r: g if isinstance(g, Exception) else bytes(g)
-                for r, g in zip(relatives, got, strict=True)}
+        got = self.get_ranges([(r, 0, _SMALL) for r in relatives])
+        return dict(zip(relatives, got, strict=True))
+
+    def get_ranges(self, ranges: list[tuple[str, int, int]]) -> list[bytes | Exception]:
+        """Bytes ``[start, stop)`` of each ``(relative, start, stop)`` (fewer at an
+        object's end), all requested at once (one round trip for all on a store far
+        away); in the same order, each the bytes or the exception its object raised
+        (``stop = SMALL_END``: the whole of a small object)."""
+        paths = [self.key(r) for r, _, _ in ranges]
+        got = self.fs.cat_ranges(paths, [a for _, a, _ in ranges], [b for _, _, b in ranges],
+                                 on_error="return")
+        return [g if isinstance(g, Exception) else bytes(g) for g in got]
 
     def exists(self, relative: str) -> bool:
         return bool(self.fs.exists(self.key(relative)))
