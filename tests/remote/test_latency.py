@@ -12,8 +12,10 @@ import pytest
 
 import shardwise as sw
 from shardwise.bench.proxy import LatencyProxy, start_proxy
+from shardwise.concurrency import flock
 from shardwise.errors import ConfigError
 from shardwise.storage import chunk_fetch
+from shardwise.storage.download import LOCK_NAME
 from shardwise.world import World
 
 SEQ_LEN = 32
@@ -73,8 +75,10 @@ def test_a_read_through_the_proxy_keeps_the_local_copy_within_local_bytes(
 
     def measured(store, key, spec, tmp, **kw):  # type: ignore[no-untyped-def]
         real(store, key, spec, tmp, **kw)
-        peaks.append(sum(p.stat().st_size for p in tmp.parent.parent.rglob("*")
-                         if p.is_file() and not p.name.startswith((".lock", ".claim"))))
+        root = tmp.parent.parent
+        with flock.exclusive(root / LOCK_NAME):  # a snapshot: no claim or eviction meanwhile
+            peaks.append(sum(p.stat().st_size for p in root.rglob("*")
+                             if p.is_file() and not p.name.startswith((".lock", ".claim"))))
 
     monkeypatch.setattr(chunk_fetch, "get_checked", measured)
     with LatencyProxy(_upstream(s3_env), latency=LATENCY) as proxy:
