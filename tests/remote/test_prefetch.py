@@ -95,6 +95,30 @@ def test_downloads_ahead_stay_within_the_budget_and_are_taken_once(tmp_path: Pat
     ahead.close()
 
 
+def test_chunks_handed_over_beyond_the_budget_start_in_order_as_room_frees(
+        tmp_path: Path) -> None:
+    """A chunk refused for lack of room is queued, not forgotten: the loader hands each
+    chunk over once, well before it is read, so a forgotten one would make the reader
+    wait a whole round trip for it."""
+    d = DownloadDir(tmp_path, max_bytes=1000)
+    ahead = Prefetcher(budget=200)
+    for key in ("a", "b", "c", "d"):
+        ahead.add(key, 100, _fake_fetch(d, key, 100))
+    assert not ahead.wants_more()  # chunks are queued: the loader need not hand over more
+    ahead.wait()
+    assert d.downloaded == {"a": 1, "b": 1}
+    ahead.take("a", _fake_fetch(d, "a", 100))  # room for one: c starts, not d
+    ahead.wait()
+    assert d.downloaded == {"a": 1, "b": 1, "c": 1}
+    ahead.take("d", _fake_fetch(d, "d", 100))  # needed before its turn: fetched now, once
+    ahead.take("b", _fake_fetch(d, "b", 100))
+    ahead.take("c", _fake_fetch(d, "c", 100))
+    ahead.wait()
+    assert d.downloaded == {"a": 1, "b": 1, "c": 1, "d": 1}
+    assert ahead.stats()["ahead"] == 0 and ahead.wants_more()
+    ahead.close()
+
+
 def test_a_chunk_downloaded_ahead_is_never_evicted_before_it_is_read(tmp_path: Path) -> None:
     """Room for a download ahead comes only from files that were read; the reader's own
     download may take a pinned file only when nothing else can go."""

@@ -42,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 
 from shardwise.concurrency import ThreadPool
@@ -140,6 +141,7 @@ class Prefetcher:
         self._added_bytes = 0
         self._ahead: dict[str, tuple[int, Future[Path], float]] = {}  # in the order added
         self._wanted: dict[str, None] = {}  # small objects the downloads ahead will need
+        self._waiting: dict[str, tuple[int, Fetch, float]] = {}  # handed over, no room yet
         self._small: dict[str, bytes | Exception] = {}  # fetched with another's, unused yet
         self._small_lock = threading.Lock()
         self._pool: ThreadPool | None = None
@@ -148,6 +150,7 @@ class Prefetcher:
     def __getstate__(self) -> dict[str, object]:
         d = dict(self.__dict__)
         d["_ahead"], d["_pool"], d["_wanted"], d["_small"] = {}, None, {}, {}
+        d["_waiting"] = {}
         del d["_small_lock"]
         return d
 
@@ -159,7 +162,7 @@ class Prefetcher:
         """A forked child (a DataLoader worker) inherits the pending downloads but not the
         threads that finish them: it forgets them and fetches what it reads."""
         if self._pid != os.getpid():
-            self._ahead, self._pool, self._pid = {}, None, os.getpid()
+            self._ahead, self._pool, self._pid, self._waiting = {}, None, os.getpid(), {}
             self._wanted, self._small, self._small_lock = {}, {}, threading.Lock()
 
     @property
@@ -170,11 +173,14 @@ class Prefetcher:
         """Whether the reader's coming chunks should be handed over sooner: fewer are
         ahead than the pace asks for, and there is room in the budget."""
         self._check_fork()
-        return len(self._ahead) < self.pace.chunks_ahead() and self.ahead_bytes < self.budget
+        return (not self._waiting and len(self._ahead) < self.pace.chunks_ahead()
+                and self.ahead_bytes < self.budget)
 
     def add(self, key: str, size: int, fetch: Fetch, needs: str | None = None) -> bool:
-        """Start downloading ``key`` (``size`` bytes) unless it is already ahead or the
-        budget is full (then the reader fetches it when it needs it); True if started.
+        """Start downloading ``key`` (``size`` bytes), or, while the budget is full, queue it:
+        queued downloads start in the order handed over as the reader takes chunks and
+        frees room (a chunk handed over once and refused would otherwise be skipped, and
+        the reader would wait a whole round trip for it). True if started (or ahead).
         ``needs``: a small object the download reads first (the chunk's metadata), which
         :meth:`small` fetches together with the other downloads' ones."""
         self._check_fork()
@@ -182,15 +188,25 @@ class Prefetcher:
             return True
         self._drop_stale()
         self._forget_done(size)
-        if self.ahead_bytes + size > self.budget:
-            return False
-        if self._pool is None:
-            self._pool = ThreadPool(self.pace.threads(), name="shardwise-download")
-        self._added_bytes += size
+        self._start_waiting()
+        if key not in self._waiting and len(self._waiting) < MAX_AHEAD:
+            self._waiting[key] = size, fetch, self.pace.clock()
         if needs is not None:
             self._wanted[needs] = None
-        self._ahead[key] = size, self._pool.submit(lambda: self._run(fetch)), self.pace.clock()
-        return True
+        self._start_waiting()
+        return key in self._ahead
+
+    def _start_waiting(self) -> None:
+        """Start the queued downloads, oldest first, while they fit in the budget."""
+        for key, (size, fetch, _) in list(self._waiting.items()):
+            if self.ahead_bytes + size > self.budget:
+                break
+            del self._waiting[key]
+            if self._pool is None:
+                self._pool = ThreadPool(self.pace.threads(), name="shardwise-download")
+            self._added_bytes += size
+            future = self._pool.submit(partial(self._run, fetch))
+            self._ahead[key] = size, future, self.pace.clock()
 
     def _forget_done(self, size: int) -> None:
         """Make room in the accounting by forgetting the oldest finished downloads when
@@ -211,6 +227,10 @@ class Prefetcher:
         elsewhere. In a healthy run each is read about ``window_s`` after it was handed
         over."""
         now, horizon = self.pace.clock(), STALE * self.pace.window_s()
+        for key, (_, _, added) in list(self._waiting.items()):
+            if now - added <= horizon:
+                break
+            del self._waiting[key]
         for key, (_, future, added) in list(self._ahead.items()):
             if now - added <= horizon:
                 break
@@ -253,8 +273,10 @@ class Prefetcher:
         self._check_fork()
         asked = self.pace.clock()
         entry = self._ahead.pop(key, None)
+        self._waiting.pop(key, None)  # needed now: fetched below, not queued
         path = None
         self._drop_stale()
+        self._start_waiting()  # room freed: the next queued downloads start now
         if entry is not None:
             future = entry[1]
             if future.exception() is None:  # an error is raised by the download below
@@ -286,6 +308,7 @@ class Prefetcher:
             self._pool.close()
             self._pool = None
         self._ahead.clear()
+        self._waiting.clear()
 
     def stats(self) -> dict[str, object]:
         return {"ahead": len(self._ahead), "ahead_bytes": self.ahead_bytes,
