@@ -202,3 +202,13 @@ def test_the_metadata_of_the_downloads_ahead_comes_in_one_round_trip(tmp_path: P
     assert ahead.small("other.json", get_many) == b"other.json"  # not ahead: on its own
     assert calls[-1] == ["other.json"]
     ahead.close()
+
+
+def test_the_same_chunks_handed_over_again_are_recognised_once() -> None:
+    """Consecutive batches of one block hand over the same chunks: recognised, so the
+    reader's thread does not look at each again; a different list is not."""
+    ahead = Prefetcher(budget=100)
+    assert not ahead.same_as_last([3, 4])
+    assert ahead.same_as_last([3, 4])
+    assert not ahead.same_as_last([4, 5])
+    assert not ahead.same_as_last([3, 4])

@@ -292,6 +292,9 @@ class Cache:
         if self.store is None:
             return False
         ahead = self._prefetcher()
+        chunks = list(chunks)
+        if ahead.same_as_last(chunks):  # a batch like the one before: handed over already
+            return ahead.wants_more()
         for c in chunks:
             if c in self._maps:  # already mapped: its file is here
                 continue

@@ -142,6 +142,7 @@ class Prefetcher:
         self._ahead: dict[str, tuple[int, Future[Path], float]] = {}  # in the order added
         self._wanted: dict[str, None] = {}  # small objects the downloads ahead will need
         self._waiting: dict[str, tuple[int, Fetch, float]] = {}  # handed over, no room yet
+        self._last_handed: list[int] = []
         self._small: dict[str, bytes | Exception] = {}  # fetched with another's, unused yet
         self._small_lock = threading.Lock()
         self._pool: ThreadPool | None = None
@@ -150,7 +151,7 @@ class Prefetcher:
     def __getstate__(self) -> dict[str, object]:
         d = dict(self.__dict__)
         d["_ahead"], d["_pool"], d["_wanted"], d["_small"] = {}, None, {}, {}
-        d["_waiting"] = {}
+        d["_waiting"], d["_last_handed"] = {}, []
         del d["_small_lock"]
         return d
 
@@ -163,7 +164,18 @@ class Prefetcher:
         threads that finish them: it forgets them and fetches what it reads."""
         if self._pid != os.getpid():
             self._ahead, self._pool, self._pid, self._waiting = {}, None, os.getpid(), {}
+            self._last_handed = []
             self._wanted, self._small, self._small_lock = {}, {}, threading.Lock()
+
+    def same_as_last(self, handed: list[int]) -> bool:
+        """Whether the reader hands over the same chunks as in its previous call (the
+        batches of one block mostly do): they are ahead, queued or read already, and the
+        call need not look at each again (it runs on the reader's thread, every batch)."""
+        self._check_fork()
+        if handed == self._last_handed:
+            return True
+        self._last_handed = handed
+        return False
 
     @property
     def ahead_bytes(self) -> int:
