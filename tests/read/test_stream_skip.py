@@ -190,3 +190,24 @@ def test_bind_serves_another_world_before_the_first_read(cache_dir: Path) -> Non
     assert all(np.array_equal(a, b) for a, b in zip(rows(late, 4), ref[12:20], strict=True))
     with pytest.raises(ConfigError, match=r"not a whole number of steps"):
         reader(cache_dir, sw.World(0, 1), skip=((2, 4),)).bind(sw.World(0, 2))
+
+
+def test_a_growing_cache_serves_the_same_examples_less_the_skipped_ones(
+        tmp_path: Path) -> None:
+    """Follow mode: the run restarted past a range waits for the producer as before."""
+    root = make_cache(tmp_path / "c", [sample_docs(40, seed=4)], chunk_docs=2,
+                      unfinished_last=True)
+
+    def served(skip: tuple[tuple[int, int], ...]) -> list[np.ndarray]:
+        ds = StreamDataset(root, seq_len=8, streams=2, world=sw.World(0, 1), follow=True,
+                           block_chunks=2, timeout=0.3, poll_interval=0.05, skip=skip)
+        out: list[np.ndarray] = []
+        with pytest.raises(sw.ProducerTimeoutError):
+            out.extend(e["input_ids"] for e in ds)
+        return out
+
+    ref = served(())
+    skip = ((4, 10), (14, 16))
+    want = [row for p, row in enumerate(ref) if not skipped(p, skip)]
+    assert len(ref) > 16
+    assert all(np.array_equal(a, b) for a, b in zip(served(skip), want, strict=True))
