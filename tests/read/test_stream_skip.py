@@ -188,7 +188,8 @@ def test_bind_serves_another_world_before_the_first_read(cache_dir: Path) -> Non
     late.bind(sw.World(1, 2))
     ref = rows(reader(cache_dir, sw.World(1, 2), skip=SKIP), 10)
     assert all(np.array_equal(a, b) for a, b in zip(rows(late, 4), ref[12:20], strict=True))
-    with pytest.raises(ConfigError, match=r"not a whole number of steps"):
+    with pytest.raises(ConfigError, match=r"\(2, 4\) of examples is not a whole number of "
+                                          r"steps of batch_size × world size = 4"):
         reader(cache_dir, sw.World(0, 1), skip=((2, 4),)).bind(sw.World(0, 2))
 
 

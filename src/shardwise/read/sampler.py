@@ -87,10 +87,12 @@ def _as_int(value: Any, where: str) -> int:
                           f"({type(value).__name__})") from None
 
 
-def normalise_skip(ranges: Iterable[Any] | None, step: int, *, unit: str = "examples") -> Skip:
+def normalise_skip(ranges: Iterable[Any] | None, step: int, *, unit: str = "examples",
+                   step_name: str = "micro_batch_size × world size") -> Skip:
     """``ranges`` sorted and merged (overlapping or touching ranges become one), each
     checked: two integers ``start < stop``, both multiples of ``step`` (a skip leaves out
-    whole steps of ``micro_batch_size × world size``, so every rank skips the same step)::
+    whole steps of ``micro_batch_size × world size``, so every rank skips the same step;
+    ``step_name`` names it in the error)::
 
         normalise_skip([(8, 12), (0, 4), (4, 6)], 2) == ((0, 6), (8, 12))
     """
@@ -106,8 +108,8 @@ def normalise_skip(ranges: Iterable[Any] | None, step: int, *, unit: str = "exam
         if start % step or stop % step:
             lo, hi = start - start % step, -(-stop // step) * step
             raise ConfigError(f"skip range ({start}, {stop}) of {unit} is not a whole number "
-                              f"of steps of micro_batch_size × world size = {step}: every "
-                              f"rank must skip the same steps; use ({lo}, {hi}) to cover it")
+                              f"of steps of {step_name} = {step}: every rank must skip the "
+                              f"same steps; use ({lo}, {hi}) to cover it")
         out.append((start, stop))
     merged: list[tuple[int, int]] = []
     for start, stop in sorted(out):

@@ -125,6 +125,7 @@ from shardwise.storage.opening import open_cache, reader_cache
 from shardwise.world import World
 
 STREAM_ORDER_VERSION = 1
+SKIP_STEP = "batch_size × world size"  # a skip range's unit, named in its errors
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,8 @@ class StreamDataset(Resumable):
         if batch_size is not None:
             batch_size = as_count(batch_size, "batch_size", minimum=1, error=ConfigError)
         prefetch_chunks = as_count(prefetch_chunks, "prefetch_chunks", error=ConfigError)
-        self.skip = normalise_skip(skip, (batch_size or 1) * self.world.size)
+        self.skip = normalise_skip(skip, (batch_size or 1) * self.world.size,
+                                   step_name=SKIP_STEP)
         self.follow, self.poll_interval, self.timeout = follow, poll_interval, timeout
         self.batch_size, self.prefetch_chunks = batch_size, prefetch_chunks
         if isinstance(cache, Cache):  # a growing cache is refreshed on the prefetch
@@ -239,7 +241,8 @@ class StreamDataset(Resumable):
                                   started=self._run is not None or self._received > 0)
         if bound is None:
             return
-        skip = normalise_skip(self.skip, (self.batch_size or 1) * bound.size)
+        skip = normalise_skip(self.skip, (self.batch_size or 1) * bound.size,
+                              step_name=SKIP_STEP)
         self.world, self.share, self.skip = bound, bound.stream_share(self.config.streams), skip
         self.streams = self.share.streams
 
