@@ -101,6 +101,21 @@ class World:
                 "read everything on purpose")
         return world
 
+    def rebind(self, world: World | None, *, reader: str, started: bool) -> World | None:
+        """The world a reader serving ``self`` switches to on ``reader.bind(world)`` (a
+        reader made before the data-parallel layout is known: slime's
+        ``set_train_parallel_config``), resolved as :meth:`resolve`; ``None`` when it is
+        ``self`` (binding again is a no-op). ``started``: the reader has read since it was
+        made or its state loaded, so its position belongs to ``self`` and cannot move."""
+        world = World.resolve(world, reader=reader)
+        if world == self:
+            return None
+        if started:
+            raise ConfigError(f"{reader}.bind({world}): this reader has already read as "
+                              f"{self}; bind the world before the first read "
+                              "(get_next_batch()/iter()), or after load_state_dict()")
+        return world
+
     # -- the slicing rules ---------------------------------------------------------------
     def round_robin(self, n: int) -> range:
         """Items ``i < n`` with ``i % size == rank``: ``World(1, 4).round_robin(10)`` is

@@ -108,3 +108,19 @@ def test_megatron_data_path_usage_errors(cli, cache: Path) -> None:
     assert code == 2 and "needs the cache directory" in err
     code, _, err = cli("convert", cache, "--to-megatron", "x", "--seq-len", "8")
     assert code == 2 and "--seq-len applies only" in err
+
+
+def test_a_damaged_chunk_is_refused_unless_no_verify(cli, cache: Path, tmp_path: Path) -> None:
+    victim = Path(f"{shardwise.open_cache(cache).chunks[3].base}.bin")
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    code, out, err = cli("convert", cache, "--to-megatron", tmp_path / "m" / "corpus")
+    assert code != 0 and not out
+    assert f"{victim}: xxh3_64" in err and f"shardwise verify {cache}" in err
+    assert list((tmp_path / "m").iterdir()) == []
+    code, out, _ = cli("convert", cache, "--to-megatron", tmp_path / "m" / "corpus",
+                       "--no-verify")
+    assert code == 0 and "30 documents" in out
+    code, _, err = cli("convert", cache, "--megatron-data-path", "--no-verify")
+    assert code == 2 and "--no-verify applies only to --to-megatron" in err

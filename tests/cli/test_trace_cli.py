@@ -155,3 +155,18 @@ def test_a_blend_state(cli, run_dir: Path, tmp_path: Path) -> None:
     got = orjson.loads(out)
     assert got["step"] == 4
     assert got["examples"] == orjson.loads(orjson.dumps(trace(cfg, 4).to_dict()["examples"]))
+
+
+def test_skipped_steps_are_drawn_and_the_header_names_the_accumulation(
+        cli, run_dir: Path, tmp_path: Path) -> None:
+    cfg = json.loads((run_dir / "read.json").read_text())
+    cfg["skip"] = [[1, 2]]
+    cfg["cache"] = str(run_dir / cfg["cache"])  # relative to the config's own directory
+    path = tmp_path / "skip.json"
+    path.write_text(json.dumps(cfg))
+    code, out, _ = cli("trace", path, "--plot", "0:3", "--json")
+    steps = orjson.loads(out)["steps"]
+    assert code == 0 and set(steps[1]) == {"(skipped)"} and set(steps[0]) == {"a.jsonl"}
+    code, out, _ = cli("trace", path, "--step", 0)
+    accumulation = cfg["global_batch_size"] // (cfg["micro_batch_size"] * cfg["world_size"])
+    assert f"× accumulation {accumulation})" in out.splitlines()[0]

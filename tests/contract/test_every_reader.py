@@ -103,6 +103,13 @@ def _stream(d: dict[str, Any], other: bool) -> Any:
                             world=ONE)
 
 
+def _stream_skipping(d: dict[str, Any], other: bool) -> Any:
+    """Stream placement with skip ranges (one at the start, one later): its position jumps
+    them, its read-ahead restarts past them; every step still resumes."""
+    return sw.StreamDataset(d["caches"][0], seq_len=16, streams=2, seed=2 if other else 1,
+                            world=ONE, skip=[(0, 1), (2, 4)])
+
+
 def _records(d: dict[str, Any], other: bool) -> Any:
     rs = sw.RecordStream([d["jsonl"]], seed=2 if other else 1, streams=2, world=ONE,
                          range_bytes=64)
@@ -183,6 +190,7 @@ READERS: dict[str, tuple[Callable[[dict[str, Any], bool], Any], tuple[type, ...]
     "TokenDataset+loader(skip)": (_tokens_skipping, (ShardwiseLoader,)),
     "TokenDataset+torchdata": (_torchdata, (StatefulBatchSampler,)),
     "StreamDataset": (_stream, (sw.StreamDataset,)),
+    "StreamDataset(skip)": (_stream_skipping, (sw.StreamDataset,)),
     "RecordStream": (_records, (sw.RecordStream,)),
     "ProducerDirDataset.stream": (_producer, (ProducerDirDataset, ProducerDirStream)),
     "ContiguousShards+loader": (_contiguous, (sw.ContiguousShards,)),

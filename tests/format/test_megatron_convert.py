@@ -10,7 +10,8 @@ import pytest
 from tests.helpers_cache import cache_documents
 
 import shardwise
-from shardwise.errors import CacheError, ConfigError
+from shardwise.errors import CacheError, ConfigError, CorruptChunkError
+from shardwise.format.megatron import read_idx
 from shardwise.storage.verify import verify_cache
 from shardwise.writer.convert import from_megatron, to_megatron
 
@@ -104,3 +105,53 @@ def test_an_empty_cache_converts_both_ways(tmp_path: Path) -> None:
     cache = shardwise.open_cache(tmp_path / "c2")
     assert cache.num_documents == 0 and cache.manifest is not None
     assert cache.manifest.tokenizer.vocab_size == 65536  # the uint16 range
+
+
+def _flip_byte(path: Path, at: int) -> None:
+    """Damage ``path`` in place, keeping its size (bit rot, not truncation)."""
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _merge_two_documents(idx: Path) -> None:
+    """Set the ``.idx``'s second document index to 0: still a valid, non-decreasing
+    index that only checksums can tell from the published one."""
+    sequences = read_idx(idx).num_sequences
+    data = bytearray(idx.read_bytes())
+    at = len(data) - 8 * (sequences + 1) + 8
+    data[at: at + 8] = (0).to_bytes(8, "little")
+    idx.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["bin", "idx", "json"])
+def test_a_damaged_chunk_is_refused_naming_it_and_nothing_is_written(
+        tmp_path: Path, damage: str) -> None:
+    docs = sample_docs(30, seed=4)
+    root = make_cache(tmp_path / "c", [docs[:12], docs[12:]], chunk_docs=4)
+    chunk = shardwise.open_cache(root).chunks[2].base
+    victim = Path(f"{chunk}.{damage}")
+    if damage == "idx":
+        _merge_two_documents(victim)
+    else:
+        _flip_byte(victim, victim.stat().st_size // 2)
+    out = tmp_path / "out"
+    with pytest.raises(CorruptChunkError) as e:
+        to_megatron(root, out / "corpus")
+    message = str(e.value)
+    assert str(victim) in message and "xxh3_64" in message
+    assert f"shardwise verify {root}" in message and "rerun the same build" in message
+    assert list(out.iterdir()) == []  # no partial .bin, no temporary file
+    assert verify_cache(root).problems[0].path == str(victim)
+
+
+def test_no_verify_trusts_the_chunks(tmp_path: Path) -> None:
+    """``verify=False`` copies what is on disk, damaged or not, as before checksums."""
+    docs = sample_docs(12, seed=9)
+    root = make_cache(tmp_path / "c", [docs], chunk_docs=4)
+    to_megatron(root, tmp_path / "good")
+    victim = Path(f"{shardwise.open_cache(root).chunks[1].base}.bin")
+    _flip_byte(victim, 0)
+    to_megatron(root, tmp_path / "bad", verify=False)
+    good, bad = (Path(f"{tmp_path / n}.bin").read_bytes() for n in ("good", "bad"))
+    assert sum(a != b for a, b in zip(good, bad, strict=True)) == 1

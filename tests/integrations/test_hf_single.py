@@ -4,6 +4,7 @@ reader gets, and the replay-by-skipping that a stock Trainer would do, refused."
 from __future__ import annotations
 
 import sys
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,22 @@ def test_iterable_readers_get_a_plain_per_rank_loader(cache: Path, tmp_path: Pat
     batch = next(iter(dl))
     assert set(batch) == {"input_ids", "labels", "shift_labels", "position_ids"}
     assert type(trainer.get_eval_dataloader()) is torch.utils.data.DataLoader
+
+
+def test_skip_steps_for_an_iterable_reader_are_refused_not_ignored(cache: Path,
+                                                                    tmp_path: Path) -> None:
+    stream = sw.StreamDataset(cache, seq_len=16, streams=1, seed=7)
+    trainer = _trainer(tmp_path, stream)
+    trainer._sw_skip = [(1, 2)]  # as ShardwiseTrainer(..., shardwise_skip_steps=[(1, 2)])
+    with pytest.raises(sw.ConfigError, match=r"StreamDataset places its own examples: give "
+                                             r"a StreamDataset skip=.*B = 4"):
+        trainer.get_train_dataloader()
+    skipping = sw.StreamDataset(cache, seq_len=16, streams=1, seed=7, skip=[(4, 8)])
+    want = [e["input_ids"] for e in islice(sw.StreamDataset(cache, seq_len=16, streams=1,
+                                                            seed=7), 10)]
+    dl = _trainer(tmp_path, skipping).get_train_dataloader()
+    got = torch.cat([b["input_ids"] for b in islice(dl, 3)])  # positions 4‥7 skipped
+    assert torch.equal(got, torch.as_tensor(np.stack([want[i] for i in (0, 1, 2, 3, 8, 9)])))
 
 
 def test_eval_pass_is_padded_not_duplicated(cache: Path, tmp_path: Path) -> None:

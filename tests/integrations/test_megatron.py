@@ -313,6 +313,10 @@ def test_external_passes_a_loader_through_and_refuses_a_map_style_dataset(
     stream = sw.StreamDataset(cache_dir, seq_len=L, streams=2, world=sw.World(0, 2))
     assert build_pretraining_data_loader(stream, 0, micro_batch_size=2,
                                          dataloader_type="external") is stream
+    with pytest.raises(ConfigError, match=r"skip_steps=\[\(1, 2\)\] with dataloader_type="
+                                          r"'external': give the StreamDataset skip="):
+        build_pretraining_data_loader(stream, 0, micro_batch_size=2, skip_steps=[(1, 2)],
+                                      dataloader_type="external")
     with pytest.raises(ConfigError, match="dataloader_type"):
         build_pretraining_data_loader(train, 0, micro_batch_size=2, dataloader_type="x")
 

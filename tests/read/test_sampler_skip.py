@@ -102,12 +102,13 @@ def test_eval_refuses_a_skip_list_and_drops_name_the_skipped_examples() -> None:
     assert s.skipped(0, 20) == 8
 
 
-def test_stream_placement_refuses_a_skip_list() -> None:
+def test_a_reader_that_cannot_skip_refuses_a_skip_list() -> None:
     from shardwise.read.sampler import refuse_skip
 
-    refuse_skip([], "StreamDataset")  # nothing to skip: fine
-    with pytest.raises(ConfigError, match=r"StreamDataset.*stream placement.*skip_steps="):
-        refuse_skip([(0, 8)], "StreamDataset")
+    refuse_skip([], "PackedSFT")  # nothing to skip: fine
+    with pytest.raises(ConfigError, match=r"PackedSFT cannot skip ranges.*skip_steps=.*"
+                                          r"StreamDataset \(skip=\)"):
+        refuse_skip([(0, 8)], "PackedSFT")
 
 
 def test_a_damaged_skip_list_in_a_state_is_a_state_error() -> None:

@@ -226,6 +226,32 @@ def test_skipped_steps_are_named_and_the_rest_is_what_the_loader_yields(
     assert {e.status for e in Tracer(again).example_range(8, 12).examples} == {"skipped"}
 
 
+def test_skipped_stream_steps_are_named_and_the_rest_is_what_the_stream_yields(
+        built: dict[str, Any]) -> None:
+    cfg = _token_config(built, 2, reader="stream", streams=4, block_chunks=2, skip=[[1, 3]])
+    tracer = Tracer(cfg)
+    for k in (1, 2):
+        assert {e.status for e in tracer.step(k).examples} == {"skipped"}
+        assert not any(e.pieces for e in tracer.step(k).examples)
+    acc = cfg.accumulation
+    for r in range(2):
+        ds, _ = cfg.build(rank=r)
+        assert ds.skip == ((B, 3 * B),)
+        batches = list(itertools.islice(iter(ds), 3 * acc))  # steps 0, 3 and 4
+        for served, k in ((0, 0), (1, 3), (2, 4)):
+            traced = [e for e in tracer.step(k).examples if e.rank == r]
+            assert len(traced) == acc * M and {e.status for e in traced} == {"data"}
+            for e in traced:
+                _check_pieces(built, _window(batches[served * acc + e.micro_batch], e.row), e)
+        state = ds.state_dict()
+        ds.close()
+    assert state["consumed"] == 5 * B
+    again = ReadConfig.from_state(state, cache=str(built["cache"]), global_batch_size=B,
+                                  micro_batch_size=M, world_size=2)
+    assert again.reader.value == "stream" and again.skip == ((1, 3),)
+    assert {e.status for e in Tracer(again).example_range(B, B + 4).examples} == {"skipped"}
+
+
 def _sft_record(rec: dict[str, Any]) -> dict[str, Any] | None:
     """A toy SFT processor: ids from the bytes of the text, loss on the second half."""
     if "text" not in rec:

@@ -21,7 +21,7 @@ from shardwise.writer.convert import (
     to_megatron,
 )
 
-USAGE = ("shardwise convert DIR --to-megatron PREFIX [--allow-partial]\n"
+USAGE = ("shardwise convert DIR --to-megatron PREFIX [--allow-partial] [--no-verify]\n"
          "       shardwise convert DIR --megatron-data-path [--seq-len N]\n"
          "       shardwise convert --from-megatron PREFIX --out DIR "
          "[--chunk-docs N | --chunk-mb N]")
@@ -63,6 +63,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "packing per chunk loses")
     p.add_argument("--allow-partial", action="store_true",
                    help="convert the visible prefix of a cache still being built")
+    p.add_argument("--no-verify", action="store_true",
+                   help="with --to-megatron: copy the chunks without checking their checksums "
+                        "(faster on a cache you trust; a flipped bit is copied silently)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(_convert_parser=p)
     return p
@@ -77,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
                                             allow_partial=args.allow_partial), args.json)
         return 0
     if args.to_megatron:
-        summary = to_megatron(args.path, args.to_megatron, allow_partial=args.allow_partial)
+        summary = to_megatron(args.path, args.to_megatron, allow_partial=args.allow_partial,
+                              verify=not args.no_verify)
     else:
         summary = from_megatron(args.from_megatron, args.out, chunk_docs=args.chunk_docs,
                                 chunk_mb=args.chunk_mb or 64)
@@ -89,6 +93,8 @@ def _usage_error(args: argparse.Namespace) -> str | None:
     """The combinations argparse groups cannot express, by direction."""
     if args.seq_len is not None and not args.megatron_data_path:
         return "--seq-len applies only to --megatron-data-path"
+    if args.no_verify and not args.to_megatron:
+        return "--no-verify applies only to --to-megatron"
     if args.to_megatron or args.megatron_data_path:
         if not args.path:
             flag = "--to-megatron PREFIX" if args.to_megatron else "--megatron-data-path"

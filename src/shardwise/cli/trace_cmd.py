@@ -228,7 +228,8 @@ def describe(got: StepTrace) -> str:
     head = (f"step {got.step}" if got.step is not None else "examples") + (
         f": {len(got.examples)} examples of seq_len {c['seq_len']} (global batch "
         f"{c['global_batch_size']} = micro-batch {c['micro_batch_size']} × world "
-        f"{c['world_size']} × accumulation)")
+        f"{c['world_size']} × accumulation "
+        f"{c['global_batch_size'] // (c['micro_batch_size'] * c['world_size'])})")
     lines = [head]
     for e in got.examples:
         src = f" {e.source}#{e.source_position}" if e.source is not None else ""

@@ -7,6 +7,8 @@ pool, one poller.
   (the writer's local executor, record processing).
 * :mod:`.threads` -- :class:`ThreadPool`: a work queue on a resizable number of daemon
   threads (a remote cache's downloads, sized from measured latency; its verification).
+* :mod:`.shutdown` -- both are stopped and joined at interpreter exit (a daemon thread
+  still in native code at finalisation aborts the process).
 * :mod:`.poll` -- :func:`wait_until`: the one wait/backoff rule for a producer (follow
   mode, producer directories, another process's download, the writer's lock).
 * :mod:`.flock` -- advisory locks a forked child does not inherit.

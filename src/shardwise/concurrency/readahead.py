@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any, Generic, TypeVar
 
+from shardwise.concurrency import shutdown
 from shardwise.concurrency.poll import Stopped
 from shardwise.errors import ConfigError
 
@@ -101,6 +102,7 @@ class ReadAhead(Generic[T]):
         self._check_fork()
         with self.cond:  # close() on another thread sees no thread, or a started one
             if self._thread is None and not self.stop.is_set():
+                shutdown.register(self)
                 t = threading.Thread(target=self._run, name=self.name, daemon=True)
                 t.start()
                 self._thread = t
@@ -180,6 +182,10 @@ class ReadAhead(Generic[T]):
             raise RuntimeError(self.closed_message)
         if self._thread is not None and not self._thread.is_alive():
             raise RuntimeError(f"the {self.name} thread ended without a result")
+
+    def close_at_exit(self, timeout: float) -> None:
+        """At interpreter exit (:mod:`.shutdown`): stop and join the thread; drop its items."""
+        self.close(timeout)
 
     def close(self, timeout: float | None = 30.0) -> list[T]:
         """Stop and join the thread (it is woken wherever it waits; ``timeout=None``: wait

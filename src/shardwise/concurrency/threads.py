@@ -28,6 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from shardwise.concurrency import shutdown
 from shardwise.errors import ConfigError
 
 T = TypeVar("T")
@@ -104,6 +105,7 @@ class ThreadPool:
         """Under the lock: start threads for queued work the idle ones cannot take."""
         while (len(self._threads) < self.workers
                and len(self._queue) > self._idle):
+            shutdown.register(self)
             t = threading.Thread(target=self._serve, name=self.name, daemon=True)
             self._threads.add(t)
             t.start()
@@ -133,8 +135,13 @@ class ThreadPool:
             _run(*item)
             del item  # an idle thread holds no job, nor what the job refers to (a cache)
 
-    def close(self, wait: bool = True) -> None:
-        """Cancel queued jobs; with ``wait``, join the threads (running jobs finish)."""
+    def close_at_exit(self, timeout: float) -> None:
+        """At interpreter exit (:mod:`.shutdown`): close, joining each thread for ``timeout``."""
+        self.close(wait=True, timeout=timeout)
+
+    def close(self, wait: bool = True, timeout: float | None = None) -> None:
+        """Cancel queued jobs; with ``wait``, join the threads (running jobs finish; each
+        join waits ``timeout`` seconds at most, None: until it ends)."""
         self._check_fork()
         with self._cond:
             self._closed = True
@@ -145,7 +152,7 @@ class ThreadPool:
         if wait:
             for t in threads:
                 if t is not threading.current_thread():
-                    t.join()
+                    t.join(timeout)
 
 
 __all__ = ["ThreadPool"]

@@ -31,7 +31,8 @@ take any shardwise dataset as ``train_dataset`` / ``eval_dataset``, under torchr
   of shardwise's order are never read — the skip-and-resume recipe after a loss spike;
   a resume may add ranges at or after the checkpoint). Trainer counts the steps it
   trains, the loader's state counts positions: an epoch ends at the same position and
-  yields fewer steps, and ``global_step`` is checked against the examples served.
+  yields fewer steps, and ``global_step`` is checked against the examples served. An
+  iterable reader refuses them (give a StreamDataset its own ``skip=``).
 * **Records** (a RecordStream's, a producer directory's, a foreign dataset's: anything
   without ``label_convention = "next_token"``) keep HF's own per-token labels and go to
   ``default_data_collator`` unchanged.
@@ -170,12 +171,25 @@ class ShardwiseTrainerMixin:
         if ds is None:
             raise ValueError("Trainer: training requires a train_dataset.")
         if _is_iterable(ds):
+            self._sw_refuse_skip_steps(ds)
             self._sw_train = self._iterable_loader(ds, self.args.per_device_train_batch_size)  # type: ignore[attr-defined]
         else:
             self._sw_train = self._map_loader(ds)
         if self._sw_resume is not None:
             self._sw_restore(self._sw_resume)
         return self._sw_train
+
+    def _sw_refuse_skip_steps(self, ds: Any) -> None:
+        """``shardwise_skip_steps`` is the map-style loader's; an iterable reader places
+        its own examples, and ignoring the list would train on the steps it names."""
+        if self._sw_skip:
+            a = self.args  # type: ignore[attr-defined]
+            B = a.per_device_train_batch_size * a.world_size * a.gradient_accumulation_steps
+            raise ConfigError(f"shardwise_skip_steps={self._sw_skip!r} skips the steps of a "
+                              f"map-style dataset's loader; {type(ds).__name__} places its "
+                              "own examples: give a StreamDataset skip=[(a × B, b × B)] "
+                              f"(positions of the global order; B = {B}, the global batch), "
+                              "or drop shardwise_skip_steps")
 
     def _map_loader(self, ds: Any) -> _Epochs:
         a, world = self.args, self._sw_world()  # type: ignore[attr-defined]

@@ -327,6 +327,9 @@ def build_pretraining_data_loader(dataset: Any, consumed_samples: int, *,
                               f"loader, but {type(dataset).__name__} is map-style: every rank "
                               "would iterate all of it. Use dataloader_type='single' or "
                               "'cyclic', or pass a shardwise stream or loader")
+        if skip_steps:  # ignoring them would train on the steps they name
+            raise ConfigError(f"skip_steps={list(skip_steps)!r} with dataloader_type='external'"
+                              ": give the StreamDataset skip=[(a×B, b×B)] (B: global batch)")
         return dataset
     w = World.resolve(world, reader="shardwise.megatron.build_pretraining_data_loader")
     sampler = "eval" if full_validation else kind.value

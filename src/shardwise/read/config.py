@@ -14,7 +14,8 @@ can rebuild the readers from. The schema (names others rely on)::
      "tokenizer": "tokenizer.json"}          # optional: decode (trace --text)
 
 Steps are global batches of ``global_batch_size`` examples; ``skip`` and a ``schedule``'s
-steps become example positions (× ``global_batch_size``) for the sampler and the blend.
+steps become example positions (× ``global_batch_size``) for the sampler (a StreamDataset's
+own ``skip=`` under stream placement; ``sft`` takes no skip list) and the blend.
 :meth:`ReadConfig.from_state` rebuilds a config from a loader's saved state (which holds
 the dataset's and the sampler's fields, never paths or the batch layout: give those).
 """
@@ -97,7 +98,7 @@ class ReadConfig:
             if self.reader is not ReaderKind.TOKENS:
                 raise ConfigError(f"{self.where}: a blend reads map-style 'tokens' readers "
                                   f"through the loader, not reader={self.reader.value!r}")
-        if self.skip and self.reader is not ReaderKind.TOKENS:
+        if self.skip and self.reader is ReaderKind.SFT:
             refuse_skip(self.skip, f"{self.where}: reader {self.reader.value!r}")
 
     # -- derived ------------------------------------------------------------------------
@@ -134,7 +135,8 @@ class ReadConfig:
         opened = dict(caches or {})
         if self.reader is ReaderKind.STREAM:
             return self._call(_stream_dataset(), opened.get(self._path(), self._path()),
-                              world=world, batch_size=self.micro_batch_size), None
+                              world=world, batch_size=self.micro_batch_size,
+                              skip=self.skip_examples()), None
         if self.reader is ReaderKind.SFT:
             from shardwise.read.compose.records import CacheRecords
 

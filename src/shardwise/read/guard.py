@@ -172,6 +172,24 @@ def sampler_over(dataset: Any, names: Sequence[str], depth: int = 12
     return None
 
 
+def torch_worker() -> tuple[int, int] | None:
+    """``(id, num_workers)`` inside a torch DataLoader worker; torch is never imported
+    here, only looked up if the program already imported it."""
+    data = sys.modules.get("torch.utils.data")
+    info = data.get_worker_info() if data is not None else None
+    return None if info is None else (int(info.id), int(info.num_workers))
+
+
+def register_with_torch(cls: type) -> None:
+    """Make ``DataLoader(reader, batch_size=None)`` treat an iterable reader as an
+    iterable dataset (a virtual subclass of ``IterableDataset``: registering imports
+    nothing), if the program has imported torch."""
+    data = sys.modules.get("torch.utils.data")
+    base = getattr(data, "IterableDataset", None)
+    if base is not None and not issubclass(cls, base):
+        base.register(cls)
+
+
 __all__ = ["FIX", "SHARDING_SAMPLERS", "SHARDING_WRAPPERS", "check_sampler", "draws_from",
            "refuse_framework_sharding", "refuse_sharding_sampler", "sampler_over",
-           "sharding_class"]
+           "register_with_torch", "sharding_class", "torch_worker"]

@@ -18,6 +18,8 @@ all rows, and ``max_seqlen``) become each row's own boundaries: ``[0, …, seq_l
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -32,21 +34,26 @@ class Rows(list):  # type: ignore[type-arg]
 
     A string key reads the stacked dict, so code written for the batched dict keeps
     working: ``rows["input_ids"]`` is the ``[B, seq_len]`` array, ``rows.keys()`` its keys.
+
+    The rows are plain dicts in a plain list, built eagerly: a list filled on first
+    access would look empty to the C code that reads a list's items directly
+    (``PySequence_Fast``, ``[] + rows``, ``numpy``), and a non-dict row type makes torch's
+    ``default_collate`` collate every key twice. Building them costs the row views and
+    one dict display per row (:func:`_row_maker`).
     """
 
     __slots__ = ("batch",)
 
     def __init__(self, batch: Batch) -> None:
-        keys = [k for k in batch if k not in ROW_FREE]
-        n = len(batch[keys[0]]) if keys else 0
-        rows: list[dict[str, Any]] = [dict(zip(keys, vals, strict=True))
-                                      for vals in zip(*(batch[k] for k in keys), strict=True)]
-        if "cu_seqlens" in batch and n:
-            for row, cu in zip(rows, _row_bounds(batch["cu_seqlens"], n,
-                                                 batch[keys[0]].shape[1]), strict=True):
+        keys, make = _row_maker(tuple(batch))
+        if keys:
+            super().__init__(map(make, *[batch[k] for k in keys]))
+        if "cu_seqlens" in batch and keys and len(self):
+            bounds, longest = _row_bounds(batch["cu_seqlens"], len(self),
+                                          batch[keys[0]].shape[1])
+            for row, cu, m in zip(self, bounds, longest, strict=True):
                 row["cu_seqlens"] = cu
-                row["max_seqlen"] = np.asarray(int(np.diff(cu).max()), np.int32)
-        super().__init__(rows)
+                row["max_seqlen"] = m
         self.batch = batch
 
     def __getitem__(self, key: Any) -> Any:
@@ -70,14 +77,39 @@ class Rows(list):  # type: ignore[type-arg]
         return self.batch.get(key, default)
 
 
-def _row_bounds(cu: npt.NDArray[Any], n: int, L: int) -> list[npt.NDArray[np.int32]]:
-    """Split a flat ``cu_seqlens`` over ``n`` rows of ``L`` into each row's ``[0, …, L]``."""
+@functools.lru_cache(maxsize=64)
+def _row_maker(names: tuple[str, ...]) -> tuple[tuple[str, ...], Callable[..., dict[str, Any]]]:
+    """The per-row keys of a batch with keys ``names`` and ``lambda v0, v1: {keys[0]: v0,
+    keys[1]: v1}``: a dict display builds a row about twice as fast as ``dict(zip(keys,
+    values))`` (what Rows spent most of its time on). Made once per key tuple, as
+    ``collections.namedtuple`` makes its ``__new__``; the keys are bound as names of the
+    namespace, so no key text enters the source."""
+    keys = tuple(k for k in names if k not in ROW_FREE)
+    params = [f"v{i}" for i in range(len(keys))]
+    source = (f"lambda {', '.join(params)}: "
+              f"{{{', '.join(f'k{i}: {v}' for i, v in enumerate(params))}}}")
+    return keys, eval(source, {f"k{i}": k for i, k in enumerate(keys)})
+
+
+def _row_bounds(cu: npt.NDArray[Any], n: int, L: int
+                ) -> tuple[list[npt.NDArray[np.int32]], list[npt.NDArray[np.int32]]]:
+    """Split a flat ``cu_seqlens`` over ``n`` rows of ``L`` into each row's ``[0, …, L]``
+    and its longest document (0-d), vectorised: one array, then a view per row::
+
+        cu [0, 3, 4, 8] (L = 4)  ->  [0, 3, 4], [0, 4];  max_seqlen 3, 4
+    """
     flat = np.asarray(cu, dtype=np.int64)
-    out = []
-    for r in range(n):
-        inner = flat[(flat > r * L) & (flat < (r + 1) * L)] - r * L
-        out.append(np.concatenate([[0], inner, [L]]).astype(np.int32))
-    return out
+    inner = flat[(flat > 0) & (flat < n * L) & (flat % L != 0)]  # strictly inside a row
+    row = inner // L
+    counts = np.bincount(row, minlength=n) + 2  # each row adds its 0 and L
+    ends = np.cumsum(counts)
+    starts = ends - counts
+    out = np.empty(int(ends[-1]), np.int32)
+    out[starts], out[ends - 1] = 0, L
+    out[np.arange(len(inner)) + 1 + 2 * row] = inner - row * L
+    longest = np.maximum.reduceat(np.diff(out, append=0), starts).astype(np.int32)
+    return ([out[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)],
+            [longest[i, ...] for i in range(n)])
 
 
 def stack_rows(rows: list[dict[str, Any]]) -> Batch:

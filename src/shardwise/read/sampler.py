@@ -25,9 +25,11 @@ serving fewer steps, so adding a skip never reads past the planned data (an epoc
 stays an epoch). A loader's state records its skip list (``config["skip"]``); on resume,
 ranges before the saved position must be the saved ones, later ones may change
 (:meth:`shardwise.checkpoint.LoaderState.check_matches`). The ``eval`` sampler refuses a
-skip list: an eval pass sees every example once. Stream placement (StreamDataset,
-RecordStream, PackedSFT, a Blend of streams) has no sampler and takes no skip list; a
-config that gives one for it is refused with :func:`refuse_skip`.
+skip list: an eval pass sees every example once. Stream placement has no sampler:
+StreamDataset takes the same ranges itself (``skip=``, the same rules:
+:mod:`shardwise.read.stream.skipping`); the other iterable readers (RecordStream,
+PackedSFT, a Blend of streams) take no skip list, and a config that gives one for them
+is refused with :func:`refuse_skip`.
 """
 
 from __future__ import annotations
@@ -85,10 +87,12 @@ def _as_int(value: Any, where: str) -> int:
                           f"({type(value).__name__})") from None
 
 
-def normalise_skip(ranges: Iterable[Any] | None, step: int, *, unit: str = "examples") -> Skip:
+def normalise_skip(ranges: Iterable[Any] | None, step: int, *, unit: str = "examples",
+                   step_name: str = "micro_batch_size × world size") -> Skip:
     """``ranges`` sorted and merged (overlapping or touching ranges become one), each
     checked: two integers ``start < stop``, both multiples of ``step`` (a skip leaves out
-    whole steps of ``micro_batch_size × world size``, so every rank skips the same step)::
+    whole steps of ``micro_batch_size × world size``, so every rank skips the same step;
+    ``step_name`` names it in the error)::
 
         normalise_skip([(8, 12), (0, 4), (4, 6)], 2) == ((0, 6), (8, 12))
     """
@@ -104,8 +108,8 @@ def normalise_skip(ranges: Iterable[Any] | None, step: int, *, unit: str = "exam
         if start % step or stop % step:
             lo, hi = start - start % step, -(-stop // step) * step
             raise ConfigError(f"skip range ({start}, {stop}) of {unit} is not a whole number "
-                              f"of steps of micro_batch_size × world size = {step}: every "
-                              f"rank must skip the same steps; use ({lo}, {hi}) to cover it")
+                              f"of steps of {step_name} = {step}: every rank must skip the "
+                              f"same steps; use ({lo}, {hi}) to cover it")
         out.append((start, stop))
     merged: list[tuple[int, int]] = []
     for start, stop in sorted(out):
@@ -134,18 +138,26 @@ def skip_from_steps(steps: Iterable[Any] | None, global_batch_size: int) -> Skip
 
 
 def refuse_skip(skip: object, reader: str) -> None:
-    """A ConfigError for a non-empty skip list given to a reader without a sampler.
+    """A ConfigError for a non-empty skip list given to a reader that cannot skip.
 
-    Why not yet: such a reader's ranks read their own streams ahead of the training step
-    (a prefetch thread per rank, a batch size of its own), so skipping a range means
-    restarting that read-ahead at the range's end on every rank — a seek each reader
-    family (streams, records, packed SFT, blends of them) would implement on its own.
-    The global placement skips by index arithmetic in one place, the sampler."""
+    Why not yet: an iterable reader's ranks read ahead of the training step (a prefetch
+    thread per rank), so skipping a range means restarting that read-ahead at the range's
+    end on every rank, from positions only the reader knows how to compute. StreamDataset
+    does (:mod:`shardwise.read.stream.skipping`); records, packed SFT and blends of
+    streams do not yet."""
     if skip:
-        raise ConfigError(f"{reader} reads with stream placement, which cannot skip ranges "
-                          f"(skip={skip!r}); skip steps with global placement (a "
-                          "TokenDataset or Blend through shardwise.torch.loader(..., "
-                          "skip_steps=)), or drop the skip list")
+        raise ConfigError(f"{reader} cannot skip ranges (skip={skip!r}); skip steps with "
+                          "global placement (a TokenDataset or Blend through "
+                          "shardwise.torch.loader(..., skip_steps=)) or with a "
+                          "StreamDataset (skip=), or drop the skip list")
+
+
+def skip_drop(skip: Skip, end: int | None, of: int | None) -> Drop:
+    """What a skip list leaves out of a run ending at position ``end`` (``None``:
+    endless, then the whole ranges), as a reader's :class:`~shardwise.read.drops.Drop`."""
+    return Drop(skipped_in(skip, 0, end), "examples", f"the skip list {list(skip)} "
+                "(positions of the global order; the run still ends at the same position)",
+                of=of)
 
 
 @dataclass(frozen=True)
@@ -228,9 +240,7 @@ class BatchSampler:
                             f"{step})", of=self.total))
         if self.skip:
             end = None if self.total is None else self.total - self.total % step
-            out.append(Drop(skipped_in(self.skip, 0, end), "examples", f"the skip list "
-                            f"{list(self.skip)} (positions of the global order; the run "
-                            "still ends at the same position)", of=self.total))
+            out.append(skip_drop(self.skip, end, self.total))
         return out
 
     def advance(self, k: int) -> int:

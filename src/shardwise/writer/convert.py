@@ -16,7 +16,6 @@ cache → Megatron → cache → Megatron reproduces the Megatron files byte for
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import time
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ from shardwise._version import __version__
 from shardwise.checkpoint import as_count
 from shardwise.errors import CacheError, ConfigError, CorruptChunkError
 from shardwise.format.atomic import fsync_dir, temp_path
-from shardwise.format.checksum import file_checksum
+from shardwise.format.checksum import copy_checksum, file_checksum
 from shardwise.format.chunk import ChunkKind, SourceRange, chunk_stem, publish_token_chunk
 from shardwise.format.ledger import ChunkEntry, Ledger, Segment, SourceProgress
 from shardwise.format.manifest import (
@@ -50,6 +49,7 @@ from shardwise.format.megatron import (
     read_idx,
 )
 from shardwise.storage.cache import Cache
+from shardwise.storage.chunk_check import CheckDepth, ChunkExpect, check_chunk
 from shardwise.storage.opening import open_cache
 
 _COPY_BLOCK = 8 << 20
@@ -83,13 +83,17 @@ def _with(base: Path, suffix: str) -> Path:
 
 
 def to_megatron(cache_root: str | os.PathLike[str], prefix: str | os.PathLike[str], *,
-                allow_partial: bool = False) -> ConvertSummary:
+                allow_partial: bool = False, verify: bool = True) -> ConvertSummary:
     """Merge a cache's visible chunks into ``prefix.bin`` + ``prefix.idx``.
 
     Refuses a cache still being built (its global order may still grow) unless
-    ``allow_partial``; then only the visible prefix is written. Both files are written
-    to temporary names, fsynced and renamed, ``.bin`` first. Chunk indexes are re-opened
-    per pass rather than held, so a cache of 100k chunks never holds 100k memory maps.
+    ``allow_partial``; then only the visible prefix is written. ``verify`` (default on):
+    refuse a chunk whose ``.json``, ``.idx`` or ``.bin`` is not the one published (its
+    xxh3_64 against the ledger / metadata; the ``.bin`` hashed as it is copied, so the
+    check costs no second read); False copies what is on disk, as ``--no-verify`` does
+    elsewhere. Both files are written to temporary names, fsynced and renamed, ``.bin``
+    first; a refusal leaves neither. Chunk indexes are re-opened per pass rather than
+    held, so a cache of 100k chunks never holds 100k memory maps.
     """
     started = time.monotonic()
     cache = _open_token_cache(cache_root, allow_partial)
@@ -101,8 +105,9 @@ def to_megatron(cache_root: str | os.PathLike[str], prefix: str | os.PathLike[st
         with open(temps[0], "wb") as f:
             n_doc = 1
             for i in range(len(cache.chunks)):
+                want = _check_small_files(cache, i) if verify else None
                 index = _chunk_index(cache, i)
-                _copy_bin(_with(cache.chunks[i].base, ".bin"), index, f)
+                _copy_bin(cache, i, index, f, want)
                 n_doc += len(index.document_indices) - 1
             _sync(f)
         with open(temps[1], "wb") as f:
@@ -151,12 +156,39 @@ def _chunk_index(cache: Cache, i: int) -> MegatronIndex:
     return index
 
 
-def _copy_bin(path: Path, index: MegatronIndex, out: BinaryIO) -> None:
-    want = index.num_tokens * index.dtype.itemsize
-    with open(path, "rb") as f:
-        shutil.copyfileobj(f, out, _COPY_BLOCK)
-        if f.tell() != want:
-            raise CorruptChunkError(f"{path}: {f.tell()} bytes, its index promises {want}")
+def _check_small_files(cache: Cache, i: int) -> str:
+    """Chunk ``i``'s ``.json`` (against the ledger) and ``.idx`` (hashed) by the one
+    chunk check, its ``.bin``'s size; returns the ``.bin``'s published xxh3_64."""
+    info = cache.chunks[i]
+    entry = ChunkEntry(info.stem, info.documents, info.tokens, info.meta_xxh3)
+    report = check_chunk(ChunkExpect(cache.root, info.source, entry, info.kind, cache.dtype),
+                         depth=CheckDepth.CHECKSUMS, suffixes=(".idx",))
+    if not report.ok:
+        found = "; ".join(f"{p.path}: {p.what}" for p in report.problems)
+        raise CorruptChunkError(f"{found}; {_repair_advice(cache)}")
+    return str(cache.meta(i).files[".bin"]["xxh3_64"])
+
+
+def _repair_advice(cache: Cache) -> str:
+    """A rerun of the build rebuilds a damaged chunk in place; an import has no build."""
+    imported = cache.manifest is not None and cache.manifest.processor.get("kind") == IMPORT_KIND
+    fix = ("restore it from a copy" if imported else
+           "rerun the same build command to rebuild it (or restore it from a copy)")
+    return (f"nothing was written; run 'shardwise verify {cache.root}' to list all damage, "
+            f"then {fix}, and convert again")
+
+
+def _copy_bin(cache: Cache, i: int, index: MegatronIndex, out: BinaryIO,
+              want: str | None) -> None:
+    """Append chunk ``i``'s ``.bin`` to ``out``; its xxh3_64 must be ``want`` (if given)."""
+    path = _with(cache.chunks[i].base, ".bin")
+    n, got = copy_checksum(path, out)
+    if n != index.num_tokens * index.dtype.itemsize:
+        raise CorruptChunkError(f"{path}: {n} bytes, its index promises "
+                                f"{index.num_tokens * index.dtype.itemsize}")
+    if want is not None and got != want:
+        raise CorruptChunkError(f"{path}: xxh3_64 {got}, the metadata says {want}; "
+                                f"{_repair_advice(cache)}")
 
 
 def _write_merged_idx(cache: Cache, n_doc: int, out: BinaryIO) -> None:

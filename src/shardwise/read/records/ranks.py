@@ -1,7 +1,7 @@
 """A RecordStream among other processes: the ranks' one merged state (every rank's
 streams, restoring any world size), "is every rank done" for padded evaluation, a rank's
-share of a stream group it shares with other ranks, and the torch DataLoader worker it
-may run in (torch is only looked up, never imported)."""
+share of a stream group it shares with other ranks (torch is only looked up, never
+imported; the DataLoader worker a reader runs in: :func:`shardwise.read.guard.torch_worker`)."""
 
 from __future__ import annotations
 
@@ -13,23 +13,6 @@ from shardwise.checkpoint import LoaderState
 from shardwise.errors import ConfigError, StateError
 from shardwise.read.records.pipeline import FINISHED, Pipeline
 from shardwise.world import StreamShare, World
-
-
-def torch_worker() -> tuple[int, int] | None:
-    """``(id, num_workers)`` inside a torch DataLoader worker; torch is never imported
-    here, only looked up if the program already imported it."""
-    data = sys.modules.get("torch.utils.data")
-    info = data.get_worker_info() if data is not None else None
-    return None if info is None else (int(info.id), int(info.num_workers))
-
-
-def register_with_torch(cls: type) -> None:
-    """Make ``DataLoader(record_stream, batch_size=None)`` treat it as an iterable dataset
-    (a virtual subclass of ``IterableDataset``), if the program has imported torch."""
-    data = sys.modules.get("torch.utils.data")
-    base = getattr(data, "IterableDataset", None)
-    if base is not None and not issubclass(cls, base):
-        base.register(cls)
 
 
 def default_all_done(world: World) -> Callable[[bool], bool]:

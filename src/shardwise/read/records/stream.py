@@ -44,7 +44,7 @@ import xxhash
 from shardwise.checkpoint import LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, StateError
 from shardwise.read.deprecated import renamed_method
-from shardwise.read.guard import refuse_framework_sharding
+from shardwise.read.guard import refuse_framework_sharding, register_with_torch, torch_worker
 from shardwise.read.records.pipeline import (
     FINISHED,
     PAD_KEY,
@@ -59,9 +59,7 @@ from shardwise.read.records.ranks import (
     default_all_done,
     gather_states,
     merge_states,
-    register_with_torch,
     take_shared,
-    torch_worker,
 )
 from shardwise.read.records.streams import (
     ORDER_VERSION,
@@ -174,14 +172,10 @@ class RecordStream(Resumable):
         after the reader was made, ``set_epoch()``-ed or ``load_state_dict()``-ed (the
         position restarts under the new world from that epoch or that state); binding
         the same world again is a no-op."""
-        world = World.resolve(world, reader="RecordStream")
-        if world == self.world:
+        bound = self.world.rebind(world, reader="RecordStream", started=self._pipe is not None)
+        if bound is None:
             return
-        if self._pipe is not None:
-            raise ConfigError(f"RecordStream.bind({world}): this reader has already read "
-                              f"as {self.world}; bind the world before the first "
-                              "get_next_batch()/iter(), or after load_state_dict()")
-        self.world, self._share = world, world.stream_share(self.config.streams)
+        self.world, self._share = bound, bound.stream_share(self.config.streams)
         if isinstance(self._origin, dict):
             self.load_state_dict(self._origin)
         else:

@@ -54,10 +54,18 @@ cache yet is waited for the same way::
     visible (build running)  0 1 2 3 4 5 6 7 8 9 10 11 12
     stream 1, block_chunks=2 [1 5] final → served   [9 ·] waits for chunk 13 (or the end)
 
+**Skip ranges** (``skip=``): half-open ranges of global positions left out, whole steps
+of ``batch_size × R``, with the global placement's rules: every other example is served
+exactly as without them, ``consumed`` stays a position of the unskipped order (it jumps a
+range), the list is part of the state's config, and a resume may add or change ranges
+from the saved position on (:mod:`~shardwise.read.stream.skipping`). The read-ahead stops
+before a range and restarts at its end.
+
 **State** (``state_dict()``; keys ``kind``, ``version``, ``fingerprint``, ``consumed``,
 ``config``, ``extra``): ``consumed`` counts the examples of the global order *received* by
-all ranks together (``start + received × R``: the same on every rank); ``extra`` holds
-``stream_examples``, each stream's position ``k_s = ceil((consumed - s) / R*)``. Epochs are
+all ranks together (``start + received × R``, plus the skipped ranges jumped: the same on
+every rank); ``extra`` holds ``stream_examples``, each stream's position
+``k_s = ceil((consumed - s) / R*)``. Epochs are
 not stored: a stream's epoch is ``k_s // N_s`` (its windows per epoch, from the ledger), and
 storing it would make two ranks' states differ while one has seen the build finish and the
 other not. The fingerprint covers the config and the cache's identity, not its chunk count
@@ -79,43 +87,45 @@ see — a checkpoint would silently restart.
 from __future__ import annotations
 
 import os
-import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from shardwise.checkpoint import LoaderState, Resumable, as_count, check_not_past_end
+from shardwise.checkpoint import (
+    SKIP_KEY,
+    LoaderState,
+    Resumable,
+    as_count,
+    check_not_past_end,
+)
 from shardwise.concurrency.poll import check_wait_args
-from shardwise.errors import (
-    ConfigError,
-    StateError,
-)
-from shardwise.format.chunk import ChunkKind
+from shardwise.errors import ConfigError, StateError
 from shardwise.plan.permutation import PERMUTATION_VERSION
-from shardwise.plan.stream import (
-    dropped_stream_tokens,
-    stream_chunk_tokens,
-    windows_per_block,
-)
+from shardwise.plan.skips import advance
+from shardwise.plan.stream import dropped_stream_tokens
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.examples import NEXT_TOKEN
-from shardwise.read.guard import refuse_framework_sharding
+from shardwise.read.guard import refuse_framework_sharding, register_with_torch, torch_worker
+from shardwise.read.sampler import normalise_skip, skip_drop
 from shardwise.read.stream.chunk_cache import ChunkCache
 from shardwise.read.stream.run import Example, Run, finish_examples, first_example
 from shardwise.read.stream.schedule import (
     Layout,
+    check_stream_cache,
     longest_stream_windows,
     open_when_ready,
 )
+from shardwise.read.stream.skipping import rank_ranges, run_span
 from shardwise.storage.cache import Cache
 from shardwise.storage.opening import open_cache, reader_cache
 from shardwise.world import World
 
 STREAM_ORDER_VERSION = 1
+SKIP_STEP = "batch_size × world size"  # a skip range's unit, named in its errors
 
 
 @dataclass(frozen=True)
@@ -150,6 +160,9 @@ class StreamDataset(Resumable):
     waited on the producer and on the prefetch thread, and the chunk cache's figures.
     ``verify``: each chunk's checksum and ids are checked as it is read, before use
     (default: as the cache was opened, which is on; ``False`` for a trusted cache).
+    ``skip``: ranges ``(start, stop)`` of global positions to leave out, whole steps of
+    ``batch_size × world size`` (see the module docs; a read config's ``skip`` gives
+    them in global steps). ``bind(world)``: serve another world, before the first read.
     """
 
     state_kind = "stream"
@@ -160,7 +173,8 @@ class StreamDataset(Resumable):
                  epochs: int | None = None, block_chunks: int = 4, drop_last: bool = True,
                  batch_size: int | None = None, poll_interval: float = 0.5,
                  timeout: float = 600.0, prefetch_chunks: int = 2,
-                 chunk_cache_bytes: int = 256 << 20, verify: bool | None = None) -> None:
+                 chunk_cache_bytes: int = 256 << 20, verify: bool | None = None,
+                 skip: Iterable[Sequence[int]] | None = None) -> None:
         self.config = StreamConfig(seq_len, streams, seed, block_chunks, drop_last, epochs)
         self.world = World.resolve(world, reader="StreamDataset")
         self.share = self.world.stream_share(streams)
@@ -169,6 +183,8 @@ class StreamDataset(Resumable):
         if batch_size is not None:
             batch_size = as_count(batch_size, "batch_size", minimum=1, error=ConfigError)
         prefetch_chunks = as_count(prefetch_chunks, "prefetch_chunks", error=ConfigError)
+        self.skip = normalise_skip(skip, (batch_size or 1) * self.world.size,
+                                   step_name=SKIP_STEP)
         self.follow, self.poll_interval, self.timeout = follow, poll_interval, timeout
         self.batch_size, self.prefetch_chunks = batch_size, prefetch_chunks
         if isinstance(cache, Cache):  # a growing cache is refreshed on the prefetch
@@ -180,34 +196,13 @@ class StreamDataset(Resumable):
             self.cache = (open_when_ready(Path(cache), poll_interval, timeout,
                                           verify=verify is not False) if follow
                           else reader_cache(cache, verify))
-        self._check_cache()
+        check_stream_cache(self.cache, self.config, self.follow)
         self.chunk_cache = ChunkCache(chunk_cache_bytes)
         self.opened: Counter[int] = Counter()
         self._start, self._received = 0, 0
         self._run: Run | None = None
         self._waited = {"producer_wait_s": 0.0, "consumer_wait_s": 0.0}
-        _register_with_torch()
-
-    def _check_cache(self) -> None:
-        c = self.cache
-        if c.manifest is not None and c.manifest.chunk_kind != ChunkKind.TOKENS.value:
-            raise ConfigError(f"{c.root}: a {c.manifest.chunk_kind} cache has no token "
-                              "stream; stream placement packs token chunks")
-        if not c.finished and not self.follow:
-            raise ConfigError(f"{c.root}: the cache is still being built ({len(c.chunks)} "
-                              "chunks visible); pass follow=True to read it as it grows in "
-                              "its final order, or wait for the build to finish")
-        cfg = self.config
-        if c.finished and cfg.epochs is None:
-            empty = [s for s in range(cfg.streams) if not windows_per_block(
-                stream_chunk_tokens(c.cum_tokens, s, cfg.streams), cfg.block_chunks,
-                cfg.seq_len, cfg.drop_last).any()]
-            if empty:
-                raise ConfigError(f"{c.root}: streams {empty[:8]} hold no window of seq_len "
-                                  f"+ 1 = {cfg.seq_len + 1} tokens ({len(c.chunks)} chunks "
-                                  f"over {cfg.streams} streams), so they cannot cycle; use "
-                                  "fewer streams, a smaller seq_len, or epochs=1 (a single "
-                                  "pass, padded)")
+        register_with_torch(StreamDataset)  # an IterableDataset, if torch is imported
 
     def __repr__(self) -> str:
         c = self.config
@@ -222,21 +217,50 @@ class StreamDataset(Resumable):
         c, cum, done = self.config, self.cache.cum_tokens, self.cache.finished
         lost = dropped_stream_tokens(cum, c.streams, c.block_chunks, c.seq_len, c.drop_last,
                                      full_blocks_only=not done)
-        return [Drop(lost, "tokens per epoch", f"the tails of stream blocks of {c.block_chunks}"
-                     f" chunks (windows never cross a block; drop_last=True)"
-                     f"{'' if done else ', so far'}", of=int(cum[-1]))] if lost else []
+        out = [Drop(lost, "tokens per epoch", f"the tails of stream blocks of {c.block_chunks}"
+                    f" chunks (windows never cross a block; drop_last=True)"
+                    f"{'' if done else ', so far'}", of=int(cum[-1]))] if lost else []
+        if self.skip:
+            out.append(skip_drop(self.skip, self._end(), self._end()))
+        return out
+
+    def _end(self) -> int | None:
+        """Examples of the global order in a finite run (``epochs=E`` of a finished cache:
+        every stream padded to the longest); ``None`` when endless or still growing."""
+        c = self.config
+        if c.epochs is None or not self.cache.finished:
+            return None
+        return c.streams * c.epochs * longest_stream_windows(self.cache.cum_tokens, c)
+
+    def bind(self, world: World) -> None:
+        """Serve ``world`` from now on (as ``RecordStream.bind``: a reader made before the
+        data-parallel layout is known). Allowed until the first read after the reader was
+        made or ``load_state_dict()``-ed: the position (a global one) continues under the
+        new world; binding the same world again is a no-op."""
+        bound = self.world.rebind(world, reader="StreamDataset",
+                                  started=self._run is not None or self._received > 0)
+        if bound is None:
+            return
+        skip = normalise_skip(self.skip, (self.batch_size or 1) * bound.size,
+                              step_name=SKIP_STEP)
+        self.world, self.share, self.skip = bound, bound.stream_share(self.config.streams), skip
+        self.streams = self.share.streams
 
     # -- identity and state ------------------------------------------------------------------
     def state_config(self) -> dict[str, Any]:
         """The plain fields a checkpoint must match (not the chunk count: it grows)."""
-        return {**self.config.to_dict(), "cache": self.cache.fingerprint,
-                "order_version": STREAM_ORDER_VERSION,
-                "permutation_version": PERMUTATION_VERSION}
+        out = {**self.config.to_dict(), "cache": self.cache.fingerprint,
+               "order_version": STREAM_ORDER_VERSION,
+               "permutation_version": PERMUTATION_VERSION}
+        if self.skip:  # compared by the skip rule on resume (checkpoint.SKIP_KEY); absent
+            out[SKIP_KEY] = [list(r) for r in self.skip]  # when empty: prints stay the same
+        return out
 
     @property
     def consumed(self) -> int:
-        """Examples of the global order received by all ranks together."""
-        return self._start + self._received * self.world.size
+        """Examples of the global order received by all ranks together (a position: the
+        skipped ranges passed count too)."""
+        return advance(self.skip, self._start, self._received * self.world.size, 1)
 
     def _position(self) -> tuple[int, dict[str, Any]]:
         c = self.consumed
@@ -246,10 +270,8 @@ class StreamDataset(Resumable):
     def _seek(self, st: LoaderState) -> None:
         """Continue from a saved position (any world size)."""
         c = self.config
-        if c.epochs is not None and self.cache.finished:  # every stream padded to the longest
-            end = c.streams * c.epochs * longest_stream_windows(self.cache.cum_tokens, c)
-            check_not_past_end(st.consumed, end, "examples", f"{c.epochs} epochs of "
-                               f"{c.streams} streams, each padded to the longest")
+        check_not_past_end(st.consumed, self._end(), "examples", f"{c.epochs} epochs of "
+                           f"{c.streams} streams, each padded to the longest")
         want = [first_example(st.consumed, s, c.streams) for s in range(c.streams)]
         got = st.extra.get("stream_examples", want)
         if not isinstance(got, list):
@@ -298,13 +320,20 @@ class StreamDataset(Resumable):
         _refuse_worker_process()
         refuse_framework_sharding("StreamDataset")
         self._stop_run()
-        run = self._run = Run(self, self._start + self._received * self.world.size)
-        return self._examples(run)
+        w = self.world
+        return self._examples(self._start_run(first_example(self.consumed, w.rank, w.size)))
+
+    def _start_run(self, j: int) -> Run:
+        """A read-ahead serving this rank's examples from ``j`` (or the end of a skipped
+        range holding it) up to the start of the next skipped range."""
+        j, until = run_span(rank_ranges(self.skip, self.world.size), j)
+        run = self._run = Run(self, j, until)
+        return run
 
     def _examples(self, run: Run) -> Iterator[Example]:
         L, m = self.config.seq_len, len(self.streams)
         size = self.batch_size or 1
-        current, firsts, step = run.current, run.firsts, self.share.step
+        current, firsts, step, until = run.current, run.firsts, self.share.step, run.until
         j = run.j_start
         try:
             while True:
@@ -315,6 +344,11 @@ class StreamDataset(Resumable):
                 valid = np.zeros(size, dtype=np.int64)
                 n = 0
                 while n < size:
+                    if j == until:  # a skipped range: read on from its end
+                        run.close()
+                        run = self._start_run(j)
+                        current, until, j = run.current, run.until, run.j_start
+                        continue
                     u, t = divmod(j, m)
                     k = firsts[t] + u * step
                     item = current[t]
@@ -341,22 +375,13 @@ class StreamDataset(Resumable):
 
 
 def _refuse_worker_process() -> None:
-    data = sys.modules.get("torch.utils.data")
-    if data is not None and data.get_worker_info() is not None:
+    if torch_worker() is not None:
         raise ConfigError("StreamDataset must be iterated in the main process: use "
                           "DataLoader(ds, batch_size=None, num_workers=0). Its own prefetch "
                           "thread already reads ahead, and a DataLoader worker would "
                           "iterate a copy whose position ds.state_dict() cannot see (a "
                           "checkpoint would silently restart). For micro-batches pass "
                           "batch_size= to StreamDataset")
-
-
-def _register_with_torch() -> None:
-    """Make ``DataLoader`` treat the dataset as iterable, if torch is already imported
-    (``IterableDataset`` is an ABC; registering imports nothing)."""
-    data = sys.modules.get("torch.utils.data")
-    if data is not None:
-        data.IterableDataset.register(StreamDataset)
 
 
 # first_example moved to run.py with the iteration; imported from here by the tests

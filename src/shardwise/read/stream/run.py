@@ -33,13 +33,15 @@ def first_example(consumed: int, s: int, n_streams: int) -> int:
 
 
 class Run:
-    """One iteration: the schedule, the prefetch thread, and what the consumer holds."""
+    """One read-ahead: the schedule, the prefetch thread, and what the consumer holds; it
+    serves the rank's examples ``j_start`` up to ``until`` (``None``: to the end; else a
+    skipped range starts there and the consumer starts another run past it)."""
 
-    def __init__(self, ds: StreamDataset, consumed: int) -> None:
+    def __init__(self, ds: StreamDataset, j_start: int, until: int | None = None) -> None:
         cfg, world = ds.config, ds.world
         self.ds = ds
         self.current: list[Item | None] = [None] * len(ds.streams)
-        self.j_start = first_example(consumed, world.rank, world.size)
+        self.j_start, self.until = j_start, until
         m, share = len(ds.streams), ds.share
         self.firsts = [share.first(t) for t in range(m)]
         starts = [first_example(self.j_start, t, m) for t in range(m)]
@@ -47,7 +49,7 @@ class Run:
         self.follower = Follower(ds.cache, poll_interval=ds.poll_interval,
                                  timeout=ds.timeout, stop=self.stop)
         schedule = RankSchedule(ds.cache, cfg, ds.streams, starts, self.follower,
-                                firsts=self.firsts, step=share.step)
+                                firsts=self.firsts, step=share.step, until=until)
         self.prefetcher = Prefetcher(schedule.next, self._load, ds.chunk_cache,
                                      ahead_chunks=ds.prefetch_chunks, stop=self.stop,
                                      name=f"shardwise-stream-rank{world.rank}")

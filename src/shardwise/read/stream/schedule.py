@@ -37,6 +37,7 @@ import numpy.typing as npt
 from shardwise.concurrency.poll import wait_until
 from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import ConfigError, ManifestError, ProducerTimeoutError
+from shardwise.format.chunk import ChunkKind
 from shardwise.format.ledger import LEDGER_NAME
 from shardwise.format.manifest import MANIFEST_NAME
 from shardwise.plan.stream import block_read_order, stream_chunk_tokens, windows_per_block
@@ -221,22 +222,27 @@ class RankSchedule:
     """This rank's blocks (and padding runs) in need order; ``next()`` may wait for the
     producer. The rank takes examples ``firsts[t] + u·step`` of its ``t``-th stream
     (``step`` > 1 when several ranks share a stream: :class:`~shardwise.world.StreamShare`),
-    needed at its example ``u·len(streams) + t``; ``starts[t]`` is the first such ``u``."""
+    needed at its example ``u·len(streams) + t``; ``starts[t]`` is the first such ``u``.
+    ``until``: the schedule ends before the rank's example ``until`` (a skipped range
+    starts there: :mod:`~shardwise.read.stream.skipping`), so none of it is read ahead."""
 
     def __init__(self, cache: Cache, lay: Layout, streams: list[int], starts: list[int],
                  follower: Follower, *, firsts: list[int] | None = None,
-                 step: int = 1) -> None:
+                 step: int = 1, until: int | None = None) -> None:
         self.cache, self.lay, self.streams, self.follower = cache, lay, streams, follower
         self.layouts = [StreamLayout(s, lay) for s in streams]
-        self.firsts, self.step = firsts or [0] * len(streams), step
+        self.firsts, self.step, self.until = firsts or [0] * len(streams), step, until
         self.heap = [(u, t) for t, u in enumerate(starts)]
         heapq.heapify(self.heap)
         self.pad_to: int | None = None
 
     def next(self) -> Item | None:
-        """The next item the consumer will need, or ``None`` when every stream ended."""
+        """The next item the consumer will need, or ``None`` when every stream ended (or
+        the next one is needed at ``until`` or later)."""
         while self.heap:
             u, t = heapq.heappop(self.heap)
+            if self.until is not None and u * len(self.streams) + t >= self.until:
+                return None
             item = self._item(t, self.firsts[t] + u * self.step)
             if item is not None:  # next needed: the first firsts[t] + u'·step >= stop
                 heapq.heappush(self.heap, (-(-(item.stop - self.firsts[t]) // self.step), t))
@@ -273,6 +279,28 @@ class RankSchedule:
 
     def _max_windows(self) -> int:
         return longest_stream_windows(self.cache.cum_tokens, self.lay)
+
+
+def check_stream_cache(c: Cache, cfg: Layout, follow: bool) -> None:
+    """A ConfigError naming why ``c`` cannot be read under stream layout ``cfg``: not a
+    token cache, still being built (without ``follow``), or a stream that cannot cycle."""
+    if c.manifest is not None and c.manifest.chunk_kind != ChunkKind.TOKENS.value:
+        raise ConfigError(f"{c.root}: a {c.manifest.chunk_kind} cache has no token "
+                          "stream; stream placement packs token chunks")
+    if not c.finished and not follow:
+        raise ConfigError(f"{c.root}: the cache is still being built ({len(c.chunks)} "
+                          "chunks visible); pass follow=True to read it as it grows in "
+                          "its final order, or wait for the build to finish")
+    if c.finished and cfg.epochs is None:
+        empty = [s for s in range(cfg.streams) if not windows_per_block(
+            stream_chunk_tokens(c.cum_tokens, s, cfg.streams), cfg.block_chunks,
+            cfg.seq_len, cfg.drop_last).any()]
+        if empty:
+            raise ConfigError(f"{c.root}: streams {empty[:8]} hold no window of seq_len "
+                              f"+ 1 = {cfg.seq_len + 1} tokens ({len(c.chunks)} chunks "
+                              f"over {cfg.streams} streams), so they cannot cycle; use "
+                              "fewer streams, a smaller seq_len, or epochs=1 (a single "
+                              "pass, padded)")
 
 
 def longest_stream_windows(cum_tokens: IntArray, lay: Layout) -> int:

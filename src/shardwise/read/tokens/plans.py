@@ -41,6 +41,7 @@ from shardwise.plan.doc_shuffle import (
     plan_fingerprint,
     write_doc_shuffle,
 )
+from shardwise.storage.cache_range import DocumentRange
 
 BLOCK = 1 << 20
 _INT32_MAX = np.iinfo(np.int32).max
@@ -74,6 +75,10 @@ def _chunk_lengths(cache: Any, c: int, block: int) -> Iterator[npt.NDArray[np.in
     keep every page read (2 GB of index at 100M documents) in the builder's RSS. A
     document of several sequences (``--split-sentences``) takes the mapped, summed path."""
     info = cache.chunks[c]
+    if isinstance(cache, DocumentRange):  # its chunks are pieces of the parent's files
+        lengths = cache.doc_lengths(c)
+        yield from (lengths[a: a + block] for a in range(0, len(lengths), block))
+        return
     idx = cache.with_chunk_file(c, ".idx", read_idx)  # header checked; arrays not read
     if idx.num_documents != info.documents:
         raise CorruptChunkError(f"{idx.path}: {idx.num_documents} documents, the cache says "

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from shardwise.errors import ConfigError
+from shardwise.plan.skips import skipped_in
 from shardwise.plan.stream import rank_example_to_global
 from shardwise.read.config import ReadConfig, ReaderKind, check_state
 from shardwise.read.trace.examples import SftRows, StreamExamples, token_runs
@@ -153,12 +154,14 @@ class Tracer:
         position ``q``. Global placement: the BatchSampler's own ``micro_batch`` from
         ``q``; a micro-step its skip list leaves out lists the positions it would have
         read, status ``skipped``. Stream placement: rank ``r``'s ``j``-th example is
-        global ``j·R + r`` (:func:`~shardwise.plan.stream.rank_example_to_global`)."""
+        global ``j·R + r`` (:func:`~shardwise.plan.stream.rank_example_to_global`); its
+        skip ranges are whole global steps, so a micro-step is skipped whole or not."""
         c = self.config
         m, W = c.micro_batch_size, c.world_size
         if c.reader is ReaderKind.STREAM:
             j0 = q // W
-            return [(int(rank_example_to_global(j0 + row, rank, W)), rank, a, row, "data")
+            status = "skipped" if skipped_in(c.skip_examples(), q, q + m * W) else "data"
+            return [(int(rank_example_to_global(j0 + row, rank, W)), rank, a, row, status)
                     for row in range(m)]
         s = replace(self._sampler(rank), consumed=q)
         if s.skip and s.advance(1) - s.step_examples != q:  # the sampler jumps past q

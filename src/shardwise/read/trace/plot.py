@@ -23,12 +23,15 @@ MAX_ROWS = 60
 
 
 def step_mix(tracer: Any, start: int, stop: int) -> list[Counter[str]]:
-    """Tokens per label for each step of ``[start, stop)``."""
+    """Tokens per label for each step of ``[start, stop)``; a skipped example counts
+    ``seq_len`` tokens under ``(skipped)``, so a skipped step is not drawn empty."""
     out = []
     blend = tracer.config.blend is not None
     for s in range(start, stop):
         mix: Counter[str] = Counter()
         for e in tracer.step(s).examples:
+            if e.status != "data":  # skipped (or not yet built): drawn as what it is
+                mix[f"({e.status})"] += int(tracer.config.seq_len or 1)
             for p in e.pieces:
                 label = e.source if blend else os.path.basename(p.where.source_path)
                 mix[str(label)] += p.tokens
