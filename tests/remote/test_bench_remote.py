@@ -31,6 +31,7 @@ def test_json_report_on_a_tiny_cache(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert report["local_bytes"] == 400000 * 2 // 4
     assert 0 < report["max_local_bytes"] <= report["local_bytes"]
     assert report["targets"]["bounded"]
+    assert report["bounds"]["store_bytes_per_s"] > 0  # the server alone, measured
     remote = report["best"]["remote"]
     assert remote["first_batch_s"] > 0.02 and remote["examples_per_s"] > 0
     assert remote["prefetch"]["fetch_s"] >= 0.01  # every request came 20 ms late

@@ -27,7 +27,9 @@ request ``--latency`` seconds late, beside the same cache on local disk, in one 
 Target: ``remote`` ≥ 0.8 × ``local`` examples/s, with the local copy within
 ``local_bytes``. ``remote_0ms`` shows what the machine's own bandwidth allows (moto,
 the proxy and the reader share its cores), so a shortfall can be told apart from latency
-that was not hidden.
+that was not hidden; the ``ceiling`` line measures the server alone (its chunk files
+read four at a time, straight from moto, no proxy, no loader): its bytes/s against those
+reading the local copy consumes is what no loader can beat on the machine.
 """
 
 from __future__ import annotations
@@ -143,6 +145,24 @@ def upload(local: Path, url: str, options: dict[str, Any]) -> None:
     last = {"manifest.json": 1, "ledger.json": 2}
     for p in sorted(files, key=lambda p: last.get(p.name, 0)):
         fs.pipe_file(f"{root}/{p.relative_to(local).as_posix()}", p.read_bytes())
+
+
+def store_bandwidth(url: str, port: int, rounds: int) -> float:
+    """Bytes/s the server alone (no proxy, no loader) serves the cache's chunk files, four
+    GETs at once (the best of ``rounds`` reads of all of them): the most any remote path
+    of this machine can reach, whatever the loader does."""
+    from shardwise.storage.remote import RemoteStore
+
+    store = RemoteStore(url, _store_options(port))
+    keys = [k for k in store.list_keys() if k.endswith(".bin")]
+    best = 0.0
+    for _ in range(rounds):
+        started, got = time.perf_counter(), 0
+        for i in range(0, len(keys), 4):
+            parts = store.get_ranges([(k, 0, 1 << 40) for k in keys[i:i + 4]])
+            got += sum(len(b) for b in parts if isinstance(b, bytes))
+        best = max(best, got / (time.perf_counter() - started))
+    return best
 
 
 @contextlib.contextmanager
@@ -265,7 +285,8 @@ def _check_same_rows(runs: dict[str, list[dict[str, Any]]]) -> None:
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]], local_bytes: int,
-              cache_bytes: int, args: argparse.Namespace) -> dict[str, Any]:
+              cache_bytes: int, args: argparse.Namespace, store_bps: float = 0.0
+              ) -> dict[str, Any]:
     """The best round of each path, the ratios and whether the targets are met."""
     best = {name: max(rs, key=lambda r: r["examples_per_s"]) for name, rs in runs.items()}
     local = best["local"]["examples_per_s"]
@@ -277,7 +298,9 @@ def summarize(runs: dict[str, list[dict[str, Any]]], local_bytes: int,
         "fetch_s": fetch_s, "ahead_bytes_for_local_rate": local * example_bytes * fetch_s,
         "ahead_budget": local_bytes // 2,
         "rate_within_budget": local_bytes / 2 / example_bytes / fetch_s if fetch_s else None,
-        "remote_vs_0ms": ratios["remote"] / ratios["remote_0ms"]}
+        "remote_vs_0ms": ratios["remote"] / ratios["remote_0ms"],
+        "store_bytes_per_s": store_bps, "local_reads_bytes_per_s": local * example_bytes,
+        "store_vs_local": store_bps / (local * example_bytes)}
     return {"config": {k: v for k, v in vars(args).items() if k != "func"},
             "cache_bytes": cache_bytes, "local_bytes": local_bytes, "best": best,
             "ratios_vs_local": ratios, "max_local_bytes": peak, "bounds": bounds,
@@ -311,6 +334,10 @@ def print_report(s: dict[str, Any]) -> None:
           f"{b['ahead_budget'] / mb:.0f} MiB allows {within} examples/s; the store's own "
           f"bandwidth allows remote_0ms's rate; remote reaches "
           f"{b['remote_vs_0ms']:.2f}x of remote_0ms")
+    print(f"ceiling: the server alone (no proxy, 4 GETs at once) serves "
+          f"{b['store_bytes_per_s'] / mb:,.0f} MiB/s = {b['store_vs_local']:.2f}x the "
+          f"{b['local_reads_bytes_per_s'] / mb:,.0f} MiB/s that reading the local copy "
+          f"consumes: no remote path of this machine can pass {b['store_vs_local']:.2f}x")
     t = s["targets"]
     print(f"target: remote >= {t['remote_vs_local']}x local: "
           f"{'met' if t['met'] else 'NOT met'} ({s['ratios_vs_local']['remote']:.2f}x); "
@@ -334,9 +361,10 @@ def run(args: argparse.Namespace) -> int:
             start_proxy(("127.0.0.1", port), latency=args.latency) as slow, \
             start_proxy(("127.0.0.1", port), latency=0.0) as fast:
         upload(local, url, _store_options(port))
+        store_bps = store_bandwidth(url, port, args.repeat)
         runs = _rounds(local, url, {"slow": slow, "0ms": fast}, work, local_bytes, args)
     _check_same_rows(runs)
-    summary = summarize(runs, local_bytes, cache_bytes, args)
+    summary = summarize(runs, local_bytes, cache_bytes, args, store_bps)
     if args.json:
         print(json.dumps(summary, indent=1, default=str))
     else:
