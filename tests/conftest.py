@@ -39,3 +39,25 @@ def big_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("big")
     texts = [f"[copy {k}] {t}" for k in range(10) for t in sample_texts()]
     return write_jsonl(d / "big.jsonl", texts)
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    """Run ``shardwise …`` through the real entry point: ``cli("inspect", path)`` →
+    (exit code, stdout, stderr); argparse's exits (usage errors, ``--help``) are codes too.
+    Only the command run is registered, so a test does not import every command."""
+    from shardwise.cli import main as cli_main
+
+    commands = cli_main.SUBCOMMANDS  # all of them, before any test narrows the list
+
+    def run(*argv: object) -> tuple[int, str, str]:
+        args = [str(a) for a in argv]
+        if args and args[0] in commands:
+            monkeypatch.setattr(cli_main, "SUBCOMMANDS", (args[0],))
+        try:
+            code = cli_main.main(args)
+        except SystemExit as e:
+            code = int(e.code or 0)
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+    return run

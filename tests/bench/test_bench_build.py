@@ -10,21 +10,8 @@ import orjson
 import pytest
 
 from shardwise.bench import text_corpus
-from shardwise.cli import main as cli_main
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample"
-
-
-@pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
-    """Run ``shardwise bench …`` through the real entry point; (exit code, stdout, stderr)."""
-    monkeypatch.setattr(cli_main, "SUBCOMMANDS", ("bench",))
-
-    def run(*argv: object) -> tuple[int, str, str]:
-        code = cli_main.main([str(a) for a in argv])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-    return run
 
 
 def test_json_report_on_a_tiny_corpus(cli, tmp_path: Path) -> None:

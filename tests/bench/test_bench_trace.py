@@ -7,24 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
-import pytest
 
 from shardwise.bench.trace import SKIP_EVERY, synth_cache
-from shardwise.cli import main as cli_main
 from shardwise.read.config import ReadConfig
 from shardwise.read.trace import Tracer
 from shardwise.storage.verify import verify_cache
-
-
-@pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
-    monkeypatch.setattr(cli_main, "SUBCOMMANDS", ("bench",))
-
-    def run(*argv: object) -> tuple[int, str, str]:
-        code = cli_main.main([str(a) for a in argv])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-    return run
 
 
 def test_json_report(cli, tmp_path: Path) -> None:

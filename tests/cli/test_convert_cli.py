@@ -9,25 +9,9 @@ import orjson
 import pytest
 
 import shardwise
-from shardwise.cli import main as cli_main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cachefactory import make_cache, sample_docs  # noqa: E402
-
-
-@pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
-    """Run ``shardwise convert …`` through the real entry point; (code, stdout, stderr)."""
-    monkeypatch.setattr(cli_main, "SUBCOMMANDS", ("convert",))
-
-    def run(*argv: object) -> tuple[int, str, str]:
-        try:
-            code = cli_main.main([str(a) for a in argv])
-        except SystemExit as e:  # argparse usage errors and --help
-            code = int(e.code or 0)
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-    return run
 
 
 @pytest.fixture

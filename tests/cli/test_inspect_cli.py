@@ -10,28 +10,12 @@ import numpy as np
 import orjson
 import pytest
 
-from shardwise.cli import main as cli_main
 from shardwise.writer.convert import to_megatron
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cachefactory import make_cache, sample_docs  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
-    """Run ``shardwise inspect …`` through the real entry point; (code, stdout, stderr)."""
-    monkeypatch.setattr(cli_main, "SUBCOMMANDS", ("inspect",))
-
-    def run(*argv: object) -> tuple[int, str, str]:
-        try:
-            code = cli_main.main([str(a) for a in argv])
-        except SystemExit as e:
-            code = int(e.code or 0)
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-    return run
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import numpy as np
 import orjson
 import pytest
 
-from shardwise.cli import main as cli_main
 from shardwise.read.config import load_read_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -21,17 +20,6 @@ from cachefactory import make_cache, sample_docs  # noqa: E402
 
 B = 8
 SCHEDULE = [[0, {"web": 0.7, "code": 0.3}], [5, {"web": 0.4, "code": 0.3, "math": 0.3}]]
-
-
-@pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
-    monkeypatch.setattr(cli_main, "SUBCOMMANDS", ("inspect",))
-
-    def run(*argv: object) -> tuple[int, str, str]:
-        code = cli_main.main([str(a) for a in argv])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-    return run
 
 
 @pytest.fixture(scope="module")

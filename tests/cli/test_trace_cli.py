@@ -15,23 +15,11 @@ from tests.conftest import sample_texts, write_jsonl
 from tokenizers import Tokenizer
 
 import shardwise as sw
-from shardwise.cli import main as cli_main
 from shardwise.read.config import load_read_config
 from shardwise.read.trace import trace
 from shardwise.torch import loader
 
 LAYOUT = {"global_batch_size": 4, "micro_batch_size": 1, "world_size": 2}
-
-
-@pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
-    monkeypatch.setattr(cli_main, "SUBCOMMANDS", ("trace",))
-
-    def run(*argv: object) -> tuple[int, str, str]:
-        code = cli_main.main([str(a) for a in argv])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-    return run
 
 
 @pytest.fixture(scope="module")
