@@ -362,7 +362,7 @@ def test_a_chunk_and_its_metadata_come_in_one_round_trip(built: tuple[str, Path]
                                                          ) -> None:
     """A .bin whose metadata this process has not read yet is asked for together with it
     (one request batch, no request of its own), and equals the local chunk."""
-    from shardwise.storage.remote import RemoteStore
+    from shardwise.remote.client import RemoteStore
 
     url, local = built
     calls: list[list[str]] = []

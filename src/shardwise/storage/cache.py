@@ -48,7 +48,7 @@ from shardwise.storage.chunk_table import ChunkInfo, ChunkTable
 from shardwise.storage.download import DownloadDir
 from shardwise.storage.integrity import CacheChecks
 from shardwise.storage.prefetch import Prefetcher
-from shardwise.storage.remote import RemoteStore
+from shardwise.remote.client import RemoteStore
 
 _T = TypeVar("_T")
 

@@ -28,7 +28,7 @@ from shardwise.format.paths import user_cache_dir
 from shardwise.storage.cache import Cache
 from shardwise.storage.chunk_table import ChunkInfo, ChunkTable
 from shardwise.storage.download import DownloadDir
-from shardwise.storage.remote import RemoteStore, is_url
+from shardwise.remote.client import RemoteStore, is_url
 
 DEFAULT_LOCAL_BYTES = 8 << 30
 

@@ -47,7 +47,7 @@ from shardwise.storage.chunk_check import (
     check_idx_pair,
     download_object,
 )
-from shardwise.storage.remote import RemoteStore, is_url
+from shardwise.remote.client import RemoteStore, is_url
 from shardwise.storage.verify_report import Problem, VerifyReport, strip_advice
 from shardwise.storage.verify_report import with_suffix as _with
 

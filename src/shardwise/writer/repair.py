@@ -48,7 +48,7 @@ from shardwise.storage.chunk_check import (
     check_chunk,
     check_remote_chunk,
 )
-from shardwise.storage.remote import RemoteStore
+from shardwise.remote.client import RemoteStore
 from shardwise.storage.verify_report import Problem
 from shardwise.writer.worker import Task
 

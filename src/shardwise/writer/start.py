@@ -31,7 +31,7 @@ from shardwise.format.manifest import (
 from shardwise.sources.discovery import plan_segments
 from shardwise.storage.chunk_check import CheckDepth
 from shardwise.storage.owned import clear_cache, foreign_names
-from shardwise.storage.remote import RemoteStore
+from shardwise.remote.client import RemoteStore
 from shardwise.writer.config import ChunkPolicy
 from shardwise.writer.repair import Damage, find_damaged
 

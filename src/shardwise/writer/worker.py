@@ -26,7 +26,7 @@ from shardwise.format.ledger import ChunkEntry, Segment
 from shardwise.format.manifest import SourceInfo
 from shardwise.sources.on_error import OnError
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES, Located, iter_records, relocate
-from shardwise.storage.remote import open_root
+from shardwise.remote.client import open_root
 from shardwise.writer.config import ChunkPolicy
 from shardwise.writer.processors import Processor
 
