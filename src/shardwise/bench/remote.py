@@ -241,12 +241,15 @@ def _remote_round(url: str, port: int, node: Path, local_bytes: int,
     cache = sw.open_cache(url, local_dir=node, local_bytes=local_bytes,
                           storage_options=_store_options(port))
     open_s = time.perf_counter() - started
-    assert cache.downloads is not None
-    with _peak_bytes(cache.downloads.dir) as peak:
+    from shardwise.storage.bucket import BucketStore
+
+    assert isinstance(cache.store, BucketStore) and cache.store.downloads is not None
+    downloads = cache.store.downloads
+    with _peak_bytes(downloads.dir) as peak:
         out = read_round(cache, args, look_ahead)
     out.update(open_s=open_s, peak_local_bytes=peak[0],
-               prefetch=cache.prefetch_stats(), evicted=cache.downloads.evicted,
-               evicted_pinned=cache.downloads.evicted_pinned)
+               prefetch=cache.prefetch_stats(), evicted=downloads.evicted,
+               evicted_pinned=downloads.evicted_pinned)
     cache.close()
     shutil.rmtree(node, ignore_errors=True)
     return out
