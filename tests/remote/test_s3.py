@@ -380,6 +380,8 @@ def test_a_chunk_and_its_metadata_come_in_one_round_trip(built: tuple[str, Path]
     monkeypatch.setattr(RemoteStore, "get_ranges", ranges)
     monkeypatch.setattr(RemoteStore, "read_range", one_range)
     cache = sw.open_cache(url, local_dir=tmp_path / "node", local_bytes=64 << 20)
+    assert calls == [["manifest.json", "ledger.json", "ledger.index"]]  # one batch too
+    calls.clear()
     stem = cache.chunks[2].stem
     got = np.asarray(cache.tokens(2)).copy()
     assert calls == [[f"{stem}.json", f"{stem}.bin"]]

@@ -32,6 +32,7 @@ from shardwise.storage import chunk_fetch
 from shardwise.storage.chunk_check import CheckDepth, ChunkExpect, check_remote_chunk
 from shardwise.storage.chunk_table import ChunkInfo
 from shardwise.storage.download import DownloadDir
+from shardwise.storage.heads import HEAD_NAMES, NodeHeads
 from shardwise.storage.owned import clear_keys, is_owned
 from shardwise.storage.prefetch import Prefetcher
 from shardwise.storage.store import ChunkStore
@@ -42,13 +43,16 @@ _T = TypeVar("_T")
 
 class BucketStore(ChunkStore):
     """The :class:`~shardwise.storage.store.ChunkStore` of a prefix on an object store;
-    ``downloads``: the node-local copy chunks are read through (None: for writing only)."""
+    ``downloads``: the node-local copy chunks are read through (None: for writing only);
+    ``heads``: where the manifest, ledger and index are read (this node's snapshot of
+    them, :mod:`shardwise.storage.heads`; None: from the store, as a build does)."""
 
     prefetches = True
 
-    def __init__(self, remote: RemoteStore, downloads: DownloadDir | None = None) -> None:
+    def __init__(self, remote: RemoteStore, downloads: DownloadDir | None = None, *,
+                 heads: NodeHeads | None = None) -> None:
         super().__init__()
-        self.remote, self.downloads = remote, downloads
+        self.remote, self.downloads, self.heads = remote, downloads, heads
         self._ahead: Prefetcher | None = None  # downloads ahead
 
     def __repr__(self) -> str:
@@ -67,6 +71,8 @@ class BucketStore(ChunkStore):
         return self.remote.url_of(relative)
 
     def read(self, relative: str) -> bytes:
+        if self.heads is not None and relative in HEAD_NAMES:
+            return self.heads.read(relative)
         return self.remote.get(relative)
 
     def write(self, relative: str, data: Payload) -> None:

@@ -34,6 +34,7 @@ from shardwise.storage.bucket import BucketStore
 from shardwise.storage.cache import Cache
 from shardwise.storage.chunk_table import ChunkInfo, ChunkTable
 from shardwise.storage.download import DownloadDir
+from shardwise.storage.heads import NodeHeads
 from shardwise.storage.local import LocalStore
 from shardwise.storage.store import ChunkStore
 
@@ -95,22 +96,22 @@ def _open_megatron(prefix: Path, verify: bool) -> Cache:
                  verify=verify)
 
 
-def _local_dir_for(store: RemoteStore, manifest: Manifest,
-                   local_dir: str | os.PathLike[str] | None) -> Path:
-    """``local_dir/<key>``: one subdirectory per (URL, cache identity), so a cache rebuilt
-    differently under the same URL never reuses stale downloads."""
-    base = Path(local_dir) if local_dir is not None else user_cache_dir() / "remote"
-    key = fingerprint({"url": store.url, "identity": manifest.identity()})
-    return base / key
-
-
 def _open_remote(remote: RemoteStore, local_dir: str | os.PathLike[str] | None,
                  local_bytes: int, verify: bool) -> Cache:
-    files = BucketStore(remote)
+    """Under ``local_dir``: ``<key of the URL>/heads``, this node's snapshot of the head
+    files (:mod:`shardwise.storage.heads`: one process per node fetches them), and
+    ``<key of (URL, cache identity)>/``, the downloads (a cache rebuilt differently under
+    the same URL never reuses stale ones)."""
+    base = Path(local_dir) if local_dir is not None else user_cache_dir() / "remote"
+    heads = NodeHeads(remote, base / fingerprint({"url": remote.url}))
+    files = BucketStore(remote, heads=heads)
     view, _ = read_view(files)
     manifest = Manifest.load(files, xxh3=view.manifest_xxh3)
-    downloads = DownloadDir(_local_dir_for(remote, manifest, local_dir), local_bytes)
-    return _cache_of(BucketStore(remote, downloads), manifest, view, verify=verify)
+    key = fingerprint({"url": remote.url, "identity": manifest.identity()})
+    downloads = DownloadDir(base / key, local_bytes)
+    heads.refreshing()  # open: from now on, a refresh asks whether the ledger grew
+    return _cache_of(BucketStore(remote, downloads, heads=heads), manifest, view,
+                     verify=verify)
 
 
 def reader_cache(cache: Cache | str | os.PathLike[str], verify: bool | None) -> Cache:

@@ -7,6 +7,7 @@ A cache directory holds only files shardwise writes (SPEC.md, "A cache is a dire
     chunks/SSSSS/GGGGG-KKKKK.{bin,idx,parquet,json}
     .shardwise-plans/…                    readers' directory: plan caches, logs (all of it)
     <16 hex>/.lock, <16 hex>/chunks/…     a remote cache's download directory, if put here
+    <16 hex>/heads                        ... and its node's snapshot of the head files
     .tmp-*, .claim-*                      interrupted writes and downloads, anywhere above
 
 Anything else (a user's file, a symlink, an unknown directory) is *foreign*: an overwrite
@@ -33,7 +34,7 @@ _OWNED_FILE = re.compile(
     rf"(?:{re.escape(MANIFEST_NAME)}|{re.escape(LEDGER_NAME)}|{re.escape(INDEX_NAME)}"
     rf"|{_TEMP}|{_CHUNK}"
     rf"|{re.escape(PLANS_DIR)}/.+"
-    rf"|[0-9a-f]{{16}}/(?:\.lock|{_TEMP}|{_CHUNK}))")
+    rf"|[0-9a-f]{{16}}/(?:\.lock|heads|{_TEMP}|{_CHUNK}))")
 _OWNED_DIR = re.compile(rf"(?:chunks(?:/\d{{5,}})?|{re.escape(PLANS_DIR)}(?:/.+)?"
                         rf"|[0-9a-f]{{16}}(?:/chunks(?:/\d{{5,}})?)?)")
 
