@@ -1,42 +1,37 @@
 """Opening a cache on an object store costs O(1) requests per node, not per rank
 (storage/heads.py): one process per node fetches the manifest, ledger and index, the
 others read them from the node-local directory; a dead fetcher is replaced; a growing
-ledger is re-read per node. Requests are counted at the server (moto's request log)."""
+ledger is re-read per node. Requests are counted by a proxy in front of the server."""
 
 from __future__ import annotations
 
-import logging
 import os
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import shardwise as sw
+from shardwise.bench.faults import FaultProxy
 from shardwise.bench.remote_open import open_at_once
 from shardwise.storage import heads as heads_module
 from shardwise.storage.heads import HEAD_NAMES, LOCK_NAME
 
-_REQUEST = re.compile(r'"(?:\x1b\[[0-9;]*m)*(GET|HEAD|PUT|POST|DELETE) (\S+) HTTP')  # colours
 
+class _Requests:
+    """Every request a proxy in front of the session's S3 server passed on."""
 
-class _Requests(logging.Handler):
-    """Every request the moto server answered, as (method, path)."""
+    def __init__(self, proxy: FaultProxy) -> None:
+        self.proxy = proxy
+        self.options = {"endpoint_url": proxy.endpoint}
 
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.seen: list[tuple[str, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        m = _REQUEST.search(record.getMessage())
-        if m:
-            self.seen.append((m.group(1), m.group(2).split("?")[0]))
+    @property
+    def seen(self) -> list[tuple[str, str]]:
+        return self.proxy.seen
 
     def heads(self, prefix: str) -> list[tuple[str, str]]:
         """The requests for the head files of the cache under ``prefix``."""
@@ -45,26 +40,21 @@ class _Requests(logging.Handler):
 
 
 @pytest.fixture
-def requests() -> Iterator[_Requests]:
-    log = logging.getLogger("werkzeug")
-    handler, level = _Requests(), log.level
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    yield handler
-    log.removeHandler(handler)
-    log.setLevel(level)
+def requests(fault_proxy: FaultProxy) -> _Requests:
+    return _Requests(fault_proxy)
 
 
 def test_the_processes_of_a_node_fetch_the_head_files_once(
         built: tuple[str, Path], tmp_path: Path, requests: _Requests) -> None:
     url, local = built
     prefix = "/" + url.removeprefix("s3://")
-    sw.open_cache(url, local_dir=tmp_path / "alone")
+    sw.open_cache(url, local_dir=tmp_path / "alone", storage_options=requests.options)
     one = len(requests.heads(prefix))
     assert one == len(HEAD_NAMES)  # one GET each, all three in one round trip
     requests.seen.clear()
     nodes = [tmp_path / f"node{k}" for k in range(2)]
-    got = open_at_once(url, [nodes[k % 2] for k in range(6)], {}, 16, tmp_path / "go")
+    got = open_at_once(url, [nodes[k % 2] for k in range(6)], requests.options, 16,
+                       tmp_path / "go")
     want = len(sw.open_cache(local).chunks)
     assert [g["chunks"] for g in got] == [want] * 6
     assert sum(g["fetched"] for g in got) == 2  # one fetcher per node
@@ -114,7 +104,8 @@ def test_a_growing_ledger_is_read_once_per_node_per_interval(
     url, _ = built
     prefix = "/" + url.removeprefix("s3://")
     monkeypatch.setattr(heads_module, "REFRESH_S", 30.0)
-    caches = [sw.open_cache(url, local_dir=tmp_path / "node") for _ in range(4)]
+    caches = [sw.open_cache(url, local_dir=tmp_path / "node", storage_options=requests.options)
+              for _ in range(4)]
     snapshot = caches[0].store.heads.dir / heads_module.SNAPSHOT_NAME
     assert sum(c.store.heads.fetched for c in caches) == 1  # the four opens: one fetch
     requests.seen.clear()

@@ -87,6 +87,7 @@ class FaultProxy(LatencyProxy):
         self._lock = threading.Lock()
         self.hits: Counter[str] = Counter()
         self.requests = 0  # every request read from a client
+        self.seen: list[tuple[str, str]] = []  # each as (method, path)
 
     @property
     def endpoint(self) -> str:
@@ -105,6 +106,7 @@ class FaultProxy(LatencyProxy):
     def _decide(self, method: str, target: str) -> Fault | None:
         with self._lock:
             self.requests += 1
+            self.seen.append((method, target.split("?")[0]))
             line = f"{method} {target}"
             for rule in self._rules:
                 f = rule[0]
