@@ -1,4 +1,4 @@
-"""Caches on object storage, against a real S3-compatible server (moto on 127.0.0.1)."""
+"""Caches on object storage, against a real S3-compatible server (SeaweedFS on 127.0.0.1)."""
 
 from __future__ import annotations
 
