@@ -1,74 +1,45 @@
 """Opening a cache on an object store costs O(1) requests per node, not per rank
 (storage/heads.py): one process per node fetches the manifest, ledger and index, the
 others read them from the node-local directory; a dead fetcher is replaced; a growing
-ledger is re-read per node. Requests are counted at the server (moto's request log)."""
+ledger is re-read per node. Requests are counted at a proxy in front of the server."""
 
 from __future__ import annotations
 
-import logging
 import os
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import shardwise as sw
+from shardwise.bench.faults import FaultProxy
 from shardwise.bench.remote_open import open_at_once
 from shardwise.storage import heads as heads_module
 from shardwise.storage.heads import HEAD_NAMES, LOCK_NAME
 
-_REQUEST = re.compile(r'"(?:\x1b\[[0-9;]*m)*(GET|HEAD|PUT|POST|DELETE) (\S+) HTTP')  # colours
 
-
-class _Requests(logging.Handler):
-    """Every request the moto server answered, as (method, path)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.seen: list[tuple[str, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        m = _REQUEST.search(record.getMessage())
-        if m:
-            self.seen.append((m.group(1), m.group(2).split("?")[0]))
-
-    def heads(self, prefix: str) -> list[tuple[str, str]]:
-        """The requests for the head files of the cache under ``prefix``."""
-        names = {f"{prefix}/{n}" for n in HEAD_NAMES}
-        return [r for r in self.seen if r[1] in names]
-
-
-@pytest.fixture
-def requests() -> Iterator[_Requests]:
-    log = logging.getLogger("werkzeug")
-    handler, level = _Requests(), log.level
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    yield handler
-    log.removeHandler(handler)
-    log.setLevel(level)
+def _through(proxy: FaultProxy) -> dict[str, str]:
+    return {"endpoint_url": proxy.endpoint}
 
 
 def test_the_processes_of_a_node_fetch_the_head_files_once(
-        built: tuple[str, Path], tmp_path: Path, requests: _Requests) -> None:
+        built: tuple[str, Path], tmp_path: Path, fault_proxy: FaultProxy) -> None:
+    """Requests counted at a proxy in front of the server (opening only: no chunk)."""
     url, local = built
-    prefix = "/" + url.removeprefix("s3://")
-    sw.open_cache(url, local_dir=tmp_path / "alone")
-    one = len(requests.heads(prefix))
+    sw.open_cache(url, local_dir=tmp_path / "alone", storage_options=_through(fault_proxy))
+    one = fault_proxy.requests
     assert one == len(HEAD_NAMES)  # one GET each, all three in one round trip
-    requests.seen.clear()
     nodes = [tmp_path / f"node{k}" for k in range(2)]
-    got = open_at_once(url, [nodes[k % 2] for k in range(6)], {}, 16, tmp_path / "go")
+    got = open_at_once(url, [nodes[k % 2] for k in range(6)], _through(fault_proxy), 0,
+                       tmp_path / "go")
     want = len(sw.open_cache(local).chunks)
     assert [g["chunks"] for g in got] == [want] * 6
     assert sum(g["fetched"] for g in got) == 2  # one fetcher per node
-    assert len(requests.heads(prefix)) == 2 * one  # 6 processes, 2 nodes: 2 x one open
+    assert fault_proxy.requests - one == 2 * one  # 6 processes, 2 nodes: 2 x one open
 
 
 HOLD_CODE = """
@@ -107,17 +78,17 @@ def test_a_dead_fetcher_is_replaced(built: tuple[str, Path], tmp_path: Path) -> 
 
 
 def test_a_growing_ledger_is_read_once_per_node_per_interval(
-        built: tuple[str, Path], tmp_path: Path, requests: _Requests,
+        built: tuple[str, Path], tmp_path: Path, fault_proxy: FaultProxy,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Ranks that refresh an open cache (following a build) share the node's snapshot:
     at most one fetch per REFRESH_S per node, however many of them ask."""
     url, _ = built
-    prefix = "/" + url.removeprefix("s3://")
     monkeypatch.setattr(heads_module, "REFRESH_S", 30.0)
-    caches = [sw.open_cache(url, local_dir=tmp_path / "node") for _ in range(4)]
+    caches = [sw.open_cache(url, local_dir=tmp_path / "node",
+                            storage_options=_through(fault_proxy)) for _ in range(4)]
     snapshot = caches[0].store.heads.dir / heads_module.SNAPSHOT_NAME
     assert sum(c.store.heads.fetched for c in caches) == 1  # the four opens: one fetch
-    requests.seen.clear()
+    opened = fault_proxy.requests
     for rounds in range(3):
         for c in caches:
             c.finished = False  # as if the build were still running: refresh asks
@@ -125,6 +96,6 @@ def test_a_growing_ledger_is_read_once_per_node_per_interval(
         if rounds < 2:  # the snapshot is made a minute old: the next refresh fetches
             old = snapshot.stat().st_mtime - 60
             os.utime(snapshot, (old, old))
-    ledger = [r for r in requests.heads(prefix) if r[1].endswith("/ledger.json")]
-    assert len(ledger) == 2  # 3 rounds of 4 ranks: fresh, then stale twice
+    # 3 rounds of 4 ranks: fresh, then stale twice: two fetches of the three files
+    assert fault_proxy.requests - opened == 2 * len(HEAD_NAMES)
     assert sum(c.store.heads.fetched for c in caches) == 1 + 2
