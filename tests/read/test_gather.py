@@ -77,3 +77,33 @@ def test_gather_names_an_id_outside_the_vocabulary(tmp_path: Path) -> None:
                        match=rf"{cache.chunks[2].stem}.bin: token id {int(tokens[k])} at "
                              rf"token {k} of the chunk, outside the vocabulary of 100"):
         cache.gather(([2], [k], [1]))
+
+
+def test_a_document_range_gathers_its_own_runs_through_its_parent(cache_dir: Path) -> None:
+    from shardwise.storage.cache_range import DocumentRange
+
+    parent = sw.open_cache(cache_dir)
+    part = DocumentRange(parent, 7, 41)  # cuts its first and last chunk
+    runs = _random_runs(part, 60, seed=9)
+    np.testing.assert_array_equal(part.gather(runs), _expected(part, runs))
+    assert set(parent.opened) <= {parent.chunks[c].stem for c in range(len(parent.chunks))}
+    with pytest.raises(ConfigError, match=r"documents \[7, 41\)"):
+        part.gather(([len(part.chunks)], [0], [1]))
+
+
+def test_a_document_range_raises_the_damage_its_parent_verification_found(
+        tmp_path: Path) -> None:
+    from shardwise.storage.cache_range import DocumentRange
+
+    root = make_cache(tmp_path / "c", [sample_docs(30, seed=2, vocab_size=500)],
+                      chunk_docs=6, vocab_size=500)
+    stem = sw.open_cache(root).chunks[1].stem
+    with open(root / f"{stem}.bin", "r+b") as f:  # same size, other bytes, ids in range
+        f.seek(0)
+        f.write(b"\x01\x00")
+    parent = sw.open_cache(root)
+    part = DocumentRange(parent, 3, 20)
+    part.tokens(0), part.tokens(1)  # the parent opens chunks 0 and 1: verified behind
+    part.wait_for_verify()
+    with pytest.raises(CorruptChunkError, match=rf"{stem}.bin: .*xxh3_64"):
+        part.raise_if_damaged()

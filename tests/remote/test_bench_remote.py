@@ -45,3 +45,21 @@ def test_without_moto_it_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(MissingExtraError, match=r"shardwise\[bench\]"), \
             bench_remote.moto_server(Path("/nonexistent/moto.log")):
         pass
+
+
+def test_remote_open_counts_one_fetch_per_node(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """``shardwise bench remote-open`` on a tiny cache: the requests the server's log
+    counts, per node, against one process's."""
+    from shardwise.bench import remote_open
+
+    parser = argparse.ArgumentParser()
+    remote_open.add_subparser(parser.add_subparsers(dest="bench"))
+    args = parser.parse_args(["remote-open", "--processes", "4", "--nodes", "2", "--tokens",
+                              "200000", "--chunks", "2", "--seq-len", "64", "--latency",
+                              "0.01", "--json", "--tmp-dir", str(tmp_path)])
+    assert remote_open.run(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["one_process_requests"] == 3  # manifest, ledger, index: one GET each
+    assert [r["requests"] for r in report["rounds"]] == [3, 6]  # 4 processes, 2 nodes
+    assert [r["fetchers"] for r in report["rounds"]] == [1, 2] and report["ok"]

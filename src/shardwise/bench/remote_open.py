@@ -51,9 +51,10 @@ while not os.path.exists(go):
 started = time.perf_counter()
 cache = sw.open_cache(url, local_dir=local_dir, storage_options=options or None)
 opened = time.perf_counter() - started
-ds = sw.TokenDataset(cache, seq_len=seq_len, seed=0,
-                     plan_dir=os.path.join(local_dir, "plans"))
-ds.get_batch([0])
+if seq_len:  # 0: open only
+    ds = sw.TokenDataset(cache, seq_len=seq_len, seed=0,
+                         plan_dir=os.path.join(local_dir, "plans"))
+    ds.get_batch([0])
 print(json.dumps({"open_s": opened, "first_batch_s": time.perf_counter() - started,
                   "chunks": len(cache.chunks), "fetched": cache.store.heads.fetched}))
 """
@@ -78,7 +79,8 @@ def add_subparser(which: Any) -> argparse.ArgumentParser:
 def open_at_once(url: str, local_dirs: list[Path], options: dict[str, Any],
                  seq_len: int, go: Path) -> list[dict[str, Any]]:
     """One process per entry of ``local_dirs`` (its node's directory), all released at
-    once by creating ``go``; what each printed."""
+    once by creating ``go``, each opening the cache and reading its first example of
+    ``seq_len`` tokens (0: opening only); what each printed."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     procs = [subprocess.Popen([sys.executable, "-c", OPEN_CODE, url, str(d), str(go),
                                json.dumps(options), str(seq_len)], env=env,

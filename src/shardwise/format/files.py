@@ -49,7 +49,7 @@ class Files(Protocol):
 
     def exists(self, relative: str) -> bool: ...
 
-    def list(self) -> list[str]:
+    def keys(self) -> list[str]:
         """Every file under the cache, as relative keys, sorted."""
         ...
 
@@ -107,7 +107,7 @@ class LocalFiles:
     def exists(self, relative: str) -> bool:
         return (self.root / relative).exists()
 
-    def list(self) -> list[str]:
+    def keys(self) -> list[str]:
         if not self.root.is_dir():
             return []
         return sorted(p.relative_to(self.root).as_posix() for p in self.root.rglob("*")

@@ -85,7 +85,7 @@ class BucketStore(ChunkStore):
     def exists(self, relative: str) -> bool:
         return self.remote.exists(relative)
 
-    def list(self) -> list[str]:
+    def keys(self) -> list[str]:
         return self.remote.list_keys()
 
     def remove(self, relatives: list[str]) -> None:
@@ -96,10 +96,10 @@ class BucketStore(ChunkStore):
         return clear_keys(self)
 
     def entries(self) -> list[str]:
-        return self.list()
+        return self.keys()
 
     def foreign(self) -> list[str]:
-        return [k for k in self.list() if not is_owned(k)]
+        return [k for k in self.keys() if not is_owned(k)]
 
     def check_published(self, exp: ChunkExpect, depth: CheckDepth) -> VerifyReport:
         return check_remote_chunk(self.remote, exp, depth=depth)

@@ -64,6 +64,9 @@ class DocumentRange(Cache):
                           {"parent": parent.fingerprint, "documents": [start, stop]}),
                       verify=parent.verify, sources=())
         self.checks = CacheChecks(parent.store, self, background=False)
+        # the parent's background verification covers the chunks read through it: its
+        # damage fails the range's batches, and once it is settled ids need no check
+        self.checks.verifier = parent.checks.verifier
 
     def __repr__(self) -> str:
         return (f"DocumentRange({self.parent!r}, documents=[{self.start}, {self.stop}), "

@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -259,8 +259,10 @@ _FORK_HOOK: list[bool] = []
 class Store(Protocol):
     """What the checks need of a :class:`~shardwise.storage.store.ChunkStore`."""
 
-    root: Path
-    checks_in_background: bool  # False: its files are checked as they arrive
+    checks_in_background: ClassVar[bool]  # False: its files are checked as they arrive
+
+    @property
+    def root(self) -> Path: ...
 
     def name(self, relative: str) -> str: ...
     def meta_of(self, info: ChunkInfo) -> ChunkMeta: ...

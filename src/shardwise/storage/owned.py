@@ -66,7 +66,7 @@ def foreign_names(root: Path) -> list[str]:
 def clear_keys(files: Files) -> int:
     """Delete every object shardwise wrote under a prefix on an object store (see
     :func:`clear_directory`)."""
-    keys = files.list()
+    keys = files.keys()
     _refuse(files.location, [k for k in keys if not is_owned(k)])
     first = [k for k in (LEDGER_NAME, INDEX_NAME, MANIFEST_NAME) if k in keys]
     files.remove(first)
