@@ -9,6 +9,7 @@ cache are relative and never leave it (:func:`check_key`).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Protocol, runtime_checkable
 
@@ -25,8 +26,12 @@ class ObjectStore(Protocol):
     def url_of(self, relative: str) -> str: ...
     def put(self, relative: str, data: bytes | memoryview) -> None: ...
     def get(self, relative: str) -> bytes: ...
+    def get_many(self, relatives: list[str]) -> dict[str, bytes | Exception]: ...
     def exists(self, relative: str) -> bool: ...
     def open(self, relative: str) -> BinaryIO: ...
+    def list_dir(self, relative: str) -> list[str]: ...
+    def remove(self, relatives: list[str]) -> None: ...
+    def stamp(self, relative: str) -> tuple[object, ...]: ...
 
 
 Root = Path | ObjectStore
@@ -55,9 +60,56 @@ def read_file(root: Root, name: str) -> bytes:
     return (root / name).read_bytes()
 
 
+def read_files(root: Root, names: list[str]) -> list[bytes | Exception]:
+    """Several small files' bytes, each or the exception reading it raised
+    (FileNotFoundError if missing): on a store, all requested at once (one round trip)."""
+    if not isinstance(root, Path):
+        got = root.get_many(names) if names else {}
+        return [got[n] for n in names]
+    out: list[bytes | Exception] = []
+    for name in names:
+        try:
+            out.append((root / name).read_bytes())
+        except FileNotFoundError as e:
+            out.append(e)
+    return out
+
+
 def write_file(root: Root, name: str, data: bytes | memoryview) -> None:
     """Replace a cache file atomically: rename locally, one PUT on an object store."""
     if not isinstance(root, Path):
         root.put(name, data)
     else:
         atomic_write_bytes(root / name, data)
+
+
+def list_dir(root: Root, name: str) -> list[str]:
+    """The names of the files in directory ``name`` of ``root`` (not recursive; none if
+    it does not exist): one listing, locally or on a store."""
+    if not isinstance(root, Path):
+        return root.list_dir(name)
+    try:
+        return [e.name for e in os.scandir(root / name) if e.is_file()]
+    except FileNotFoundError:
+        return []
+
+
+def remove_files(root: Root, names: list[str]) -> None:
+    """Delete cache files (missing ones are fine)."""
+    if not isinstance(root, Path):
+        root.remove(names)
+        return
+    for name in names:
+        (root / name).unlink(missing_ok=True)
+
+
+def stamp(root: Root, name: str) -> tuple[object, ...]:
+    """What changes when file ``name`` is replaced (``()`` if it is missing): its inode,
+    time and size locally; its size and ETag (or time) on a store."""
+    if not isinstance(root, Path):
+        return root.stamp(name)
+    try:
+        st = (root / name).stat()
+    except FileNotFoundError:
+        return ()
+    return (st.st_ino, st.st_mtime_ns, st.st_size)

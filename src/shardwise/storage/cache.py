@@ -38,7 +38,8 @@ import numpy.typing as npt
 from shardwise.concurrency import ThreadPool
 from shardwise.errors import CacheError, CorruptChunkError
 from shardwise.format.chunk import META_SUFFIX, ChunkKind, ChunkMeta
-from shardwise.format.ledger import LEDGER_NAME, read_view
+from shardwise.format.journal import LedgerTail
+from shardwise.format.ledger import LEDGER_NAME
 from shardwise.format.ledger_index import ChunkColumns, SourceTotals
 from shardwise.format.manifest import Manifest
 from shardwise.format.megatron import MegatronIndex, open_bin, read_idx
@@ -65,8 +66,10 @@ class Cache:
                  dtype: np.dtype, eod_id: int | None, vocab_size: int | None,
                  finished: bool, errors: dict[str, int], fingerprint: str,
                  store: RemoteStore | None = None, downloads: DownloadDir | None = None,
-                 verify: bool = True, sources: Sequence[SourceTotals] = ()) -> None:
+                 verify: bool = True, sources: Sequence[SourceTotals] = (),
+                 tail: LedgerTail | None = None) -> None:
         self.root = root
+        self.tail = tail  # where a refresh continues reading the ledger
         self.store, self.downloads = store, downloads
         self.verify = verify
         self._metas: dict[str, ChunkMeta] = {}
@@ -125,7 +128,11 @@ class Cache:
         """Re-read the ledger; append newly visible chunks; return how many appeared."""
         if self.manifest is None or self.finished:
             return 0
-        view, _ = read_view(self.store or self.root)
+        if self.tail is None:
+            self.tail = LedgerTail(self.store or self.root)
+        view = self.tail.read()  # only what is new: the journal's new records
+        if view is None:
+            return 0
         differ = self.chunks.same_prefix(view.chunks)
         if differ >= 0:
             new = (view.chunks.stem[differ].decode() if differ < len(view.chunks)

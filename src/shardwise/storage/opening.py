@@ -20,7 +20,8 @@ import numpy as np
 from shardwise.checkpoint import fingerprint
 from shardwise.errors import ConfigError, CorruptChunkError, ManifestError
 from shardwise.format.chunk import ChunkKind
-from shardwise.format.ledger import LEDGER_NAME, read_view
+from shardwise.format.journal import LedgerTail
+from shardwise.format.ledger import LEDGER_NAME
 from shardwise.format.ledger_index import LedgerView
 from shardwise.format.manifest import MANIFEST_NAME, Manifest
 from shardwise.format.megatron import read_idx
@@ -33,15 +34,23 @@ from shardwise.storage.download import DownloadDir
 DEFAULT_LOCAL_BYTES = 8 << 30
 
 
+def _read_view(root: Path | RemoteStore) -> tuple[LedgerView, LedgerTail]:
+    """The ledger's view, and the reader's place in it (a refresh reads only what is new)."""
+    tail = LedgerTail(root)
+    view = tail.read()
+    assert view is not None  # a first read always has a view
+    return view, tail
+
+
 def _open_shardwise(root: Path, verify: bool) -> Cache:
-    view, _ = read_view(root)
+    view, tail = _read_view(root)
     manifest = Manifest.load(root, xxh3=view.manifest_xxh3)
-    return _cache_of(root, manifest, view, verify=verify)
+    return _cache_of(root, manifest, view, tail, verify=verify)
 
 
-def _cache_of(root: Path, manifest: Manifest, view: LedgerView, *, verify: bool,
-              store: RemoteStore | None = None, downloads: DownloadDir | None = None
-              ) -> Cache:
+def _cache_of(root: Path, manifest: Manifest, view: LedgerView, tail: LedgerTail, *,
+              verify: bool, store: RemoteStore | None = None,
+              downloads: DownloadDir | None = None) -> Cache:
     """An open cache of ``view``'s visible chunks, under ``root`` (a remote cache's
     download directory)."""
     ledger = store.url_of(LEDGER_NAME) if store is not None else str(root / LEDGER_NAME)
@@ -50,7 +59,7 @@ def _cache_of(root: Path, manifest: Manifest, view: LedgerView, *, verify: bool,
                  eod_id=manifest.tokenizer.eod_id, vocab_size=manifest.tokenizer.vocab_size,
                  finished=view.finished, errors=dict(view.errors),
                  fingerprint=fingerprint(manifest.identity()), store=store,
-                 downloads=downloads, verify=verify, sources=view.sources)
+                 downloads=downloads, verify=verify, sources=view.sources, tail=tail)
 
 
 def _open_megatron(prefix: Path, verify: bool) -> Cache:
@@ -90,10 +99,10 @@ def _local_dir_for(store: RemoteStore, manifest: Manifest,
 
 def _open_remote(store: RemoteStore, local_dir: str | os.PathLike[str] | None,
                  local_bytes: int, verify: bool) -> Cache:
-    view, _ = read_view(store)
+    view, tail = _read_view(store)
     manifest = Manifest.load(store, xxh3=view.manifest_xxh3)
     downloads = DownloadDir(_local_dir_for(store, manifest, local_dir), local_bytes)
-    return _cache_of(downloads.dir, manifest, view, verify=verify, store=store,
+    return _cache_of(downloads.dir, manifest, view, tail, verify=verify, store=store,
                      downloads=downloads)
 
 
