@@ -42,10 +42,11 @@ def published_chunks(out: Path) -> int:
     """Chunks the ledger of a cache being built names now (-1 before it has a readable
     ledger): how a test decides when to kill a build mid-way."""
     from shardwise.errors import ManifestError
+    from shardwise.format.files import LocalFiles
     from shardwise.format.ledger import Ledger
 
     try:  # the snapshot and the journal records after it
-        ledger = Ledger.load(out)
+        ledger = Ledger.load(LocalFiles(out))
     except ManifestError:
         return -1
     return sum(len(seg.chunks) for src in ledger.sources for seg in src.segments)

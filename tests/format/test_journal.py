@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from shardwise.format import journal as jr
 from shardwise.format import ledger as lg
+from shardwise.format.files import LocalFiles
 from shardwise.format.journal import Journal, LedgerTail
 from shardwise.format.ledger import (
     JOURNAL_DIR,
@@ -23,6 +23,7 @@ from shardwise.format.ledger import (
 )
 from shardwise.format.ledger_index import LedgerView
 from shardwise.remote.client import RemoteStore
+from shardwise.storage.bucket import BucketStore
 
 
 def _entry(s: int, k: int) -> ChunkEntry:
@@ -55,43 +56,45 @@ def same(a: Ledger, b: Ledger) -> bool:
 
 
 def test_a_save_writes_what_changed_not_the_ledger(tmp_path: Path) -> None:
+    files = LocalFiles(tmp_path)
     ledger = _ledger(50_000)
-    ledger.save(tmp_path)
+    ledger.save(files)
     snapshot = (tmp_path / LEDGER_NAME).read_bytes()
-    j = Journal(tmp_path, ledger, clock=Clock())
+    j = Journal(files, ledger, clock=Clock())
     _publish(ledger, j, 1, 2)
     j.save()
     [record] = (tmp_path / JOURNAL_DIR).iterdir()
     assert record.stat().st_size < 1000 < len(snapshot) // 1000  # O(change), not O(ledger)
     assert (tmp_path / LEDGER_NAME).read_bytes() == snapshot  # the snapshot is untouched
-    assert same(Ledger.load(tmp_path), ledger)  # snapshot + record = the ledger
-    view, from_index = read_view(tmp_path)
+    assert same(Ledger.load(files), ledger)  # snapshot + record = the ledger
+    view, from_index = read_view(files)
     assert not from_index and len(view.chunks) == len(LedgerView.from_ledger(ledger).chunks)
     j.save()  # nothing touched since: no record
-    assert record_numbers(tmp_path) == [1]
+    assert record_numbers(files) == [1]
 
 
 def test_compaction_folds_the_records_and_a_finished_ledger_numbers_zero(
         tmp_path: Path) -> None:
+    files = LocalFiles(tmp_path)
     ledger = _ledger(10)
-    ledger.save(tmp_path)
-    j = Journal(tmp_path, ledger, clock=Clock())
+    ledger.save(files)
+    j = Journal(files, ledger, clock=Clock())
     for k in range(5):
         _publish(ledger, j, k % 2)
         j.save()
-    assert record_numbers(tmp_path) == [1, 2, 3, 4, 5]
+    assert record_numbers(files) == [1, 2, 3, 4, 5]
     j.compact()
-    assert record_numbers(tmp_path) == [] and Ledger.load(tmp_path).journal == 5
-    assert same(Ledger.load(tmp_path), ledger) and read_view(tmp_path)[1]  # index again
+    assert record_numbers(files) == [] and Ledger.load(files).journal == 5
+    assert same(Ledger.load(files), ledger) and read_view(files)[1]  # index again
     _publish(ledger, j, 0)
     j.save()
-    assert record_numbers(tmp_path) == [6]
+    assert record_numbers(files) == [6]
     for src in ledger.sources:
         src.segments[0].finished = True
     j.touch(0, 0)
     j.compact()
     # the same bytes as a ledger that never had a journal: resumed builds stay identical
-    assert Ledger.load(tmp_path).journal == 0 and record_numbers(tmp_path) == []
+    assert Ledger.load(files).journal == 0 and record_numbers(files) == []
     fresh = Ledger.parse(ledger.to_json())
     assert (tmp_path / LEDGER_NAME).read_bytes() == fresh.to_json()
 
@@ -99,9 +102,10 @@ def test_compaction_folds_the_records_and_a_finished_ledger_numbers_zero(
 def test_snapshots_cost_at_most_a_hundredth_of_the_time(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A snapshot that takes 2 s is written again only 200 s later, however many records."""
+    files = LocalFiles(tmp_path)
     clock = Clock()
     ledger = _ledger(10)
-    ledger.save(tmp_path)
+    ledger.save(files)
     save = Ledger.save
 
     def slow_save(self: Ledger, root: Any) -> None:
@@ -109,7 +113,7 @@ def test_snapshots_cost_at_most_a_hundredth_of_the_time(tmp_path: Path,
         save(self, root)
 
     monkeypatch.setattr(Ledger, "save", slow_save)
-    j = Journal(tmp_path, ledger, clock=clock)
+    j = Journal(files, ledger, clock=clock)
     j.compact()  # 2 s
     for _ in range(1000):  # a record every 0.25 s for 250 s
         clock.now += 0.25
@@ -117,43 +121,43 @@ def test_snapshots_cost_at_most_a_hundredth_of_the_time(tmp_path: Path,
         j.save()
     assert j.snapshots == 2  # the first, then one after 200 s
     assert j.seconds == pytest.approx(4.0, abs=0.1)  # records take no time on this clock
-    assert same(Ledger.load(tmp_path), ledger)
+    assert same(Ledger.load(files), ledger)
 
 
 def test_a_reader_that_races_a_compaction_reads_again(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    files = LocalFiles(tmp_path)
     ledger = _ledger(4)
-    ledger.save(tmp_path)
-    j = Journal(tmp_path, ledger, clock=Clock())
+    ledger.save(files)
+    j = Journal(files, ledger, clock=Clock())
     for _ in range(3):
         _publish(ledger, j, 1)
         j.save()
-    real = lg.read_files
+    real = files.read_many
     raced = []
 
-    def compact_first(root: Any, names: list[str]) -> list[Any]:
+    def compact_first(names: list[str]) -> list[Any]:
         if not raced:  # the build compacts between the reader's listing and its reads
             raced.append(names)
             j.compact()
-        return real(root, names)
+        return real(names)
 
-    monkeypatch.setattr(lg, "read_files", compact_first)
-    assert same(Ledger.load(tmp_path), ledger) and raced
+    monkeypatch.setattr(files, "read_many", compact_first)
+    assert same(Ledger.load(files), ledger) and raced
 
 
 def test_a_follower_reads_only_new_records(tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    files = LocalFiles(tmp_path)
     ledger = _ledger(20_000)
-    ledger.save(tmp_path)
-    tail = LedgerTail(tmp_path)
+    ledger.save(files)
+    tail = LedgerTail(files)
     assert tail.read() is not None
     reads: list[str] = []
-    real_ledger, real_files = lg.read_ledger, lg.read_files
-    monkeypatch.setattr(lg, "read_files", lambda r, n: reads.extend(n) or real_files(r, n))
-    monkeypatch.setattr(jr, "read_ledger", lambda r: reads.append(LEDGER_NAME) or
-                        real_ledger(r))
+    real_read = files.read  # every file read goes through it, records included
+    monkeypatch.setattr(files, "read", lambda n: reads.append(n) or real_read(n))
     assert tail.read() is None and reads == []  # nothing new: nothing read
-    j = Journal(tmp_path, ledger, clock=Clock())
+    j = Journal(files, ledger, clock=Clock())
     _publish(ledger, j, 0, 3)
     j.save()
     view = tail.read()
@@ -173,7 +177,7 @@ def test_a_follower_reads_only_new_records(tmp_path: Path,
 def test_the_journal_in_a_bucket() -> None:
     """The same records on an object store (fsspec's memory store): one listing, records
     read at once, deleted by the compaction."""
-    store = RemoteStore("memory://journal-test/cache")
+    store = BucketStore(RemoteStore("memory://journal-test/cache"))
     ledger = _ledger(3)
     ledger.save(store)
     j = Journal(store, ledger, clock=Clock())

@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 
 from shardwise.errors import ManifestError
-from shardwise.format.files import Root, stamp, where, write_file
+from shardwise.format.files import Files
 from shardwise.format.ledger import (
     _RACES,
     JOURNAL_DIR,
@@ -76,7 +76,7 @@ class Journal:
     the snapshot and deletes the records it folds in. ``seconds`` sums the time both took,
     ``records`` and ``snapshots`` count them."""
 
-    def __init__(self, root: Root, ledger: Ledger, *,
+    def __init__(self, root: Files, ledger: Ledger, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.root, self.ledger, self.clock = root, ledger, clock
         self.saved = {(s, g): len(seg.chunks) for s, src in enumerate(ledger.sources)
@@ -97,7 +97,7 @@ class Journal:
         number = self.ledger.journal + 1
         segments = [_segment_record(self.ledger, s, g, self.saved[s, g])
                     for s, g in sorted(self.touched)]
-        write_file(self.root, record_name(number), orjson.dumps(
+        self.root.write(record_name(number), orjson.dumps(
             {"version": RECORD_VERSION, "record": number, "segments": segments},
             option=orjson.OPT_SORT_KEYS))
         self.ledger.journal = number
@@ -134,11 +134,12 @@ class LedgerTail:
     """A reader's view of a ledger that may still grow: :meth:`read` returns the current
     view, reading only the records it has not seen, or None when nothing changed."""
 
-    def __init__(self, root: Root) -> None:
+    def __init__(self, root: Files) -> None:
         self.root = root
         self.ledger: Ledger | None = None  # parsed only once a journal is seen
         self.snapshot: tuple[Any, ...] | None = None
         self.at = 0  # the last record applied
+        self.fresh = False  # bypass a store's copy of the snapshot (after a race)
 
     def stamp(self) -> tuple[Any, ...]:
         """Changes whenever the ledger does (a follower's sign of a live build)."""
@@ -148,29 +149,29 @@ class LedgerTail:
         for _ in range(_RACES):
             try:
                 return self._read()
-            except JournalRaced:
-                self.ledger, self.snapshot = None, None
-        raise ManifestError(f"{where(self.root, JOURNAL_DIR)}: the journal kept changing "
+            except JournalRaced:  # read the snapshot again, from the store itself
+                self.ledger, self.snapshot, self.fresh = None, None, True
+        raise ManifestError(f"{self.root.name(JOURNAL_DIR)}: the journal kept changing "
                             f"while it was read ({_RACES} tries)")
 
     def _read(self) -> LedgerView | None:
         numbers = record_numbers(self.root)
-        snapshot = stamp(self.root, LEDGER_NAME)
+        snapshot = self.root.stamp(LEDGER_NAME)
         if self.snapshot is None or snapshot != self.snapshot:
             return self._read_snapshot(snapshot, numbers)
         new = [n for n in numbers if n > self.at]
         if not new:
             return None
         if self.ledger is None:  # opened from the index: parse the snapshot once
-            self.ledger = Ledger.parse(read_ledger(self.root),
-                                       where=where(self.root, LEDGER_NAME))
+            self.ledger = Ledger.parse(read_ledger(self.root, fresh=self.fresh),
+                                       where=self.root.name(LEDGER_NAME))
         apply_records(self.root, self.ledger, new)
         self.at = self.ledger.journal
         return LedgerView.from_ledger(self.ledger)
 
     def _read_snapshot(self, snapshot: tuple[Any, ...], numbers: list[int]) -> LedgerView:
-        data = read_ledger(self.root)
-        if stamp(self.root, LEDGER_NAME) != snapshot:
+        data = read_ledger(self.root, fresh=self.fresh)
+        if self.root.stamp(LEDGER_NAME) != snapshot:
             raise JournalRaced
         view, ledger = read_view_of(self.root, data, pending=bool(numbers))
         if ledger is not None:

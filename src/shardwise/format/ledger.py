@@ -23,15 +23,7 @@ import orjson
 
 from shardwise.errors import ManifestError
 from shardwise.format.checksum import bytes_checksum
-from shardwise.format.files import (
-    Root,
-    list_dir,
-    read_file,
-    read_files,
-    remove_files,
-    where,
-    write_file,
-)
+from shardwise.format.files import Files
 from shardwise.format.ledger_index import INDEX_NAME, LedgerView
 
 LEDGER_NAME = "ledger.json"
@@ -172,23 +164,24 @@ class Ledger:
             raise ManifestError(f"{where}: not a valid shardwise ledger ({e})") from e
         return cls(sources=sources, manifest_xxh3=manifest_xxh3, journal=journal)
 
-    def save(self, root: Root) -> None:
+    def save(self, root: Files) -> None:
         """Replace ``ledger.json`` (the snapshot), then its index (``ledger.index``: the
         reader's view, tied to these bytes by their checksum), then delete the journal
         records it folds in."""
         data = self.to_json()
-        write_file(root, LEDGER_NAME, data)
-        write_file(root, INDEX_NAME, LedgerView.from_ledger(self).to_bytes(
+        root.write(LEDGER_NAME, data)
+        root.write(INDEX_NAME, LedgerView.from_ledger(self).to_bytes(
             bytes_checksum(data)))
         folded = [record_name(n) for n in record_numbers(root) if n <= self.journal]
         if folded:
-            remove_files(root, folded)
+            root.remove(folded)
 
     @classmethod
-    def load(cls, root: Root) -> Ledger:
+    def load(cls, root: Files) -> Ledger:
         """The ledger: the snapshot, with every journal record after it applied."""
-        for _ in range(_RACES):
-            ledger = cls.parse(read_ledger(root), where=where(root, LEDGER_NAME))
+        for attempt in range(_RACES):
+            ledger = cls.parse(read_ledger(root, fresh=attempt > 0),
+                               where=root.name(LEDGER_NAME))
             try:
                 apply_records(root, ledger, record_numbers(root))
             except JournalRaced:
@@ -204,24 +197,25 @@ class Ledger:
             raise ManifestError(f"{where}: invalid JSON ({e})") from e
 
 
-def read_ledger(root: Root) -> bytes:
-    """The bytes of ``root``'s ledger; a missing one is a :class:`ManifestError`."""
+def read_ledger(root: Files, *, fresh: bool = False) -> bytes:
+    """The bytes of ``root``'s ledger (``fresh``: not a copy a store keeps, e.g. after a
+    race with a compaction); a missing one is a :class:`ManifestError`."""
     try:
-        return read_file(root, LEDGER_NAME)
+        return root.read_fresh(LEDGER_NAME) if fresh else root.read(LEDGER_NAME)
     except FileNotFoundError:
-        raise ManifestError(f"{root}: no {LEDGER_NAME}; the build has not started "
+        raise ManifestError(f"{root.location}: no {LEDGER_NAME}; the build has not started "
                             "or this is not a shardwise cache") from None
 
 
-def read_view(root: Root) -> tuple[LedgerView, bool]:
+def read_view(root: Files) -> tuple[LedgerView, bool]:
     """What a reader needs of ``root``'s ledger, and whether it came from the index.
 
     The index is used when no journal record follows the snapshot and the index was made
     from the snapshot's current bytes; otherwise (records pending: a build is running; no
     index: a cache from before it; a stale or damaged one) the ledger is parsed and the
     records applied, which gives the same view, only slower."""
-    for _ in range(_RACES):
-        data, numbers = read_ledger(root), record_numbers(root)
+    for attempt in range(_RACES):
+        data, numbers = read_ledger(root, fresh=attempt > 0), record_numbers(root)
         try:
             view, ledger = read_view_of(root, data, pending=bool(numbers))
             if ledger is None:
@@ -233,25 +227,25 @@ def read_view(root: Root) -> tuple[LedgerView, bool]:
     raise _unsettled(root)
 
 
-def read_view_of(root: Root, data: bytes, *, pending: bool
+def read_view_of(root: Files, data: bytes, *, pending: bool
                  ) -> tuple[LedgerView, Ledger | None]:
     """The view of snapshot bytes ``data``: from the index (and None) when nothing is
     ``pending`` in the journal and the index matches, else the parsed ledger (whose view
     is only its snapshot's until the caller applies the records)."""
     if not pending:
         try:
-            index = read_file(root, INDEX_NAME)
+            index = root.read(INDEX_NAME)
         except FileNotFoundError:
             index = None
         if index is not None:
             try:
                 view = LedgerView.from_bytes(index, ledger_xxh3=bytes_checksum(data),
-                                             where=where(root, INDEX_NAME))
+                                             where=root.name(INDEX_NAME))
             except ManifestError:  # damaged: the ledger is the truth; verify reports it
                 view = None
             if view is not None:  # None: made from other bytes (stale)
                 return view, None
-    ledger = Ledger.parse(data, where=where(root, LEDGER_NAME))
+    ledger = Ledger.parse(data, where=root.name(LEDGER_NAME))
     return LedgerView.from_ledger(ledger), ledger
 
 
@@ -264,29 +258,29 @@ def record_name(number: int) -> str:
     return f"{JOURNAL_DIR}/{number:08d}.json"
 
 
-def record_numbers(root: Root) -> list[int]:
+def record_numbers(root: Files) -> list[int]:
     """The numbers of the records in ``root``'s journal, sorted (one directory listing)."""
     numbers = []
-    for name in list_dir(root, JOURNAL_DIR):
+    for name in root.list_dir(JOURNAL_DIR):
         stem, dot, ext = name.partition(".")
         if dot and ext == "json" and stem.isdigit():
             numbers.append(int(stem))
     return sorted(numbers)
 
 
-def apply_records(root: Root, ledger: Ledger, numbers: list[int]) -> None:
+def apply_records(root: Files, ledger: Ledger, numbers: list[int]) -> None:
     """Apply the records numbered after ``ledger.journal``, which must follow it without a
     gap (else :class:`JournalRaced`: a compaction ran; read the snapshot again)."""
     todo = [n for n in numbers if n > ledger.journal]
     if todo != list(range(ledger.journal + 1, ledger.journal + 1 + len(todo))):
         raise JournalRaced
     names = [record_name(n) for n in todo]
-    for name, data in zip(names, read_files(root, names), strict=True):
+    for name, data in zip(names, root.read_many(names), strict=True):
         if isinstance(data, FileNotFoundError):
             raise JournalRaced
         if isinstance(data, Exception):
             raise data
-        apply_record(ledger, data, name=where(root, name))
+        apply_record(ledger, data, name=root.name(name))
 
 
 def apply_record(ledger: Ledger, data: bytes, *, name: str) -> None:
@@ -311,6 +305,6 @@ def apply_record(ledger: Ledger, data: bytes, *, name: str) -> None:
                             "build (it resumes from the ledger)") from e
 
 
-def _unsettled(root: Root) -> ManifestError:
-    return ManifestError(f"{where(root, JOURNAL_DIR)}: the journal kept changing while it was "
+def _unsettled(root: Files) -> ManifestError:
+    return ManifestError(f"{root.name(JOURNAL_DIR)}: the journal kept changing while it was "
                          f"read ({_RACES} tries); is more than one build writing this cache?")
