@@ -139,8 +139,9 @@ class RemoteStore:
             found = self.fs.ls(self.key(relative), detail=True, refresh=True)
         except FileNotFoundError:
             return []
-        return sorted(str(e["name"]).rsplit("/", 1)[-1] for e in found
-                      if e.get("type") == "file")
+        names = (str(e["name"]).rsplit("/", 1)[-1] for e in found if e.get("type") == "file")
+        return sorted(n for n in names if n)  # a store's marker of the directory itself: ''
+
 
     def stamp(self, relative: str) -> tuple[object, ...]:
         """What changes when the object is replaced: size and ETag (or time); ``()`` if it
