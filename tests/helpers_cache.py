@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import orjson
 
 import shardwise as sw
 from shardwise.format.paths import READER_DIR
@@ -42,8 +41,12 @@ def cache_documents(cache: sw.Cache | Path) -> list[list[int]]:
 def published_chunks(out: Path) -> int:
     """Chunks the ledger of a cache being built names now (-1 before it has a readable
     ledger): how a test decides when to kill a build mid-way."""
-    try:
-        ledger = orjson.loads((out / "ledger.json").read_bytes())
-    except (FileNotFoundError, orjson.JSONDecodeError):
+    from shardwise.errors import ManifestError
+    from shardwise.format.files import LocalFiles
+    from shardwise.format.ledger import Ledger
+
+    try:  # the snapshot and the journal records after it
+        ledger = Ledger.load(LocalFiles(out))
+    except ManifestError:
         return -1
-    return sum(len(seg["chunks"]) for src in ledger["sources"] for seg in src["segments"])
+    return sum(len(seg.chunks) for src in ledger.sources for seg in src.segments)

@@ -27,8 +27,10 @@ def test_build_prints_a_json_summary_and_makes_the_cache(cli, tmp_path: Path) ->
     assert set(summary) == {"root", "sources", "chunks", "documents", "tokens", "bytes_read",
                             "seconds", "errors", "resumed_chunks", "new_chunks",
                             "checked_chunks", "check_depth", "check_seconds", "rebuilt_chunks",
-                            "empty_documents", "notes"}
+                            "empty_documents", "notes", "ledger_seconds", "ledger_records",
+                            "ledger_snapshots"}
     assert summary["empty_documents"] == 0 and summary["notes"] == []
+    assert summary["ledger_snapshots"] >= 1 and summary["ledger_seconds"] > 0
     assert summary["root"] == str(out)
     assert (summary["sources"], summary["chunks"], summary["documents"]) == (1, 6, DOCS)
     assert summary["errors"] == {} and summary["new_chunks"] == 6

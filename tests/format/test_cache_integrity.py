@@ -44,7 +44,7 @@ def test_an_edited_manifest_is_caught_by_verify_and_open_cache(cache_dir: Path,
 
 def test_a_clean_cache_has_its_manifest_checksum(cache_dir: Path) -> None:
     ledger = orjson.loads((cache_dir / LEDGER_NAME).read_bytes())
-    assert ledger["version"] == 2 and len(ledger["manifest_xxh3"]) == 16
+    assert ledger["version"] == 3 and len(ledger["manifest_xxh3"]) == 16
     report = verify_cache(cache_dir)
     assert report.ok and report.notes == []
 

@@ -79,7 +79,7 @@ def test_empty_texts_are_documents(tmp_path: Path, corpus: Path, tokenizer_path:
     assert f"{len(TEXTS)} documents ({empties} empty)" in str(summary)
     ledger = orjson.loads((tmp_path / "c" / "ledger.json").read_bytes())
     chunks = ledger["sources"][0]["segments"][0]["chunks"]
-    assert ledger["version"] == 2 and sum(c["empty"] for c in chunks) == empties
+    assert ledger["version"] == 3 and sum(c["empty"] for c in chunks) == empties
 
 
 def test_inspect_counts_empty_documents(built: tuple[Path, BuildSummary],

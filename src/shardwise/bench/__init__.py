@@ -14,7 +14,7 @@ from shardwise.checkpoint import as_count
 from shardwise.errors import ConfigError
 
 BENCHES = ("build", "read", "stream", "records", "trace", "remote", "remote_open", "plan",
-           "open")
+           "open", "ledger")
 
 
 def add_common(p: argparse.ArgumentParser, *, repeat: int, repeat_help: str,

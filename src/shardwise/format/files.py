@@ -55,6 +55,25 @@ class Files(Protocol):
 
     def remove(self, relatives: list[str]) -> None: ...
 
+    def read_fresh(self, relative: str) -> bytes:
+        """:meth:`read`, bypassing any copy a store keeps of the file (a bucket's node
+        snapshot of its head files): for a reader that found the copy stale."""
+        ...
+
+    def read_many(self, relatives: list[str]) -> list[bytes | Exception]:
+        """Several small files, each its bytes or the error reading it raised
+        (FileNotFoundError when missing); on a store, all asked for at once."""
+        ...
+
+    def list_dir(self, relative: str) -> list[str]:
+        """The names of the files directly in directory ``relative`` (none if it does
+        not exist): one listing."""
+        ...
+
+    def stamp(self, relative: str) -> tuple[object, ...]:
+        """What changes when the file is replaced (``()`` if it is missing)."""
+        ...
+
 
 def check_key(relative: str, *, where: str, root: str) -> str:
     """``relative`` as a key inside the cache ``root``; refuses absolute keys, ``..`` and
@@ -120,6 +139,32 @@ class LocalFiles:
                 shutil.rmtree(path)
             else:
                 path.unlink(missing_ok=True)
+
+    def read_fresh(self, relative: str) -> bytes:
+        return self.read(relative)
+
+    def read_many(self, relatives: list[str]) -> list[bytes | Exception]:
+        out: list[bytes | Exception] = []
+        for rel in relatives:
+            try:
+                out.append(self.read(rel))
+            except FileNotFoundError as e:
+                out.append(e)
+        return out
+
+    def list_dir(self, relative: str) -> list[str]:
+        try:
+            return [e.name for e in os.scandir(self.root / relative) if e.is_file()]
+        except FileNotFoundError:
+            return []
+
+    def stamp(self, relative: str) -> tuple[object, ...]:
+        """Inode, time and size."""
+        try:
+            st = (self.root / relative).stat()
+        except FileNotFoundError:
+            return ()
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 __all__ = ["Files", "LocalFiles", "Payload", "check_key"]

@@ -27,10 +27,14 @@ from shardwise.format.files import Files
 from shardwise.format.ledger_index import INDEX_NAME, LedgerView
 
 LEDGER_NAME = "ledger.json"
-LEDGER_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+LEDGER_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 """Version 1 had no ``empty`` count per chunk (read as 0) and no ``manifest_xxh3`` (its
-manifest is not covered by a checksum)."""
+manifest is not covered by a checksum); before version 3 there was no journal (``journal``
+read as 0: no record follows the snapshot)."""
+JOURNAL_DIR = "ledger.journal"
+RECORD_VERSION = 1
+_RACES = 8
 
 
 @dataclass
@@ -97,6 +101,8 @@ class Ledger:
     sources: list[SourceProgress]
     version: int = LEDGER_VERSION
     manifest_xxh3: str = ""
+    journal: int = 0
+    """The last journal record folded into this ledger (:mod:`shardwise.format.journal`)."""
 
     @property
     def finished(self) -> bool:
@@ -136,8 +142,9 @@ class Ledger:
              "errors": seg.errors, "finished": seg.finished, "line": seg.line,
              "position": seg.position, "start": seg.start, "stop": seg.stop}
             for seg in src.segments]} for src in self.sources]
-        return orjson.dumps({"manifest_xxh3": self.manifest_xxh3, "sources": sources,
-                             "version": self.version}, option=orjson.OPT_SORT_KEYS)
+        return orjson.dumps({"journal": self.journal, "manifest_xxh3": self.manifest_xxh3,
+                             "sources": sources, "version": LEDGER_VERSION},
+                            option=orjson.OPT_SORT_KEYS)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, where: str = LEDGER_NAME) -> Ledger:
@@ -152,21 +159,35 @@ class Ledger:
             manifest_xxh3 = d.get("manifest_xxh3", "") if d["version"] >= 2 else ""
             if not isinstance(manifest_xxh3, str):
                 raise TypeError(f"manifest_xxh3 is {manifest_xxh3!r}, expected a string")
+            journal = int(d.get("journal", 0))
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise ManifestError(f"{where}: not a valid shardwise ledger ({e})") from e
-        return cls(sources=sources, manifest_xxh3=manifest_xxh3)
+        return cls(sources=sources, manifest_xxh3=manifest_xxh3, journal=journal)
 
     def save(self, root: Files) -> None:
-        """Replace ``ledger.json``, then its index (``ledger.index``: the reader's view,
-        tied to these bytes by their checksum)."""
+        """Replace ``ledger.json`` (the snapshot), then its index (``ledger.index``: the
+        reader's view, tied to these bytes by their checksum), then delete the journal
+        records it folds in."""
         data = self.to_json()
         root.write(LEDGER_NAME, data)
         root.write(INDEX_NAME, LedgerView.from_ledger(self).to_bytes(
             bytes_checksum(data)))
+        folded = [record_name(n) for n in record_numbers(root) if n <= self.journal]
+        if folded:
+            root.remove(folded)
 
     @classmethod
     def load(cls, root: Files) -> Ledger:
-        return cls.parse(read_ledger(root), where=root.name(LEDGER_NAME))
+        """The ledger: the snapshot, with every journal record after it applied."""
+        for attempt in range(_RACES):
+            ledger = cls.parse(read_ledger(root, fresh=attempt > 0),
+                               where=root.name(LEDGER_NAME))
+            try:
+                apply_records(root, ledger, record_numbers(root))
+            except JournalRaced:
+                continue
+            return ledger
+        raise _unsettled(root)
 
     @classmethod
     def parse(cls, data: bytes, *, where: str = LEDGER_NAME) -> Ledger:
@@ -176,10 +197,11 @@ class Ledger:
             raise ManifestError(f"{where}: invalid JSON ({e})") from e
 
 
-def read_ledger(root: Files) -> bytes:
-    """The bytes of ``root``'s ledger; a missing one is a :class:`ManifestError`."""
+def read_ledger(root: Files, *, fresh: bool = False) -> bytes:
+    """The bytes of ``root``'s ledger (``fresh``: not a copy a store keeps, e.g. after a
+    race with a compaction); a missing one is a :class:`ManifestError`."""
     try:
-        return root.read(LEDGER_NAME)
+        return root.read_fresh(LEDGER_NAME) if fresh else root.read(LEDGER_NAME)
     except FileNotFoundError:
         raise ManifestError(f"{root.location}: no {LEDGER_NAME}; the build has not started "
                             "or this is not a shardwise cache") from None
@@ -188,20 +210,101 @@ def read_ledger(root: Files) -> bytes:
 def read_view(root: Files) -> tuple[LedgerView, bool]:
     """What a reader needs of ``root``'s ledger, and whether it came from the index.
 
-    The index is used when it was made from the ledger's current bytes; otherwise (no
-    index: a cache from before it; a stale or damaged one) the ledger is parsed, which
-    gives the same view, only slower."""
-    data = read_ledger(root)
-    try:
-        index = root.read(INDEX_NAME)
-    except FileNotFoundError:
-        index = None
-    if index is not None:
+    The index is used when no journal record follows the snapshot and the index was made
+    from the snapshot's current bytes; otherwise (records pending: a build is running; no
+    index: a cache from before it; a stale or damaged one) the ledger is parsed and the
+    records applied, which gives the same view, only slower."""
+    for attempt in range(_RACES):
+        data, numbers = read_ledger(root, fresh=attempt > 0), record_numbers(root)
         try:
-            view = LedgerView.from_bytes(index, ledger_xxh3=bytes_checksum(data),
-                                         where=root.name(INDEX_NAME))
-        except ManifestError:  # damaged: the ledger is the truth; verify reports it
-            view = None
-        if view is not None:
-            return view, True
-    return LedgerView.from_ledger(Ledger.parse(data, where=root.name(LEDGER_NAME))), False
+            view, ledger = read_view_of(root, data, pending=bool(numbers))
+            if ledger is None:
+                return view, True
+            apply_records(root, ledger, numbers)
+        except JournalRaced:
+            continue
+        return LedgerView.from_ledger(ledger), False
+    raise _unsettled(root)
+
+
+def read_view_of(root: Files, data: bytes, *, pending: bool
+                 ) -> tuple[LedgerView, Ledger | None]:
+    """The view of snapshot bytes ``data``: from the index (and None) when nothing is
+    ``pending`` in the journal and the index matches, else the parsed ledger (whose view
+    is only its snapshot's until the caller applies the records)."""
+    if not pending:
+        try:
+            index = root.read(INDEX_NAME)
+        except FileNotFoundError:
+            index = None
+        if index is not None:
+            try:
+                view = LedgerView.from_bytes(index, ledger_xxh3=bytes_checksum(data),
+                                             where=root.name(INDEX_NAME))
+            except ManifestError:  # damaged: the ledger is the truth; verify reports it
+                view = None
+            if view is not None:  # None: made from other bytes (stale)
+                return view, None
+    ledger = Ledger.parse(data, where=root.name(LEDGER_NAME))
+    return LedgerView.from_ledger(ledger), ledger
+
+
+# -- the journal: records after the snapshot (format/journal.py writes and follows it) ----
+class JournalRaced(Exception):
+    """The journal changed under a reader (a compaction deleted records it listed)."""
+
+
+def record_name(number: int) -> str:
+    return f"{JOURNAL_DIR}/{number:08d}.json"
+
+
+def record_numbers(root: Files) -> list[int]:
+    """The numbers of the records in ``root``'s journal, sorted (one directory listing)."""
+    numbers = []
+    for name in root.list_dir(JOURNAL_DIR):
+        stem, dot, ext = name.partition(".")
+        if dot and ext == "json" and stem.isdigit():
+            numbers.append(int(stem))
+    return sorted(numbers)
+
+
+def apply_records(root: Files, ledger: Ledger, numbers: list[int]) -> None:
+    """Apply the records numbered after ``ledger.journal``, which must follow it without a
+    gap (else :class:`JournalRaced`: a compaction ran; read the snapshot again)."""
+    todo = [n for n in numbers if n > ledger.journal]
+    if todo != list(range(ledger.journal + 1, ledger.journal + 1 + len(todo))):
+        raise JournalRaced
+    names = [record_name(n) for n in todo]
+    for name, data in zip(names, root.read_many(names), strict=True):
+        if isinstance(data, FileNotFoundError):
+            raise JournalRaced
+        if isinstance(data, Exception):
+            raise data
+        apply_record(ledger, data, name=root.name(name))
+
+
+def apply_record(ledger: Ledger, data: bytes, *, name: str) -> None:
+    """Apply one record's bytes to ``ledger`` (format/SPEC.md, "The journal")."""
+    try:
+        record = orjson.loads(data)
+        if record.get("version") != RECORD_VERSION:
+            raise ManifestError(f"{name}: journal record version {record.get('version')!r}, "
+                                f"this shardwise reads {RECORD_VERSION}; upgrade shardwise")
+        for entry in record["segments"]:
+            seg = ledger.sources[entry["source"]].segments[entry["segment"]]
+            since = int(entry["from"])
+            if since > len(seg.chunks):
+                raise ValueError(f"source {entry['source']} segment {entry['segment']} "
+                                 f"follows chunk {since}, the ledger has {len(seg.chunks)}")
+            seg.chunks[since:] = [ChunkEntry(**c) for c in entry["chunks"]]
+            seg.position, seg.line, seg.errors = entry["position"], entry["line"], entry["errors"]
+            seg.finished, seg.stop = entry["finished"], entry["stop"]
+        ledger.journal = int(record["record"])
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError) as e:
+        raise ManifestError(f"{name}: not a valid ledger journal record ({e}); rerun the "
+                            "build (it resumes from the ledger)") from e
+
+
+def _unsettled(root: Files) -> ManifestError:
+    return ManifestError(f"{root.name(JOURNAL_DIR)}: the journal kept changing while it was "
+                         f"read ({_RACES} tries); is more than one build writing this cache?")

@@ -133,6 +133,26 @@ class RemoteStore:
         head = self._path + "/"
         return sorted(p[len(head):] for p in found if p.startswith(head))
 
+    def list_dir(self, relative: str) -> list[str]:
+        """The names of the objects directly under ``relative/`` (one LIST request)."""
+        try:
+            found = self.fs.ls(self.key(relative), detail=True, refresh=True)
+        except FileNotFoundError:
+            return []
+        names = (str(e["name"]).rsplit("/", 1)[-1] for e in found if e.get("type") == "file")
+        return sorted(n for n in names if n)  # a store's marker of the directory itself: ''
+
+
+    def stamp(self, relative: str) -> tuple[object, ...]:
+        """What changes when the object is replaced: size and ETag (or time); ``()`` if it
+        does not exist."""
+        try:
+            info = self.fs.info(self.key(relative), refresh=True)
+        except FileNotFoundError:
+            return ()
+        return (info.get("size"), info.get("ETag") or info.get("LastModified")
+                or info.get("mtime") or info.get("created"))
+
     def remove(self, relatives: list[str]) -> None:
         keys = [self.key(r) for r in relatives]
         if keys:

@@ -32,13 +32,20 @@ from shardwise.storage import chunk_fetch
 from shardwise.storage.chunk_check import CheckDepth, ChunkExpect, check_remote_chunk
 from shardwise.storage.chunk_table import ChunkInfo
 from shardwise.storage.download import DownloadDir
-from shardwise.storage.heads import HEAD_NAMES, NodeHeads
+from shardwise.storage.heads import NodeHeads
 from shardwise.storage.owned import clear_keys, is_owned
 from shardwise.storage.prefetch import Prefetcher
 from shardwise.storage.store import ChunkStore
 from shardwise.storage.verify_report import VerifyReport
 
 _T = TypeVar("_T")
+
+
+def _read_or_error(read: Callable[[str], bytes], name: str) -> bytes | Exception:
+    try:
+        return read(name)
+    except FileNotFoundError as e:
+        return e
 
 
 class BucketStore(ChunkStore):
@@ -71,7 +78,7 @@ class BucketStore(ChunkStore):
         return self.remote.url_of(relative)
 
     def read(self, relative: str) -> bytes:
-        if self.heads is not None and relative in HEAD_NAMES:
+        if self.heads is not None and self.heads.is_head(relative):
             return self.heads.read(relative)
         return self.remote.get(relative)
 
@@ -90,6 +97,25 @@ class BucketStore(ChunkStore):
 
     def remove(self, relatives: list[str]) -> None:
         self.remote.remove(relatives)
+
+    def read_fresh(self, relative: str) -> bytes:
+        return self.remote.get(relative)
+
+    def read_many(self, relatives: list[str]) -> list[bytes | Exception]:
+        if self.heads is not None and all(self.heads.is_head(r) for r in relatives):
+            return [_read_or_error(self.heads.read, r) for r in relatives]
+        got = self.remote.get_many(relatives) if relatives else {}
+        return [got[r] for r in relatives]
+
+    def list_dir(self, relative: str) -> list[str]:
+        if self.heads is not None and self.heads.is_head(relative + "/"):
+            return self.heads.list_dir(relative)  # the node's listing, not one per rank
+        return self.remote.list_dir(relative)
+
+    def stamp(self, relative: str) -> tuple[object, ...]:
+        if self.heads is not None and self.heads.is_head(relative):
+            return self.heads.stamp(relative)
+        return self.remote.stamp(relative)
 
     # -- a build -------------------------------------------------------------------------
     def clear(self) -> int:

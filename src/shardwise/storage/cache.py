@@ -30,7 +30,8 @@ import numpy.typing as npt
 
 from shardwise.errors import CacheError
 from shardwise.format.chunk import ChunkMeta
-from shardwise.format.ledger import LEDGER_NAME, read_view
+from shardwise.format.journal import LedgerTail
+from shardwise.format.ledger import LEDGER_NAME
 from shardwise.format.ledger_index import ChunkColumns, SourceTotals
 from shardwise.format.manifest import Manifest
 from shardwise.format.megatron import MegatronIndex
@@ -54,6 +55,7 @@ class Cache:
                       vocab_size=vocab_size, finished=finished, errors=errors,
                       fingerprint=fingerprint, verify=verify, sources=sources)
         store.bind(self)
+        self.tail: LedgerTail | None = None  # made by the first refresh
         assert store.checks is not None
         self.checks: CacheChecks = store.checks
 
@@ -123,7 +125,11 @@ class Cache:
         """Re-read the ledger; append newly visible chunks; return how many appeared."""
         if self.manifest is None or self.finished:
             return 0
-        view, _ = read_view(self.store)
+        if self.tail is None:  # where refreshes continue reading the ledger
+            self.tail = LedgerTail(self.store)
+        view = self.tail.read()  # only what is new: the journal's new records
+        if view is None:
+            return 0
         differ = self.chunks.same_prefix(view.chunks)
         if differ >= 0:
             new = (view.chunks.stem[differ].decode() if differ < len(view.chunks)

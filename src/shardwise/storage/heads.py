@@ -1,4 +1,5 @@
-"""A remote cache's head files (manifest, ledger, its index), fetched once per node.
+"""A remote cache's head files (manifest, ledger, its index, the ledger's journal records),
+fetched once per node.
 
 Why: every rank opening a cache on an object store used to ask the store for the same
 three small objects (6 requests each with s3fs's HEAD + GET): at 1,024 ranks, 6,144
@@ -30,7 +31,8 @@ import orjson
 from shardwise.concurrency.once import build_once
 from shardwise.errors import CacheError
 from shardwise.format.atomic import atomic_write_bytes
-from shardwise.format.ledger import LEDGER_NAME
+from shardwise.format.checksum import bytes_checksum
+from shardwise.format.ledger import JOURNAL_DIR, LEDGER_NAME
 from shardwise.format.ledger_index import INDEX_NAME
 from shardwise.format.manifest import MANIFEST_NAME
 from shardwise.remote.client import SMALL_END, RemoteStore
@@ -57,13 +59,29 @@ class NodeHeads:
     def read(self, name: str) -> bytes:
         """Head file ``name``'s bytes from a snapshot at most ``max_age`` seconds old
         (fetched if there is none); FileNotFoundError if the store had no such object."""
-        files = build_once(self.dir / LOCK_NAME, load=self._load, build=self._fetch,
-                           what=f"the head files of {self.remote.url}",
-                           damaged=(CacheError,))
-        data = files.get(name)
+        data = self._files().get(name)
         if data is None:
             raise FileNotFoundError(self.remote.url_of(name))
         return data
+
+    def is_head(self, name: str) -> bool:
+        """True for a file the snapshot holds: the three head files and the ledger's
+        journal records (:mod:`shardwise.format.journal`)."""
+        return name in HEAD_NAMES or name.startswith(JOURNAL_DIR + "/")
+
+    def _files(self) -> dict[str, bytes]:
+        return build_once(self.dir / LOCK_NAME, load=self._load, build=self._fetch,
+                          what=f"the head files of {self.remote.url}", damaged=(CacheError,))
+
+    def list_dir(self, directory: str) -> list[str]:
+        """The journal's records the snapshot holds (the store's listing when fetched)."""
+        head = directory.rstrip("/") + "/"
+        return [n[len(head):] for n in self._files() if n.startswith(head)]
+
+    def stamp(self, name: str) -> tuple[object, ...]:
+        """What changes when the snapshot's copy of ``name`` does."""
+        data = self._files().get(name)
+        return () if data is None else (len(data), bytes_checksum(data))
 
     def refreshing(self) -> None:
         """From now on, serve snapshots at most ``REFRESH_S`` old (the cache is open:
@@ -83,8 +101,11 @@ class NodeHeads:
         return _parse(raw, path)
 
     def _fetch(self) -> None:
-        """Under the node's lock: the three objects at once, published as one file."""
-        got = self.remote.get_many(list(HEAD_NAMES))
+        """Under the node's lock: the journal's listing, then the three objects and the
+        listed records at once, published as one file (a record the build's compaction
+        deleted meanwhile is simply absent: the ledger fetched after it folds it in)."""
+        records = [f"{JOURNAL_DIR}/{n}" for n in self.remote.list_dir(JOURNAL_DIR)]
+        got = self.remote.get_many([*HEAD_NAMES, *records])
         files: dict[str, bytes] = {}
         for name, data in got.items():
             if isinstance(data, FileNotFoundError):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from shardwise.errors import ConfigError
 from shardwise.format.files import Files
-from shardwise.format.ledger import LEDGER_NAME
+from shardwise.format.ledger import JOURNAL_DIR, LEDGER_NAME
 from shardwise.format.ledger_index import INDEX_NAME
 from shardwise.format.manifest import MANIFEST_NAME
 
@@ -32,10 +32,11 @@ _TEMP = r"(?:\.tmp-|\.claim-)[^/]*"
 _CHUNK = rf"chunks/\d{{5,}}/(?:\d{{5,}}-\d{{5,}}\.(?:bin|idx|parquet|json)|{_TEMP})"
 _OWNED_FILE = re.compile(
     rf"(?:{re.escape(MANIFEST_NAME)}|{re.escape(LEDGER_NAME)}|{re.escape(INDEX_NAME)}"
-    rf"|{_TEMP}|{_CHUNK}"
+    rf"|{_TEMP}|{_CHUNK}|{re.escape(JOURNAL_DIR)}/(?:\d{{8,}}\.json|{_TEMP})"
     rf"|{re.escape(PLANS_DIR)}/.+"
     rf"|[0-9a-f]{{16}}/(?:\.lock|heads|{_TEMP}|{_CHUNK}))")
-_OWNED_DIR = re.compile(rf"(?:chunks(?:/\d{{5,}})?|{re.escape(PLANS_DIR)}(?:/.+)?"
+_OWNED_DIR = re.compile(rf"(?:chunks(?:/\d{{5,}})?|{re.escape(JOURNAL_DIR)}"
+                        rf"|{re.escape(PLANS_DIR)}(?:/.+)?"
                         rf"|[0-9a-f]{{16}}(?:/chunks(?:/\d{{5,}})?)?)")
 
 

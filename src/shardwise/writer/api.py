@@ -17,6 +17,7 @@ from shardwise._version import __version__
 from shardwise.choice import Choice
 from shardwise.errors import CacheError, ConfigError
 from shardwise.format.chunk import ChunkKind
+from shardwise.format.journal import Journal
 from shardwise.format.ledger import ChunkEntry, Ledger
 from shardwise.format.manifest import (
     Manifest,
@@ -119,11 +120,14 @@ def _make_executor(executor: str | ExecutorKind | Executor | None, workers: int 
 
 
 class _Coordinator:
-    """Applies worker messages to the ledger and saves it (at most every 0.25 s)."""
+    """Applies worker messages to the ledger and saves what changed as a journal record
+    (at most every 0.25 s; the whole ledger only when the journal is compacted:
+    :mod:`shardwise.format.journal`)."""
 
     def __init__(self, root: ChunkStore, ledger: Ledger, reporter: ProgressReporter,
                  infos: list[SourceInfo]) -> None:
         self.root, self.ledger, self.reporter, self.infos = root, ledger, reporter, infos
+        self.journal = Journal(root, ledger)
         self.dirty = False
         self.saved_at = 0.0
         self.new_chunks = 0
@@ -145,6 +149,7 @@ class _Coordinator:
                 return
             seg.chunks.append(msg.entry)
             seg.position, seg.line, seg.errors = msg.position, msg.line, msg.errors
+            self.journal.touch(msg.source, msg.seg_index)
             self.new_chunks += 1
         elif isinstance(msg, SegmentDone):
             seg = self.ledger.sources[msg.source].segments[msg.seg_index]
@@ -152,6 +157,7 @@ class _Coordinator:
                 seg.stop = msg.position
             seg.position, seg.line, seg.errors = msg.position, msg.line, msg.errors
             seg.finished = True
+            self.journal.touch(msg.source, msg.seg_index)
             self.reporter.advance(1.0)
         self.dirty = True
         self.save(force=False)
@@ -169,9 +175,14 @@ class _Coordinator:
                              "overwrite=True (--overwrite), or build into a new directory")
 
     def save(self, force: bool) -> None:
+        """A journal record at most every 0.25 s; ``force`` (the end of a run, whatever
+        ended it): the whole ledger, compacted."""
         now = time.monotonic()
-        if self.dirty and (force or now - self.saved_at >= LEDGER_SAVE_INTERVAL):
-            self.ledger.save(self.root)
+        if force:
+            self.journal.compact()
+            self.saved_at, self.dirty = now, False
+        elif self.dirty and now - self.saved_at >= LEDGER_SAVE_INTERVAL:
+            self.journal.save()
             self.saved_at, self.dirty = now, False
 
 
@@ -275,7 +286,9 @@ def _summary(root: ChunkStore, ledger: Ledger, check: Check, coordinator: _Coord
         check_depth=check.depth.name.lower() if check.depth is not None else "",
         check_seconds=check.seconds,
         rebuilt_chunks={d.stem: d.reason(root) for d in check.damaged},
-        empty_documents=sum(c.empty for _, c in order), notes=notes)
+        empty_documents=sum(c.empty for _, c in order), notes=notes,
+        ledger_seconds=coordinator.journal.seconds, ledger_records=coordinator.journal.records,
+        ledger_snapshots=coordinator.journal.snapshots)
 
 
 __all__ = ["build"]

@@ -41,6 +41,10 @@ class BuildSummary:
     """Documents with no token (an empty text), counted in ``documents`` too."""
     notes: list[str] = field(default_factory=list)
     """Things the build changed on its own, said once (e.g. tokenizer truncation off)."""
+    ledger_seconds: float = 0.0
+    """Time spent saving progress: journal records and ledger snapshots."""
+    ledger_records: int = 0
+    ledger_snapshots: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

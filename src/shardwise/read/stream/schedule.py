@@ -38,7 +38,7 @@ from shardwise.concurrency.poll import wait_until
 from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import ConfigError, ManifestError, ProducerTimeoutError
 from shardwise.format.chunk import ChunkKind
-from shardwise.format.ledger import LEDGER_NAME
+from shardwise.format.ledger import JOURNAL_DIR, LEDGER_NAME
 from shardwise.format.manifest import MANIFEST_NAME
 from shardwise.plan.stream import block_read_order, stream_chunk_tokens, windows_per_block
 from shardwise.read.stream.chunk_cache import ChunkCache, Tokens
@@ -167,12 +167,10 @@ class Follower:
         self.cache, self.poll, self.timeout, self.stop = cache, poll_interval, timeout, stop
         self.waited = 0.0
 
-    def _ledger_stamp(self) -> tuple[int, int, int]:
-        try:
-            st = (self.cache.root / LEDGER_NAME).stat()
-        except OSError:
-            return (0, 0, 0)
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
+    def _ledger_stamp(self) -> object:
+        """Changes whenever the ledger does: its snapshot or a new journal record."""
+        tail = self.cache.tail
+        return tail.stamp() if tail is not None else None
 
     def wait(self, stream: int, what: str) -> None:
         """Return once the cache has grown or finished; raise if the producer went quiet."""
@@ -189,9 +187,11 @@ class Follower:
 
     def _message(self, stream: int, what: str, waited: float) -> str:
         root = self.cache.root
-        try:
-            age = f"{time.time() - (root / LEDGER_NAME).stat().st_mtime:.1f} s ago"
-        except OSError as e:
+        try:  # the snapshot, or the journal's last record
+            changed = max(p.stat().st_mtime for p in (root / LEDGER_NAME, root / JOURNAL_DIR)
+                          if p.exists())
+            age = f"{time.time() - changed:.1f} s ago"
+        except (OSError, ValueError) as e:
             age = f"unknown ({e})"
         return (f"{root}: stream {stream} waited {waited:.1f} s for {what}, and nothing new "
                 f"was published for timeout={self.timeout:g} s (the cache has "
