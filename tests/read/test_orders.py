@@ -91,9 +91,9 @@ def test_the_loader_resumes_a_new_order_and_refuses_another(cache_dir: Path) -> 
                       global_batch_size=4, micro_batch_size=2, world=sw.World(0, 1))
 
     assert_resumes_exactly(make, steps=5)
-    it = iter(make())
-    next(it)
-    state = it.state_dict()
+    dl = make()
+    next(iter(dl))
+    state = dl.state_dict()
     other = make("window")
     with pytest.raises(StateError, match="shuffle"):
         other.load_state_dict(state)

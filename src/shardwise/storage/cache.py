@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -350,6 +350,23 @@ class Cache:
 
     def doc_lengths(self, i: int) -> npt.NDArray[np.integer]:
         return self.index(i).document_lengths
+
+    def gather(self, runs: Any) -> npt.NDArray[np.generic]:
+        """The tokens of ``runs`` (columns ``chunk, offset, length``: runs of stored
+        tokens, in order) concatenated, in the cache's dtype, their ids checked: the one
+        call a reader makes per batch (docs/DESIGN.md, ``ChunkStore``). Minimal form: one
+        slice per run, joined in one copy."""
+        chunk, offset, length = (np.asarray(a).tolist() for a in runs)
+        mem = {c: self.tokens(c).data for c in dict.fromkeys(chunk)}  # each map looked up once
+        parts = [mem[c][o: o + n] for c, o, n in zip(chunk, offset, length, strict=True)]
+        out = np.frombuffer(b"".join(parts), dtype=self.dtype)
+        if len(out):
+            def offset_of(k: int) -> int:  # only asked for a bad id
+                ends = np.cumsum(length)
+                r = int(np.searchsorted(ends, k, side="right"))
+                return int(self.cum_tokens[chunk[r]]) + offset[r] + k - int(ends[r]) + length[r]
+            self.checks.batch_ids(out, offset_of)
+        return out
 
     def read_tokens(self, start: int, stop: int) -> npt.NDArray[np.generic]:
         """Tokens ``[start, stop)`` of the concatenated stream (may span chunks)."""
