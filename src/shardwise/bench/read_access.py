@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from shardwise.bench.child import run_child
+from shardwise.bench.child import child_env, run_child
 
 ORDERS = ("none", "window", "block", "document")
 ACCESS_CODE = """
@@ -98,9 +98,7 @@ def measure_access(prefix: Path, args: Any, meg: Any, log: Callable[[str], None]
     best: dict[str, dict[str, dict[str, float]]] = {}
     for r in range(args.repeat):
         for label, src in srcs.items():
-            env = None
-            if src is not None:
-                env = {**os.environ, "PYTHONPATH": src}
+            env = child_env() if src is None else {**os.environ, "PYTHONPATH": src}
             got = run_child(ACCESS_CODE, prefix, args.seq_len, args.seed, m, nb,
                             ",".join(ORDERS), env=env, what=f"the access bench ({label})")
             for order, secs in got.items():

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -43,12 +43,13 @@ from shardwise.format.ledger_index import ChunkColumns, SourceTotals
 from shardwise.format.manifest import Manifest
 from shardwise.format.megatron import MegatronIndex, open_bin, read_idx
 from shardwise.format.paths import safe_join
+from shardwise.remote.client import RemoteStore
 from shardwise.storage import chunk_fetch, open_maps
 from shardwise.storage.chunk_table import ChunkInfo, ChunkTable
 from shardwise.storage.download import DownloadDir
 from shardwise.storage.integrity import CacheChecks
 from shardwise.storage.prefetch import Prefetcher
-from shardwise.remote.client import RemoteStore
+from shardwise.storage.store import Runs, gather_runs
 
 _T = TypeVar("_T")
 
@@ -348,25 +349,19 @@ class Cache:
         d["_maps"], d["_indexes"] = OrderedDict(), OrderedDict()
         return d
 
+    def gather(self, runs: Runs | tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike]
+               ) -> npt.NDArray[np.generic]:
+        """The tokens of ``runs`` (columns ``chunk, offset, length``: see
+        :mod:`shardwise.storage.store`) concatenated in order, in the cache's dtype, their
+        ids checked against the vocabulary: the one call a reader makes per batch."""
+        runs = Runs.of(runs)
+        runs.check(self.chunks.columns.tokens, self.location)
+        out = gather_runs(self.tokens, runs, self.dtype)
+        self.checks.batch_ids(out, runs.stream_offset(self.cum_tokens))
+        return out
+
     def doc_lengths(self, i: int) -> npt.NDArray[np.integer]:
         return self.index(i).document_lengths
-
-    def gather(self, runs: Any) -> npt.NDArray[np.generic]:
-        """The tokens of ``runs`` (columns ``chunk, offset, length``: runs of stored
-        tokens, in order) concatenated, in the cache's dtype, their ids checked: the one
-        call a reader makes per batch (docs/DESIGN.md, ``ChunkStore``). Minimal form: one
-        slice per run, joined in one copy."""
-        chunk, offset, length = (np.asarray(a).tolist() for a in runs)
-        mem = {c: self.tokens(c).data for c in dict.fromkeys(chunk)}  # each map looked up once
-        parts = [mem[c][o: o + n] for c, o, n in zip(chunk, offset, length, strict=True)]
-        out = np.frombuffer(b"".join(parts), dtype=self.dtype)
-        if len(out):
-            def offset_of(k: int) -> int:  # only asked for a bad id
-                ends = np.cumsum(length)
-                r = int(np.searchsorted(ends, k, side="right"))
-                return int(self.cum_tokens[chunk[r]]) + offset[r] + k - int(ends[r]) + length[r]
-            self.checks.batch_ids(out, offset_of)
-        return out
 
     def read_tokens(self, start: int, stop: int) -> npt.NDArray[np.generic]:
         """Tokens ``[start, stop)`` of the concatenated stream (may span chunks)."""

@@ -119,7 +119,7 @@ class WindowOrder(Order):
         if not indices:
             return []
         lo, hi = min(indices), max(indices)
-        if lo >= 0 and 1 < len(indices) and hi - lo < 2 * len(indices):  # dense: a sampler's
+        if lo >= 0 and len(indices) > 1 and hi - lo < 2 * len(indices):  # dense: a sampler's
             epoch, p = divmod(lo, self.n)
             b = p // ORDER_BLOCK
             base = epoch * self.n + b * ORDER_BLOCK
