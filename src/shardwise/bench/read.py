@@ -94,9 +94,10 @@ def add_subparser(which: Any) -> argparse.ArgumentParser:
     r.add_argument("--repeat", type=int, default=5, help="best of N runs (default 5)")
     r.add_argument("--seed", type=int, default=1234)
     add_megatron_options(r, keep="the data")
-    r.add_argument("--baseline-src", default=None, metavar="DIR",
+    r.add_argument("--baseline-src", action="append", default=[], metavar="[LABEL=]DIR",
                    help="also measure random vs consecutive access with the shardwise of "
-                        "this src directory (e.g. a worktree at main), in the same run")
+                        "this src directory (e.g. a worktree at main; label 'before' "
+                        "unless given), in the same run; repeatable")
     r.add_argument("--access-only", action="store_true",
                    help="only the random vs consecutive access figures (and the loader)")
     r.add_argument("--json", action="store_true", help="print the figures as JSON")

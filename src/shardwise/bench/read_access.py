@@ -90,11 +90,14 @@ def _megatron_access(meg: Any, m: int, nb: int, seed: int) -> dict[str, float]:
 def measure_access(prefix: Path, args: Any, meg: Any, log: Callable[[str], None]
                    ) -> dict[str, Any]:
     """Examples/s of every order read at random and consecutively (best of
-    ``--repeat`` rounds), for this checkout and ``--baseline-src`` if given."""
+    ``--repeat`` rounds), for this checkout and each ``--baseline-src`` (its rounds
+    interleaved with this checkout's)."""
     m, nb = args.micro_batch, args.batches
-    srcs = {"after": None}
-    if getattr(args, "baseline_src", None):
-        srcs = {"before": str(args.baseline_src), **srcs}
+    srcs: dict[str, str | None] = {}
+    for given in getattr(args, "baseline_src", None) or []:
+        label, _, src = str(given).rpartition("=")
+        srcs[label or "before"] = src
+    srcs["after"] = None
     best: dict[str, dict[str, dict[str, float]]] = {}
     for r in range(args.repeat):
         for label, src in srcs.items():
@@ -118,8 +121,8 @@ def measure_access(prefix: Path, args: Any, meg: Any, log: Callable[[str], None]
 def access_lines(acc: dict[str, Any]) -> list[str]:
     """The access figures as text: per order, random / consecutive (ex/s and ratio)."""
     lines = ["random vs consecutive access (ex/s; ratio random/consecutive)"]
-    for label in ("before", "after", "megatron"):
-        for order, eps in acc.get(label, {}).items():
+    for label, per in acc.items():
+        for order, eps in per.items():
             parts = []
             for path in ("getitems", "getitem"):
                 c, r = eps.get(f"{path}_consecutive"), eps.get(f"{path}_random")
@@ -128,11 +131,13 @@ def access_lines(acc: dict[str, Any]) -> list[str]:
             if "loader" in eps:
                 parts.append(f"loader {eps['loader']:,.0f}")
             lines.append(f"  {label:8s} {order:9s} " + "   ".join(parts))
-    if "before" in acc:
+    for label in acc:
+        if label in ("after", "megatron"):
+            continue
         for order, eps in acc["after"].items():
-            b = acc["before"].get(order, {})
+            b = acc[label].get(order, {})
             if b.get("loader") and eps.get("loader"):
-                lines.append(f"  loader after/before, {order}: "
+                lines.append(f"  loader after/{label}, {order}: "
                              f"{eps['loader'] / b['loader']:.3f}")
     return lines
 
