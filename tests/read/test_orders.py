@@ -110,3 +110,22 @@ def test_trace_names_a_new_orders_examples(cache_dir: Path) -> None:
         b = first[e.micro_batch]
         window = [*b["input_ids"][e.row].tolist(), int(b["labels"][e.row][-1])]
         assert [t for p in e.pieces for t in (p.ids or [])] == window
+
+
+@pytest.mark.parametrize("shuffle", ["none", "window", "block", "reversed"])
+def test_an_epoch_beyond_the_order_cache_is_computed_per_position(
+        cache_dir: Path, shuffle: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random indices of an epoch longer than the order cache: each computed alone
+    (``window_at``), the same windows as whole order blocks give."""
+    import shardwise.read.orders.windows as windows
+
+    ds = sw.TokenDataset(cache_dir, seq_len=SEQ, seed=5, shuffle=shuffle, block_size=4)
+    idx = np.random.default_rng(1).integers(0, 3 * len(ds), 40).tolist()
+    want = ds.windows(idx).tolist()
+    monkeypatch.setattr(windows, "CACHE_WINDOWS", 0)
+    fresh = sw.TokenDataset(cache_dir, seq_len=SEQ, seed=5, shuffle=shuffle, block_size=4)
+    assert fresh.order.window_list(idx[::3]) == want[::3]  # scattered: one by one
+    assert fresh.order.window_list([idx[0]]) == want[:1]
+    assert not fresh.order._blocks  # no order block was computed
+    batch = fresh.get_batch(idx)
+    assert batch["input_ids"].tolist() == ds.get_batch(idx)["input_ids"].tolist()

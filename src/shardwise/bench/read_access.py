@@ -22,21 +22,23 @@ from typing import Any
 import numpy as np
 
 from shardwise.bench.child import child_env, run_child
+from shardwise.bench.read_fresh import CLOCKS
 
 ORDERS = ("none", "window", "block", "document")
 ACCESS_CODE = """
 import json, sys, time
 import numpy as np
 import shardwise
-prefix, seq_len, seed, m, nb, orders = sys.argv[1:7]
+prefix, seq_len, seed, m, nb, orders, clock = sys.argv[1:8]
 seq_len, seed, m, nb = int(seq_len), int(seed), int(m), int(nb)
+now = getattr(time, clock)
 def timed(fn, batches):
     best = None
     for _ in range(2):  # the first pass maps the pages it touches: the second is timed too
-        t = time.perf_counter()
+        t = now()
         for b in batches:
             fn(b)
-        s = time.perf_counter() - t
+        s = now() - t
         best = s if best is None else min(best, s)
     return best
 out = {}
@@ -60,18 +62,19 @@ for order in orders.split(","):
                 num_workers=0)
     it = iter(dl)
     next(it)
-    t = time.perf_counter()
+    t = now()
     for _ in range(nb):
         next(it)
-    out[order]["loader"] = time.perf_counter() - t
+    out[order]["loader"] = now() - t
 print(json.dumps(out))
 """
 
 
-def _megatron_access(meg: Any, m: int, nb: int, seed: int) -> dict[str, float]:
+def _megatron_access(meg: Any, m: int, nb: int, seed: int, clock: str) -> dict[str, float]:
     """Seconds of ``nb`` micro-batches of ``meg[i]`` at consecutive and random indices."""
     import time
 
+    now = getattr(time, CLOCKS[clock])
     from shardwise.bench.read_data import quiet
 
     cons = [list(range(k * m, (k + 1) * m)) for k in range(nb)]
@@ -80,10 +83,10 @@ def _megatron_access(meg: Any, m: int, nb: int, seed: int) -> dict[str, float]:
     with quiet():
         for name, batches in (("consecutive", cons), ("random", rnd)):
             [meg[i] for i in batches[0]]
-            t = time.perf_counter()
+            t = now()
             for b in batches:
                 [meg[i] for i in b]
-            out[f"getitem_{name}"] = time.perf_counter() - t
+            out[f"getitem_{name}"] = now() - t
     return out
 
 
@@ -103,13 +106,14 @@ def measure_access(prefix: Path, args: Any, meg: Any, log: Callable[[str], None]
         for label, src in srcs.items():
             env = child_env() if src is None else {**os.environ, "PYTHONPATH": src}
             got = run_child(ACCESS_CODE, prefix, args.seq_len, args.seed, m, nb,
-                            ",".join(ORDERS), env=env, what=f"the access bench ({label})")
+                            ",".join(ORDERS), CLOCKS[args.clock], env=env,
+                            what=f"the access bench ({label})")
             for order, secs in got.items():
                 mine = best.setdefault(label, {}).setdefault(order, {})
                 for k, v in secs.items():
                     mine[k] = min(v, mine.get(k, v))
         if meg is not None:
-            for k, v in _megatron_access(meg, m, nb, args.seed).items():
+            for k, v in _megatron_access(meg, m, nb, args.seed, args.clock).items():
                 mg = best.setdefault("megatron", {}).setdefault("megatron", {})
                 mg[k] = min(v, mg.get(k, v))
         log(f"  access round {r + 1}/{args.repeat}")

@@ -33,16 +33,18 @@ def _pieces(index: DocShuffleIndex, w: IntArray, seq_len: int, doc_starts: IntAr
     stream start, length) of each non-empty piece, in order, and each window's tokens."""
     cum, order = index._plain
     start = w * seq_len
-    stop = np.minimum(start + seq_len + 1, int(cum[-1]))
-    first = np.searchsorted(cum, start, side="right") - 1
-    last = np.searchsorted(cum, stop - 1, side="right") - 1
-    count = last - first + 1
+    stop = np.minimum(start + (seq_len + 1), int(cum[-1]))
+    first = cum.searchsorted(start, side="right") - 1
+    count = cum.searchsorted(stop - 1, side="right") - first
     row = np.repeat(np.arange(len(w)), count)
-    p = first[row] + np.arange(len(row)) - np.repeat(np.cumsum(count) - count, count)
-    lo = np.maximum(cum[p], start[row])
+    p = np.arange(len(row)) + np.repeat(first - np.cumsum(count) + count, count)
+    at = cum[p]
+    lo = np.maximum(at, start[row])
     length = np.minimum(cum[p + 1], stop[row]) - lo
-    stored = doc_starts[order[p]] + (lo - cum[p])
+    stored = doc_starts[order[p]] + (lo - at)
     keep = length > 0
+    if keep.all():
+        return row, stored, length, stop - start
     return row[keep], stored[keep], length[keep], stop - start
 
 
@@ -96,24 +98,35 @@ class DocumentShuffle(Order):
     def locate(self, indices: npt.ArrayLike) -> Runs:
         idx = check_indices(indices)
         n, L, cache = self.ds.num_windows, self.ds.config.seq_len, self.ds.cache
-        epochs, w = np.divmod(np.maximum(idx, 0), n)
+        epochs, w = np.divmod(idx, n)
+        if idx.size and epochs.min() == epochs.max() >= 0:  # one epoch, no padding: usual
+            _, stored, length, tokens = _pieces(self.plan(int(epochs[0])), w, L,
+                                                self.doc_starts())
+        else:
+            stored, length, tokens = self._locate_epochs(idx, epochs, w)
+        cum = cache.cum_tokens
+        if len(cum) == 2:  # one chunk: stored offsets are its offsets
+            return Runs(np.zeros_like(stored), stored, length, tokens)
+        chunk = cum.searchsorted(stored, side="right") - 1
+        return Runs(chunk, stored - cum[chunk], length, tokens)
+
+    def _locate_epochs(self, idx: IntArray, epochs: IntArray, w: IntArray
+                       ) -> tuple[IntArray, IntArray, IntArray]:
+        """:meth:`locate`'s pieces for indices of several epochs, or with padding."""
         parts, tokens = [], np.zeros(len(idx), dtype=np.int64)
         real = idx >= 0
         for e in sorted(set(epochs[real].tolist())):
             rows = np.flatnonzero((epochs == e) & real)
-            row, stored, length, held = _pieces(self.plan(e), w[rows], L, self.doc_starts())
+            row, stored, length, held = _pieces(self.plan(e), w[rows], self.ds.config.seq_len,
+                                                self.doc_starts())
             parts.append((rows[row], stored, length))
             tokens[rows] = held
-        if len(parts) > 1:  # several epochs: pieces back in example order
-            row, stored, length = (np.concatenate(c) for c in zip(*parts, strict=True))
-            by = np.argsort(row, kind="stable")
-            stored, length = stored[by], length[by]
-        elif parts:
-            _, stored, length = parts[0]
-        else:
-            stored = length = np.zeros(0, dtype=np.int64)
-        chunk = np.searchsorted(cache.cum_tokens, stored, side="right") - 1
-        return Runs(chunk, stored - cache.cum_tokens[chunk], length, tokens)
+        if not parts:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, tokens
+        row, stored, length = (np.concatenate(c) for c in zip(*parts, strict=True))
+        by = np.argsort(row, kind="stable")  # pieces back in example order
+        return stored[by], length[by], tokens
 
     def read(self, indices: list[int]) -> dict[str, npt.NDArray[Any]]:
         """A sampler's micro-batch (consecutive windows of one epoch) as one span of the
