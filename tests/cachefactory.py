@@ -25,6 +25,7 @@ from shardwise.format.chunk import (
     publish_record_chunk,
     publish_token_chunk,
 )
+from shardwise.format.files import LocalFiles
 from shardwise.format.ledger import ChunkEntry, Ledger, Segment, SourceProgress
 from shardwise.format.manifest import Manifest, SourceInfo, TokenizerInfo, manifest_checksum
 
@@ -64,8 +65,8 @@ def make_cache(root: Path, sources: Sequence[Docs], *, chunk_docs: int = 3,
         seg.finished = False
         seg.position = seg.stop - dropped.documents
         seg.line = seg.position - seg.start
-    _manifest(sources, kind, dtype, vocab_size, eod_id).save(root)
-    Ledger(progress, manifest_xxh3=manifest_checksum(root)).save(root)
+    _manifest(sources, kind, dtype, vocab_size, eod_id).save(LocalFiles(root))
+    Ledger(progress, manifest_xxh3=manifest_checksum(LocalFiles(root))).save(LocalFiles(root))
     return root
 
 
@@ -81,9 +82,9 @@ def _segment(root: Path, s: int, g: int, docs: Docs, start: int, stop: int,
         if kind == ChunkKind.TOKENS.value:
             flat = np.array([t for d in part for t in d], dtype=dtype)
             lengths = np.array([len(d) for d in part], dtype=np.int64)
-            meta, digest = publish_token_chunk(root, stem, flat, lengths, fields)
+            meta, digest = publish_token_chunk(LocalFiles(root), stem, flat, lengths, fields)
         else:
-            meta, digest = publish_record_chunk(root, stem, _table(part),
+            meta, digest = publish_record_chunk(LocalFiles(root), stem, _table(part),
                                                 sum(len(d) for d in part), fields)
         entries.append(ChunkEntry(stem, meta.documents, meta.tokens, digest))
     return Segment(start=start, stop=stop, position=stop, line=stop - start, finished=True,

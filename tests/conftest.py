@@ -1,11 +1,19 @@
-"""Shared fixtures: the bundled sample, and corpora the tests make."""
+"""Shared fixtures: the bundled sample, corpora the tests make, and one real S3 server
+per session (SeaweedFS: tests/s3server.py)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.s3server import S3Server
+
+    from shardwise.bench.faults import FaultProxy
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample"
@@ -39,6 +47,28 @@ def big_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("big")
     texts = [f"[copy {k}] {t}" for k in range(10) for t in sample_texts()]
     return write_jsonl(d / "big.jsonl", texts)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """SeaweedFS on 127.0.0.1, one per session, its credentials and endpoint in the
+    environment (``AWS_ENDPOINT_URL``…) for the rest of the session; make a bucket with
+    ``s3_server.make_bucket(name)`` (a name of the test file's own)."""
+    from tests.s3server import s3_environment, seaweed_s3
+
+    with seaweed_s3(tmp_path_factory.mktemp("seaweedfs")) as server, \
+            s3_environment(server.env):
+        yield server
+
+
+@pytest.fixture
+def fault_proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
+    """A fault-injecting proxy in front of the session's S3 server (no fault until the test
+    calls ``fault_proxy.inject(Fault(...))``); its endpoint: ``fault_proxy.endpoint``."""
+    from shardwise.bench.faults import FaultProxy
+
+    with FaultProxy(s3_server.address) as proxy:
+        yield proxy
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import orjson
 
 from shardwise.bench import open as bench_open
 from shardwise.cli import main as cli_main
+from shardwise.format.files import LocalFiles
 from shardwise.format.ledger import read_view
 from shardwise.format.ledger_index import INDEX_NAME
 
@@ -33,5 +34,5 @@ def test_bench_open_reports_every_probe_for_both_layouts(tmp_path: Path) -> None
     assert "peak RSS" in rss["what"] and rss["ok"]  # 30 tiny chunks: well below 300 MB
     assert report["caches"][0]["made"] is True
     cache = tmp_path / "synth-30"
-    assert (cache / INDEX_NAME).is_file() and read_view(cache)[1]
+    assert (cache / INDEX_NAME).is_file() and read_view(LocalFiles(cache))[1]
     assert "target peak RSS" in bench_open.format_report(report)

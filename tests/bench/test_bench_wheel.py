@@ -41,13 +41,14 @@ def _run(python: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str
 
 def test_the_wheel_ships_the_sample_and_imports_itself(venv_python: Path,
                                                        tmp_path: Path) -> None:
-    where = _run(venv_python, tmp_path, "-c", "import shardwise, shardwise.bench.text_corpus as t;"
-                 "print(shardwise.__file__); print(t.sample_dir())")
+    where = _run(venv_python, tmp_path, "-c", "import shardwise, shardwise.bench.text_corpus "
+                 "as t; print(shardwise.__file__); print(t.sample_dir())")
     assert where.returncode == 0, where.stderr
     module, sample = where.stdout.split()
     venv = venv_python.parents[1]
     assert Path(module).is_relative_to(venv) and Path(sample).is_relative_to(venv)
-    assert (Path(sample) / "corpus.jsonl").read_bytes() == (REPO / "sample/corpus.jsonl").read_bytes()
+    shipped = (Path(sample) / "corpus.jsonl").read_bytes()
+    assert shipped == (REPO / "sample/corpus.jsonl").read_bytes()
 
 
 def test_bench_build_runs_from_the_wheel(venv_python: Path, tmp_path: Path) -> None:

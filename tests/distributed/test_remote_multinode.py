@@ -1,4 +1,4 @@
-"""Two simulated nodes of two ranks each read one cache on S3 (moto on 127.0.0.1).
+"""Two simulated nodes of two ranks each read one cache on S3 (SeaweedFS on 127.0.0.1).
 
 Two torchrun agents (one per simulated node, rendezvous on 127.0.0.1) run four ranks
 (gloo): global placement uses the global rank and world size, so the global batches equal
@@ -13,12 +13,11 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.remote.s3server import moto_s3
+from tests.s3server import S3Server
 
 import shardwise as sw
 from shardwise.world import World
@@ -29,12 +28,11 @@ SPEC = {"seq_len": 32, "seed": 11, "global_batch": 8, "micro": 2, "steps": 12}
 
 
 @pytest.fixture(scope="module")
-def remote_cache(sample_corpus: Path, tokenizer_path: Path) -> Iterator[str]:
-    with moto_s3("sw-nodes"):
-        url = "s3://sw-nodes/cache"
-        sw.build([str(sample_corpus)], url, tokenizer=tokenizer_path, chunk_docs=8,
-                 append_eod=True, progress=False, workers=2)
-        yield url
+def remote_cache(s3_server: S3Server, sample_corpus: Path, tokenizer_path: Path) -> str:
+    url = s3_server.make_bucket("sw-nodes") + "/cache"
+    sw.build([str(sample_corpus)], url, tokenizer=tokenizer_path, chunk_docs=8,
+             append_eod=True, progress=False, workers=2)
+    return url
 
 
 def _free_port() -> int:

@@ -19,6 +19,7 @@ import shardwise as sw
 from shardwise.bench.synth import SynthSpec, synth_cache, token_at
 from shardwise.errors import ManifestError
 from shardwise.format.checksum import bytes_checksum
+from shardwise.format.files import LocalFiles
 from shardwise.format.ledger import LEDGER_NAME, Ledger, read_view
 from shardwise.format.ledger_index import COLUMNS, INDEX_NAME, LedgerView
 from shardwise.format.megatron import read_idx
@@ -50,9 +51,9 @@ def without_index(root: Path) -> Path:
 
 
 def test_the_index_is_the_ledgers_view_and_readers_use_it(made: Path) -> None:
-    view, from_index = read_view(made)
+    view, from_index = read_view(LocalFiles(made))
     assert from_index
-    assert views_equal(view, LedgerView.from_ledger(Ledger.load(made)))
+    assert views_equal(view, LedgerView.from_ledger(Ledger.load(LocalFiles(made))))
     assert len(view.chunks) == SPEC.chunks and view.finished
     assert [s.chunks for s in view.sources] == [667, 667, 666]
 
@@ -74,7 +75,7 @@ def test_a_cache_without_the_index_opens_the_same(cache_dir: Path, made: Path) -
     """The layout before ``ledger.index``: readers parse ``ledger.json`` instead, and see
     the same chunks, totals and examples."""
     new, old = sw.open_cache(made), sw.open_cache(without_index(cache_dir))
-    assert not read_view(cache_dir)[1]
+    assert not read_view(LocalFiles(cache_dir))[1]
     assert np.array_equal(new.cum_tokens, old.cum_tokens)
     assert np.array_equal(new.cum_docs, old.cum_docs)
     assert [c.stem for c in new.chunks][::97] == [c.stem for c in old.chunks][::97]
@@ -93,17 +94,17 @@ def test_a_cache_without_the_index_opens_the_same(cache_dir: Path, made: Path) -
 def test_a_stale_index_is_not_used(cache_dir: Path) -> None:
     """The index of an earlier ledger (a reader between the two writes, a build killed
     between them) is ignored: the ledger's own view wins."""
-    ledger = Ledger.load(cache_dir)
+    ledger = Ledger.load(LocalFiles(cache_dir))
     seg = ledger.sources[2].segments[-1]
     dropped = seg.chunks.pop()
     seg.finished, seg.position = False, seg.position - 1
-    ledger.save(cache_dir)
+    ledger.save(LocalFiles(cache_dir))
     stale = (cache_dir / INDEX_NAME).read_bytes()  # the index of the mid-build ledger
     seg.chunks.append(dropped)
     seg.finished, seg.position = True, seg.position + 1
-    ledger.save(cache_dir)
+    ledger.save(LocalFiles(cache_dir))
     (cache_dir / INDEX_NAME).write_bytes(stale)
-    view, from_index = read_view(cache_dir)
+    view, from_index = read_view(LocalFiles(cache_dir))
     assert not from_index and view.finished and len(view.chunks) == SPEC.chunks
     assert sw.open_cache(cache_dir).finished
     report = verify_cache(cache_dir)
@@ -115,7 +116,7 @@ def test_a_damaged_index_is_ignored_by_readers_and_reported(cache_dir: Path) -> 
     data = bytearray((cache_dir / INDEX_NAME).read_bytes())
     data[-20] ^= 0x40  # a stem byte of the last chunk
     (cache_dir / INDEX_NAME).write_bytes(bytes(data))
-    assert not read_view(cache_dir)[1]
+    assert not read_view(LocalFiles(cache_dir))[1]
     assert sw.open_cache(cache_dir).chunks[SPEC.chunks - 1].stem.startswith("chunks/")
     report = verify_cache(cache_dir)
     assert [p.path for p in report.problems] == [str(cache_dir / INDEX_NAME)]
@@ -125,7 +126,7 @@ def test_a_damaged_index_is_ignored_by_readers_and_reported(cache_dir: Path) -> 
 def test_an_index_that_disagrees_with_its_ledger_is_a_problem(cache_dir: Path) -> None:
     """An index whose checksums hold but whose counts are not the ledger's (written by
     something else than a build): readers would trust it, so verify fails on it."""
-    view = LedgerView.from_ledger(Ledger.load(cache_dir))
+    view = LedgerView.from_ledger(Ledger.load(LocalFiles(cache_dir)))
     tokens = view.chunks.tokens.copy()
     tokens[5] += 1
     bad = dataclasses.replace(view, chunks=dataclasses.replace(view.chunks, tokens=tokens))
@@ -137,7 +138,7 @@ def test_an_index_that_disagrees_with_its_ledger_is_a_problem(cache_dir: Path) -
 
 
 def test_an_index_naming_a_path_outside_the_cache_is_refused(cache_dir: Path) -> None:
-    view = LedgerView.from_ledger(Ledger.load(cache_dir))
+    view = LedgerView.from_ledger(Ledger.load(LocalFiles(cache_dir)))
     stems = view.chunks.stem.astype("S32")
     stems[7] = b"../../etc/passwd"
     bad = dataclasses.replace(view, chunks=dataclasses.replace(view.chunks, stem=stems))
@@ -151,16 +152,16 @@ def test_an_index_naming_a_path_outside_the_cache_is_refused(cache_dir: Path) ->
 def test_a_follower_sees_new_chunks_through_the_index(cache_dir: Path) -> None:
     """Mid-build: a reader opens a ledger that names fewer chunks; each save of the ledger
     (with its index) is picked up by ``refresh``, which extends the chunks and sums."""
-    full = Ledger.load(cache_dir)
-    part = Ledger.load(cache_dir)
+    full = Ledger.load(LocalFiles(cache_dir))
+    part = Ledger.load(LocalFiles(cache_dir))
     for src in part.sources:
         src.segments[-1].chunks = src.segments[-1].chunks[:10]
         src.segments[-1].finished = False
-    part.save(cache_dir)
+    part.save(LocalFiles(cache_dir))
     cache = sw.open_cache(cache_dir)
     assert not cache.finished and len(cache.chunks) < SPEC.chunks
     seen = len(cache.chunks)
-    full.save(cache_dir)
+    full.save(LocalFiles(cache_dir))
     assert cache.refresh() == SPEC.chunks - seen and cache.finished
     whole = sw.open_cache(cache_dir)
     assert np.array_equal(cache.cum_tokens, whole.cum_tokens)
@@ -170,7 +171,7 @@ def test_a_follower_sees_new_chunks_through_the_index(cache_dir: Path) -> None:
 
 def test_ledger_json_bytes_are_unchanged(made: Path) -> None:
     """``to_json`` builds its dicts by hand; the bytes are those of ``asdict``."""
-    ledger = Ledger.load(made)
+    ledger = Ledger.load(LocalFiles(made))
     ledger.sources[0].segments[0].errors = {"invalid_json": 2, "empty_line": 1}
     ledger.sources[1].segments[0].chunks[3].empty = 4
     assert ledger.to_json() == orjson.dumps(dataclasses.asdict(ledger),

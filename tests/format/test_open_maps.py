@@ -58,6 +58,6 @@ def test_an_array_in_use_outlives_its_dropped_map(many_chunks: Path,
     want = held.copy()
     for c in range(1, 60):
         cache.tokens(c)
-    assert 0 not in cache._maps  # dropped from the cache ...
+    assert 0 not in cache.store._maps  # dropped from the cache ...
     np.testing.assert_array_equal(held, want)  # ... but the array handed out still reads
     cache.close()

@@ -275,7 +275,7 @@ def _child_reads(ds: sw.TokenDataset, batch: list[int], out: object) -> None:
     try:
         verifier = ds.cache.checks.verifier
         assert verifier is not None
-        verifier._submit = ds.cache._submit  # the child's own threads, whatever the parent did
+        verifier._submit = ds.cache.store.submit  # the child's own threads, whatever the parent did
         ds.cache.wait_for_verify()
         ds.__getitems__(batch)
         out.put("no error")  # type: ignore[attr-defined]

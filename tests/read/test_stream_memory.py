@@ -13,6 +13,7 @@ import pytest
 
 import shardwise as sw
 from shardwise.format.chunk import SourceRange, chunk_stem, publish_token_chunk
+from shardwise.format.files import LocalFiles
 from shardwise.format.ledger import ChunkEntry, Ledger, Segment, SourceProgress
 from shardwise.format.manifest import Manifest, SourceInfo, TokenizerInfo
 from shardwise.read.stream.dataset import StreamDataset
@@ -38,13 +39,14 @@ def big_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
         fields = {"source": 0, "source_path": "big.jsonl", "segment": 0, "index": k,
                   "range": SourceRange("row", 8 * k, 8 * k + 8, 8 * k, 8 * k + 8)}
         toks = rng.integers(0, 50_000, TOKENS, dtype=np.uint16)
-        meta, digest = publish_token_chunk(root, stem, toks, np.full(8, TOKENS // 8), fields)
+        meta, digest = publish_token_chunk(LocalFiles(root), stem, toks,
+                                           np.full(8, TOKENS // 8), fields)
         entries.append(ChunkEntry(stem, meta.documents, meta.tokens, digest))
     Ledger([SourceProgress([Segment(0, 8 * CHUNKS, 8 * CHUNKS, 8 * CHUNKS, True, entries)])]
-           ).save(root)
+           ).save(LocalFiles(root))
     Manifest(tokenizer=TokenizerInfo("test", 50_000, None), dtype="uint16", chunk_kind="tokens",
              processor={"kind": "test"}, chunking={}, sources=[SourceInfo(
-                 "big.jsonl", 0, "fp", "jsonl")], created_by="test").save(root)
+                 "big.jsonl", 0, "fp", "jsonl")], created_by="test").save(LocalFiles(root))
     return root
 
 

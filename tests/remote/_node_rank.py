@@ -38,9 +38,9 @@ def main() -> None:
     rows = np.concatenate([next(it)["input_ids"].numpy() for _ in range(spec["steps"])])
     it.close()
     cache.close()  # settles the look-ahead downloads (running ones finish), so counts are final
-    assert cache.downloads is not None
+    assert cache.store.downloads is not None
     mine = {"rank": rank, "node": node, "local_rank": int(os.environ["LOCAL_RANK"]),
-            "downloaded": dict(cache.downloads.downloaded), "state": dl.state_dict()}
+            "downloaded": dict(cache.store.downloads.downloaded), "state": dl.state_dict()}
     gathered: list[object] = [None] * size
     dist.all_gather_object(gathered, mine)
     out = Path(spec["out"])

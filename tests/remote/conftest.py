@@ -1,12 +1,12 @@
-"""A moto S3 server per session, and a cache built to it and to a local directory."""
+"""The session's S3 server (SeaweedFS) with this directory's bucket, and a cache built to
+it and to a local directory."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.remote.s3server import moto_s3
+from tests.s3server import S3Server
 
 import shardwise as sw
 
@@ -14,9 +14,10 @@ BUCKET = "sw-test"
 
 
 @pytest.fixture(scope="session")
-def s3_env() -> Iterator[dict[str, str]]:
-    with moto_s3(BUCKET) as env:
-        yield env
+def s3_env(s3_server: S3Server) -> dict[str, str]:
+    """The environment a client needs (also set in os.environ), with ``BUCKET`` made."""
+    s3_server.make_bucket(BUCKET)
+    return s3_server.env
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Caches on object storage, against a real S3-compatible server (moto on 127.0.0.1)."""
+"""Caches on object storage, against a real S3-compatible server (SeaweedFS on 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from tests.remote.conftest import BUCKET
 
 import shardwise as sw
 from shardwise.errors import CorruptChunkError
+from shardwise.storage.bucket import BucketStore
 from shardwise.storage.download import CLAIM_PREFIX, DownloadDir, _start_time
 from shardwise.storage.verify import verify_cache
 from shardwise.world import World
@@ -97,16 +98,16 @@ def test_local_directory_never_exceeds_its_bound(built: tuple[str, Path],
     cache = sw.open_cache(url, local_dir=tmp_path / "node", local_bytes=bound)
     ds = sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=3, plan_dir=tmp_path / "plans")
     lds = sw.TokenDataset(ref, seq_len=SEQ_LEN, seed=3, plan_dir=tmp_path / "plans")
-    assert cache.downloads is not None
+    assert cache.store.downloads is not None
     peak = 0
     for start in range(0, min(len(ds), 160), 8):
         idx = list(range(start, min(start + 8, len(ds))))
         np.testing.assert_array_equal(ds.__getitems__(idx)["input_ids"],
                                       lds.__getitems__(idx)["input_ids"])
-        peak = max(peak, _dir_bytes(cache.downloads.dir))
+        peak = max(peak, _dir_bytes(cache.store.downloads.dir))
         assert peak <= bound
-    assert cache.downloads.evicted > 0, "the bound was never reached; the test is too weak"
-    assert not list(cache.downloads.dir.rglob(f"{CLAIM_PREFIX}*"))
+    assert cache.store.downloads.evicted > 0, "the bound was never reached; the test is too weak"
+    assert not list(cache.store.downloads.dir.rglob(f"{CLAIM_PREFIX}*"))
     cache.close()
 
 
@@ -114,12 +115,12 @@ def test_prefetch_downloads_in_the_background(built: tuple[str, Path], tmp_path:
     url, _ = built
     cache = sw.open_cache(url, local_dir=tmp_path / "node", local_bytes=64 << 20)
     cache.prefetch([0, 1, 2])
-    assert cache.downloads is not None
+    assert cache.store.downloads is not None
     cache.tokens(2)  # waits for the prefetched download, no second download
     cache.close()
-    assert {k for k in cache.downloads.downloaded if k.endswith(".bin")} == {
+    assert {k for k in cache.store.downloads.downloaded if k.endswith(".bin")} == {
         cache.chunks[c].stem + ".bin" for c in (0, 1, 2)}
-    assert all(v == 1 for v in cache.downloads.downloaded.values())
+    assert all(v == 1 for v in cache.store.downloads.downloaded.values())
 
 
 def test_loader_downloads_the_chunks_of_coming_micro_batches(built: tuple[str, Path],
@@ -144,10 +145,10 @@ def test_loader_downloads_the_chunks_of_coming_micro_batches(built: tuple[str, P
             lo = np.searchsorted(ref.cache.cum_tokens, w * SEQ_LEN, side="right") - 1
             hi = np.searchsorted(ref.cache.cum_tokens, w * SEQ_LEN + SEQ_LEN, side="right") - 1
             want |= {cache.chunks[c].stem + ".bin" for c in range(lo, hi + 1)}
-    assert cache.downloads is not None
-    got = {k for k in cache.downloads.downloaded if k.endswith(".bin")}
+    assert cache.store.downloads is not None
+    got = {k for k in cache.store.downloads.downloaded if k.endswith(".bin")}
     assert got == want and len(want) > 2
-    assert set(cache.downloads.downloaded.values()) == {1}
+    assert set(cache.store.downloads.downloaded.values()) == {1}
     np.testing.assert_array_equal(first, ref.__getitems__([2, 3])["input_ids"])
     rest = np.concatenate([next(it)["input_ids"].numpy() for _ in range(4)])
     np.testing.assert_array_equal(rest, np.concatenate(
@@ -197,16 +198,16 @@ def test_a_forked_child_never_waits_on_the_parents_download_threads(
     url, local = built
     cache = sw.open_cache(url, local_dir=tmp_path / "node", local_bytes=64 << 20)
     release = threading.Event()
-    real_fetch = sw.Cache._fetch
+    real_fetch = BucketStore._fetch
 
-    def slow_fetch(self: sw.Cache, info: object, suffix: str,
+    def slow_fetch(self: BucketStore, info: object, suffix: str,
                    until: float | None = None) -> Path:
         release.wait(30)  # held until the child has forked
-        return real_fetch(self, info, suffix, until)
+        return real_fetch(self, info, suffix, until)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sw.Cache, "_fetch", slow_fetch)
+    monkeypatch.setattr(BucketStore, "_fetch", slow_fetch)
     cache.prefetch([4])
-    monkeypatch.setattr(sw.Cache, "_fetch", real_fetch)
+    monkeypatch.setattr(BucketStore, "_fetch", real_fetch)
     child = multiprocessing.get_context("fork").Process(
         target=_read_chunk_in_child, args=(cache, 4, tmp_path / "child.bin"))
     child.start()
@@ -295,8 +296,8 @@ def test_reader_names_a_damaged_or_missing_object(damaged: tuple[str, str, str],
         cache.tokens(3)
     with pytest.raises(CorruptChunkError, match=f"{bad}/{deleted}: named by the ledger"):
         cache.index(5)
-    assert cache.downloads is not None
-    assert not (cache.downloads.dir / flipped).exists()  # never published locally
+    assert cache.store.downloads is not None
+    assert not (cache.store.downloads.dir / flipped).exists()  # never published locally
     np.testing.assert_array_equal(cache.tokens(2)[:5], cache.tokens(2)[:5])
 
 
@@ -339,7 +340,7 @@ def test_stream_placement_reads_its_chunks_through_the_bounded_download_dir(
                               world=sw.World(1, 2), epochs=1) as st:
             rows.append(np.stack([ex["input_ids"] for ex in st]))
     assert rows[0].shape == rows[1].shape and (rows[0] == rows[1]).all()
-    assert remote.downloads is not None and len(remote.downloads.downloaded) > 0
+    assert remote.store.downloads is not None and len(remote.store.downloads.downloaded) > 0
     assert _dir_bytes(next((tmp_path / "node").iterdir())) <= bound
     # rank 1 of 2 serves streams 1 and 3: it fetched only chunks c % 4 in {1, 3}
     stems = [c.stem for c in remote.chunks]
@@ -379,6 +380,8 @@ def test_a_chunk_and_its_metadata_come_in_one_round_trip(built: tuple[str, Path]
     monkeypatch.setattr(RemoteStore, "get_ranges", ranges)
     monkeypatch.setattr(RemoteStore, "read_range", one_range)
     cache = sw.open_cache(url, local_dir=tmp_path / "node", local_bytes=64 << 20)
+    assert calls == [["manifest.json", "ledger.json", "ledger.index"]]  # one batch too
+    calls.clear()
     stem = cache.chunks[2].stem
     got = np.asarray(cache.tokens(2)).copy()
     assert calls == [[f"{stem}.json", f"{stem}.bin"]]
@@ -404,8 +407,8 @@ def test_reader_names_damaged_or_missing_metadata(built: tuple[str, Path],
         cache.tokens(1)
     with pytest.raises(CorruptChunkError, match=f"{bad}/{deleted}: named by the ledger"):
         cache.tokens(4)
-    assert cache.downloads is not None
-    assert not list(cache.downloads.dir.rglob("*.bin"))  # nothing published locally
+    assert cache.store.downloads is not None
+    assert not list(cache.store.downloads.dir.rglob("*.bin"))  # nothing published locally
     cache.close()
 
 

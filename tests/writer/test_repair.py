@@ -12,6 +12,7 @@ import pytest
 from tests.helpers_cache import assert_same_cache, cache_files
 
 from shardwise.errors import CacheError, ManifestError
+from shardwise.format.files import LocalFiles
 from shardwise.format.ledger import Ledger
 from shardwise.storage.verify import verify_cache
 from shardwise.writer.api import build
@@ -145,7 +146,8 @@ def test_a_ledger_naming_other_stems_is_refused_not_repaired(
     out = _copy(reference, tmp_path)
     ledger = orjson.loads((out / "ledger.json").read_bytes())
     ledger["sources"][0]["segments"][1]["chunks"][0]["stem"] = "chunks/00000/00009-00000"
-    Ledger.from_dict(ledger).save(out)  # the ledger and its index, as a build saves them
+    # the ledger and its index, as a build saves them
+    Ledger.from_dict(ledger).save(LocalFiles(out))
     files = cache_files(out)
     with pytest.raises(ManifestError, match="ledger.json: source 0 segment 1 chunk 0 .* "
                                             "a rerun cannot repair it"):
@@ -195,7 +197,7 @@ def test_a_chunk_built_before_skipped_lines_existed_is_rebuilt_as_it_was(
     args: dict[str, Any] = dict(chunk_docs=8, workers=1, progress=False, on_error="skip")
     out = tmp_path / "cache"
     build([corpus], out, tokenizer=tokenizer_path, **args)
-    ledger = Ledger.load(out)
+    ledger = Ledger.load(LocalFiles(out))
     old: dict[str, bytes] = {}  # rewrite every chunk as an earlier build wrote it
     for seg in ledger.sources[0].segments:
         for k, entry in enumerate(seg.chunks):
@@ -205,7 +207,7 @@ def test_a_chunk_built_before_skipped_lines_existed_is_rebuilt_as_it_was(
                 old[entry.stem] = replace(meta, skipped_lines=None).to_json()
                 path.write_bytes(old[entry.stem])
                 seg.chunks[k] = replace(entry, meta_xxh3=bytes_checksum(old[entry.stem]))
-    ledger.save(out)
+    ledger.save(LocalFiles(out))
     assert old and verify_cache(out).ok
     stem = sorted(old)[0]
     _flip(out / (stem + ".bin"), 2)

@@ -13,7 +13,8 @@ import argparse
 from shardwise.checkpoint import as_count
 from shardwise.errors import ConfigError
 
-BENCHES = ("build", "read", "stream", "records", "trace", "remote", "plan", "open")
+BENCHES = ("build", "read", "stream", "records", "trace", "remote", "remote_open", "plan",
+           "open")
 
 
 def add_common(p: argparse.ArgumentParser, *, repeat: int, repeat_help: str,

@@ -102,6 +102,7 @@ def synthesise(root: Path, chunks: int, log: Any) -> dict[str, Any]:
     """The cache of ``chunks`` chunks under ``root`` (made unless a previous run left it;
     its index rewritten if a run stopped while it was moved away)."""
     from shardwise.bench.synth import SynthSpec, synth_cache
+    from shardwise.format.files import LocalFiles
     from shardwise.format.ledger import Ledger
     from shardwise.format.ledger_index import INDEX_NAME
 
@@ -110,7 +111,7 @@ def synthesise(root: Path, chunks: int, log: Any) -> dict[str, Any]:
     started = time.perf_counter()
     made = not (path / INDEX_NAME).is_file() or not (path / "ledger.json").is_file()
     if made and (path / "ledger.json").is_file():  # a run stopped mid-way: restore
-        Ledger.load(path).save(path)
+        Ledger.load(LocalFiles(path)).save(LocalFiles(path))
         made = False
     elif made:
         shutil.rmtree(path, ignore_errors=True)

@@ -25,7 +25,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
 
 from shardwise.concurrency import ReadAhead
 from shardwise.errors import ConfigError
@@ -83,9 +84,13 @@ async def _serve_one(upstream: tuple[str, int], latency: float,
                 await w.wait_closed()
 
 
-async def _serve(upstream: tuple[str, int], latency: float, port: int,
-                 ready: asyncio.Future[int] | None, stop: asyncio.Event) -> None:
-    """Serve until ``stop`` is set, then close every connection."""
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _serve(serve_one: Handler, port: int, ready: asyncio.Future[int] | None,
+                 stop: asyncio.Event) -> None:
+    """Serve each connection with ``serve_one`` until ``stop`` is set, then close every
+    connection."""
     handlers: set[asyncio.Task[None]] = set()
 
     async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -93,7 +98,9 @@ async def _serve(upstream: tuple[str, int], latency: float, port: int,
         assert task is not None
         handlers.add(task)
         try:
-            await _serve_one(upstream, latency, r, w)
+            await serve_one(r, w)
+        except asyncio.CancelledError:
+            pass  # the proxy stops (asyncio would log a cancelled connection's task)
         finally:
             handlers.discard(task)
 
@@ -145,12 +152,16 @@ class LatencyProxy:
         loop = asyncio.new_event_loop()
         self._loop, self._stop = loop, asyncio.Event()
         ready: asyncio.Future[int] = loop.create_future()
-        task = loop.create_task(_serve(self.upstream, self.latency, 0, ready, self._stop))
+        task = loop.create_task(_serve(self._serve_one, 0, ready, self._stop))
         self.port = loop.run_until_complete(ready)
         self._bound.set()
         loop.run_until_complete(task)
         loop.close()
         return self.port
+
+    async def _serve_one(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        """One client connection (a subclass may answer otherwise: bench/faults.py)."""
+        await _serve_one(self.upstream, self.latency, r, w)
 
     def __exit__(self, *exc: object) -> None:
         if self._loop is not None and self._stop is not None:
@@ -190,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     host, _, port = args.upstream.rpartition(":")
     latency = check_latency(args.latency)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve((host, int(port)), latency, args.port, None, asyncio.Event()))
+        asyncio.run(_serve(partial(_serve_one, (host, int(port)), latency), args.port, None,
+                           asyncio.Event()))
     return 0
 
 

@@ -126,7 +126,7 @@ def moto_server(log: Path) -> Iterator[int]:
         proc.wait(10)
 
 
-def _store_options(port: int) -> dict[str, Any]:
+def store_options(port: int) -> dict[str, Any]:
     return {"endpoint_url": f"http://127.0.0.1:{port}", "key": KEYS["aws_access_key_id"],
             "secret": KEYS["aws_secret_access_key"], "skip_instance_cache": True,
             "config_kwargs": {"read_timeout": 60,  # a lost answer fails, never hangs
@@ -153,7 +153,7 @@ def store_bandwidth(url: str, port: int, rounds: int) -> float:
     of this machine can reach, whatever the loader does."""
     from shardwise.remote.client import RemoteStore
 
-    store = RemoteStore(url, _store_options(port))
+    store = RemoteStore(url, store_options(port))
     keys = [k for k in store.list_keys() if k.endswith(".bin")]
     best = 0.0
     for _ in range(rounds):
@@ -239,14 +239,17 @@ def _remote_round(url: str, port: int, node: Path, local_bytes: int,
     shutil.rmtree(node, ignore_errors=True)
     started = time.perf_counter()
     cache = sw.open_cache(url, local_dir=node, local_bytes=local_bytes,
-                          storage_options=_store_options(port))
+                          storage_options=store_options(port))
     open_s = time.perf_counter() - started
-    assert cache.downloads is not None
-    with _peak_bytes(cache.downloads.dir) as peak:
+    from shardwise.storage.bucket import BucketStore
+
+    assert isinstance(cache.store, BucketStore) and cache.store.downloads is not None
+    downloads = cache.store.downloads
+    with _peak_bytes(downloads.dir) as peak:
         out = read_round(cache, args, look_ahead)
     out.update(open_s=open_s, peak_local_bytes=peak[0],
-               prefetch=cache.prefetch_stats(), evicted=cache.downloads.evicted,
-               evicted_pinned=cache.downloads.evicted_pinned)
+               prefetch=cache.prefetch_stats(), evicted=downloads.evicted,
+               evicted_pinned=downloads.evicted_pinned)
     cache.close()
     shutil.rmtree(node, ignore_errors=True)
     return out
@@ -360,7 +363,7 @@ def run(args: argparse.Namespace) -> int:
     with moto_server(work / "moto.log") as port, \
             start_proxy(("127.0.0.1", port), latency=args.latency) as slow, \
             start_proxy(("127.0.0.1", port), latency=0.0) as fast:
-        upload(local, url, _store_options(port))
+        upload(local, url, store_options(port))
         store_bps = store_bandwidth(url, port, args.repeat)
         runs = _rounds(local, url, {"slow": slow, "0ms": fast}, work, local_bytes, args)
     _check_same_rows(runs)

@@ -27,6 +27,7 @@ import numpy as np
 
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.chunk import META_SUFFIX, ChunkKind, ChunkMeta, SourceRange, chunk_stem
+from shardwise.format.files import LocalFiles
 from shardwise.format.ledger import ChunkEntry, Ledger, Segment, SourceProgress
 from shardwise.format.manifest import Manifest, SourceInfo, TokenizerInfo, manifest_checksum
 from shardwise.format.megatron import idx_bytes
@@ -67,7 +68,7 @@ def synth_cache(root: Path, spec: SynthSpec, *, unfinished: bool = False) -> Pat
     its chunks published so far named): the cache a follow-mode reader sees mid-build."""
     root.mkdir(parents=True, exist_ok=True)
     manifest = _manifest(spec)
-    manifest.save(root)
+    manifest.save(LocalFiles(root))
     k = spec.sources
     offsets = _chunk_offsets(spec)
     progress = []
@@ -85,8 +86,8 @@ def synth_cache(root: Path, spec: SynthSpec, *, unfinished: bool = False) -> Pat
     if unfinished:
         last = progress[-1].segments[-1]
         last.finished, last.stop = False, last.stop + 1
-    ledger = Ledger(progress, manifest_xxh3=manifest_checksum(root))
-    ledger.save(root)
+    ledger = Ledger(progress, manifest_xxh3=manifest_checksum(LocalFiles(root)))
+    ledger.save(LocalFiles(root))
     return root
 
 

@@ -34,6 +34,7 @@ import numpy as np
 from shardwise.bench import add_common
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.chunk import ChunkKind, ChunkMeta, SourceRange, chunk_stem
+from shardwise.format.files import LocalFiles
 from shardwise.format.ledger import ChunkEntry, Ledger, Segment, SourceProgress
 from shardwise.format.manifest import Manifest, SourceInfo, TokenizerInfo, manifest_checksum
 from shardwise.format.megatron import idx_bytes
@@ -80,8 +81,8 @@ def synth_cache(root: Path, documents: int, chunk_docs: int, sources: int) -> Pa
     Manifest(TokenizerInfo("bench", 1000, None), "uint16", ChunkKind.TOKENS.value,
              {"kind": "synthetic"}, {"max_docs": chunk_docs},
              [SourceInfo(f"/data/source-{s:03d}.jsonl", 0, "", "jsonl")
-              for s in range(len(progress))]).save(root)
-    Ledger(progress, manifest_xxh3=manifest_checksum(root)).save(root)
+              for s in range(len(progress))]).save(LocalFiles(root))
+    Ledger(progress, manifest_xxh3=manifest_checksum(LocalFiles(root))).save(LocalFiles(root))
     return root
 
 

@@ -22,4 +22,5 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    return int(importlib.import_module(f"shardwise.bench.{args.bench}").run(args))
+    module = args.bench.replace("-", "_")  # `bench remote-open` is bench/remote_open.py
+    return int(importlib.import_module(f"shardwise.bench.{module}").run(args))

@@ -17,7 +17,8 @@ import orjson
 from shardwise.errors import ConfigError, ManifestError
 from shardwise.format.ledger_index import INDEX_NAME
 from shardwise.format.manifest import MANIFEST_NAME, Manifest
-from shardwise.remote.client import is_url, open_root
+from shardwise.remote.client import is_url
+from shardwise.storage.opening import open_store
 from shardwise.storage.verify import VerifyReport, verify_cache, verify_megatron, verify_remote
 from shardwise.storage.verify_quick import verify_quick
 from shardwise.writer.convert import IMPORT_KIND
@@ -69,11 +70,10 @@ def run(args: argparse.Namespace) -> int:
 def _how_to_rebuild(path: str) -> str | None:
     """What rebuilds damaged chunks in place: a rerun of the build that made the cache;
     nothing for a Megatron prefix or a cache imported from one (restore those)."""
-    root = open_root(path)
-    if isinstance(root, Path) and not root.is_dir():
+    if not is_url(path) and not Path(path).is_dir():
         return None  # a Megatron prefix
     try:
-        kind = Manifest.load(root).processor.get("kind")
+        kind = Manifest.load(open_store(path)).processor.get("kind")
     except ManifestError:
         return "rerun the same build command"  # unreadable manifest: advised separately
     return None if kind == IMPORT_KIND else "rerun the same build command"

@@ -9,7 +9,6 @@ store (no rename) each file is one whole-object PUT, in the same order.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -19,9 +18,8 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from shardwise.format.atomic import fsync_dir, write_temp
 from shardwise.format.checksum import bytes_checksum
-from shardwise.format.files import ObjectStore, Root
+from shardwise.format.files import Files
 from shardwise.format.megatron import idx_bytes
 
 IGNORE_INDEX = -100  # a label that takes no loss (record chunks' ``labels``; Hugging Face's)
@@ -94,44 +92,19 @@ class ChunkMeta:
         return cls(**d)
 
 
-def _publish(root: Root, stem: str, payloads: dict[str, bytes | memoryview],
+def _publish(root: Files, stem: str, payloads: dict[str, bytes | memoryview],
              meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
-    """Write every payload to a temp name, fsync, rename; then the metadata, last.
-    On an object store: one whole-object PUT each, data objects first, metadata last."""
-    if not isinstance(root, Path):
-        return _upload(root, stem, payloads, meta_fields)
-    base = root / stem
-    base.parent.mkdir(parents=True, exist_ok=True)
-    files: dict[str, dict[str, Any]] = {}
-    temps: list[tuple[Path, Path]] = []
-    for suffix, data in payloads.items():
-        final = base.with_name(base.name + suffix)
-        temps.append((write_temp(final, data), final))
-        files[suffix] = {"bytes": len(data), "xxh3_64": bytes_checksum(data)}
-    for tmp, final in temps:
-        os.replace(tmp, final)
-    meta = ChunkMeta(stem=stem, files=files, **meta_fields)
-    meta_bytes = meta.to_json()
-    meta_path = base.with_name(base.name + META_SUFFIX)
-    tmp = write_temp(meta_path, meta_bytes)
-    os.replace(tmp, meta_path)
-    fsync_dir(base.parent)
-    return meta, bytes_checksum(meta_bytes)
-
-
-def _upload(store: ObjectStore, stem: str, payloads: dict[str, bytes | memoryview],
-            meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
+    """Publish the data files, then the metadata, last (:meth:`Files.publish`: temp name,
+    fsync, rename locally; one whole-object PUT each on an object store)."""
     files = {suffix: {"bytes": len(data), "xxh3_64": bytes_checksum(data)}
              for suffix, data in payloads.items()}
-    for suffix, data in payloads.items():
-        store.put(stem + suffix, data)
     meta = ChunkMeta(stem=stem, files=files, **meta_fields)
     meta_bytes = meta.to_json()
-    store.put(stem + META_SUFFIX, meta_bytes)
+    root.publish(stem, {**payloads, META_SUFFIX: meta_bytes})
     return meta, bytes_checksum(meta_bytes)
 
 
-def publish_token_chunk(root: Root, stem: str, tokens: npt.NDArray[np.generic],
+def publish_token_chunk(root: Files, stem: str, tokens: npt.NDArray[np.generic],
                         doc_lengths: npt.NDArray[np.int64],
                         meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
     """Publish a Megatron ``.bin/.idx`` chunk; returns its metadata and the metadata's checksum."""
@@ -153,7 +126,7 @@ def parquet_bytes(table: Any) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def publish_record_chunk(root: Root, stem: str, table: Any, tokens: int,
+def publish_record_chunk(root: Files, stem: str, table: Any, tokens: int,
                          meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
     """Publish a Parquet chunk of processed records (token ids plus other fields)."""
     fields = dict(meta_fields, kind=ChunkKind.RECORDS, documents=table.num_rows, tokens=tokens)

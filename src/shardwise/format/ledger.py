@@ -23,7 +23,7 @@ import orjson
 
 from shardwise.errors import ManifestError
 from shardwise.format.checksum import bytes_checksum
-from shardwise.format.files import Root, read_file, where, write_file
+from shardwise.format.files import Files
 from shardwise.format.ledger_index import INDEX_NAME, LedgerView
 
 LEDGER_NAME = "ledger.json"
@@ -156,17 +156,17 @@ class Ledger:
             raise ManifestError(f"{where}: not a valid shardwise ledger ({e})") from e
         return cls(sources=sources, manifest_xxh3=manifest_xxh3)
 
-    def save(self, root: Root) -> None:
+    def save(self, root: Files) -> None:
         """Replace ``ledger.json``, then its index (``ledger.index``: the reader's view,
         tied to these bytes by their checksum)."""
         data = self.to_json()
-        write_file(root, LEDGER_NAME, data)
-        write_file(root, INDEX_NAME, LedgerView.from_ledger(self).to_bytes(
+        root.write(LEDGER_NAME, data)
+        root.write(INDEX_NAME, LedgerView.from_ledger(self).to_bytes(
             bytes_checksum(data)))
 
     @classmethod
-    def load(cls, root: Root) -> Ledger:
-        return cls.parse(read_ledger(root), where=where(root, LEDGER_NAME))
+    def load(cls, root: Files) -> Ledger:
+        return cls.parse(read_ledger(root), where=root.name(LEDGER_NAME))
 
     @classmethod
     def parse(cls, data: bytes, *, where: str = LEDGER_NAME) -> Ledger:
@@ -176,16 +176,16 @@ class Ledger:
             raise ManifestError(f"{where}: invalid JSON ({e})") from e
 
 
-def read_ledger(root: Root) -> bytes:
+def read_ledger(root: Files) -> bytes:
     """The bytes of ``root``'s ledger; a missing one is a :class:`ManifestError`."""
     try:
-        return read_file(root, LEDGER_NAME)
+        return root.read(LEDGER_NAME)
     except FileNotFoundError:
-        raise ManifestError(f"{root}: no {LEDGER_NAME}; the build has not started "
+        raise ManifestError(f"{root.location}: no {LEDGER_NAME}; the build has not started "
                             "or this is not a shardwise cache") from None
 
 
-def read_view(root: Root) -> tuple[LedgerView, bool]:
+def read_view(root: Files) -> tuple[LedgerView, bool]:
     """What a reader needs of ``root``'s ledger, and whether it came from the index.
 
     The index is used when it was made from the ledger's current bytes; otherwise (no
@@ -193,15 +193,15 @@ def read_view(root: Root) -> tuple[LedgerView, bool]:
     gives the same view, only slower."""
     data = read_ledger(root)
     try:
-        index = read_file(root, INDEX_NAME)
+        index = root.read(INDEX_NAME)
     except FileNotFoundError:
         index = None
     if index is not None:
         try:
             view = LedgerView.from_bytes(index, ledger_xxh3=bytes_checksum(data),
-                                         where=where(root, INDEX_NAME))
+                                         where=root.name(INDEX_NAME))
         except ManifestError:  # damaged: the ledger is the truth; verify reports it
             view = None
         if view is not None:
             return view, True
-    return LedgerView.from_ledger(Ledger.parse(data, where=where(root, LEDGER_NAME))), False
+    return LedgerView.from_ledger(Ledger.parse(data, where=root.name(LEDGER_NAME))), False

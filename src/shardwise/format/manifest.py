@@ -16,7 +16,7 @@ import orjson
 
 from shardwise.errors import ManifestError
 from shardwise.format.checksum import bytes_checksum
-from shardwise.format.files import Root, read_file, where, write_file
+from shardwise.format.files import Files
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -76,18 +76,18 @@ class Manifest:
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise ManifestError(f"{where}: not a valid shardwise manifest ({e})") from e
 
-    def save(self, root: Root) -> None:
-        write_file(root, MANIFEST_NAME, self.to_json())
+    def save(self, root: Files) -> None:
+        root.write(MANIFEST_NAME, self.to_json())
 
     @classmethod
-    def load(cls, root: Root, *, xxh3: str = "") -> Manifest:
+    def load(cls, root: Files, *, xxh3: str = "") -> Manifest:
         """The manifest of ``root``; with ``xxh3`` (the ledger's ``manifest_xxh3``) its
         bytes must have that checksum."""
-        path = where(root, MANIFEST_NAME)
+        path = root.name(MANIFEST_NAME)
         try:
-            raw = read_file(root, MANIFEST_NAME)
+            raw = root.read(MANIFEST_NAME)
         except FileNotFoundError:
-            raise ManifestError(f"{root}: no {MANIFEST_NAME}; not a shardwise cache "
+            raise ManifestError(f"{root.location}: no {MANIFEST_NAME}; not a shardwise cache "
                                 "(for a Megatron dataset pass its prefix, without .bin/.idx)"
                                 ) from None
         if xxh3 and bytes_checksum(raw) != xxh3:
@@ -101,9 +101,9 @@ class Manifest:
         return cls.from_dict(data, where=path)
 
 
-def manifest_checksum(root: Root) -> str:
+def manifest_checksum(root: Files) -> str:
     """The xxh3-64 of ``root``'s manifest bytes, as the ledger records it."""
-    return bytes_checksum(read_file(root, MANIFEST_NAME))
+    return bytes_checksum(root.read(MANIFEST_NAME))
 
 
 def describe_differences(stored: dict[str, Any], wanted: dict[str, Any], prefix: str = ""

@@ -22,7 +22,6 @@ are relative and never leave its prefix (:func:`check_key`).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, BinaryIO
 
 from shardwise.format.files import check_key
@@ -139,14 +138,3 @@ class RemoteStore:
         if keys:
             self.fs.rm(keys)
             self.fs.invalidate_cache()
-
-
-def open_root(path: str | os.PathLike[str] | RemoteStore,
-              storage_options: dict[str, Any] | None = None) -> Path | RemoteStore:
-    """A :class:`RemoteStore` for a URL, else a local :class:`~pathlib.Path`."""
-    if isinstance(path, RemoteStore):
-        return path
-    if is_url(path):
-        return RemoteStore(os.fspath(path), storage_options)
-    s = os.fspath(path)
-    return Path(s[len("file://"):] if s.startswith("file://") else s)

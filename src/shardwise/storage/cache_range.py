@@ -27,6 +27,8 @@ from shardwise.checkpoint import fingerprint
 from shardwise.errors import CacheError, ConfigError
 from shardwise.format.megatron import MegatronIndex
 from shardwise.storage.cache import Cache
+from shardwise.storage.integrity import CacheChecks
+from shardwise.storage.store import Runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,14 +56,14 @@ class DocumentRange(Cache):
         self._pieces = _cut(parent, start, stop)
         chunks = [dataclasses.replace(parent.chunks[p.chunk], documents=p.doc_hi - p.doc_lo,
                                       tokens=p.tok_hi - p.tok_lo) for p in self._pieces]
-        super().__init__(parent.root, manifest=parent.manifest, chunks=chunks,
-                         dtype=parent.dtype, eod_id=parent.eod_id,
-                         vocab_size=parent.vocab_size, finished=True, errors=parent.errors,
-                         fingerprint=fingerprint(
-                             {"parent": parent.fingerprint, "documents": [start, stop]}),
-                         store=parent.store, downloads=parent.downloads)
-        self.opened = parent.opened  # locality is counted where the bytes are read
-        self.opened_index = parent.opened_index
+        # the parent's store, not bound to this view: bytes are read through the parent
+        # (locality is counted there); the range's own checks name its pieces
+        self._view_of(parent.store, manifest=parent.manifest, chunks=chunks,
+                      dtype=parent.dtype, eod_id=parent.eod_id, vocab_size=parent.vocab_size,
+                      finished=True, errors=parent.errors, fingerprint=fingerprint(
+                          {"parent": parent.fingerprint, "documents": [start, stop]}),
+                      verify=parent.verify, sources=())
+        self.checks = CacheChecks(parent.store, self, background=False)
 
     def __repr__(self) -> str:
         return (f"DocumentRange({self.parent!r}, documents=[{self.start}, {self.stop}), "
@@ -74,6 +76,16 @@ class DocumentRange(Cache):
     def tokens(self, i: int) -> npt.NDArray[np.generic]:
         p = self._pieces[i]
         return self.parent.tokens(p.chunk)[p.tok_lo:p.tok_hi]
+
+    def gather(self, runs: Any) -> npt.NDArray[np.generic]:
+        """The parent's gather of the same runs, cut to the range's pieces."""
+        runs = Runs.of(runs)
+        runs.check(self.chunks.columns.tokens, self.location)
+        pieces = self._pieces
+        parent_chunk = np.asarray([p.chunk for p in pieces], dtype=np.int64)
+        tok_lo = np.asarray([p.tok_lo for p in pieces], dtype=np.int64)
+        return self.parent.gather(Runs(parent_chunk[runs.chunk],
+                                       tok_lo[runs.chunk] + runs.offset, runs.length))
 
     def doc_lengths(self, i: int) -> npt.NDArray[Any]:
         p = self._pieces[i]

@@ -16,71 +16,48 @@ process already holds take the one-request path (:func:`~shardwise.storage.downl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-import orjson
 
 from shardwise.errors import CorruptChunkError
-from shardwise.format.checksum import bytes_checksum
 from shardwise.format.chunk import META_SUFFIX, ChunkMeta
+from shardwise.remote.client import RemoteStore
 from shardwise.storage.chunk_table import ChunkInfo
-from shardwise.storage.download import first_block, get_checked
+from shardwise.storage.download import DownloadDir, first_block, get_checked
 
-if TYPE_CHECKING:
-    from shardwise.storage.cache import Cache
-
-
-def fetch_file(cache: Cache, info: ChunkInfo, suffix: str, until: float | None) -> Path:
-    """Download (or find on this node) chunk file ``suffix``, pinned ``until`` if given."""
-    assert cache.store is not None and cache.downloads is not None
-    store, key = cache.store, info.stem + suffix
-    if suffix == ".bin" and info.tokens and info.stem not in cache._metas:
-        size = info.tokens * cache.dtype.itemsize
-
-        def with_meta(tmp: Path) -> None:
-            meta_data, first = first_block(store, key, size, also=info.stem + META_SUFFIX)
-            spec = file_spec(cache, load_meta(cache, info, meta_data), info, suffix)
-            get_checked(store, key, spec, tmp, first=first)
-
-        return cache.downloads.fetch(key, size, with_meta, until)
-    spec = file_spec(cache, cache._meta(info), info, suffix)
-    return cache.downloads.fetch(key, int(spec["bytes"]),  # type: ignore[call-overload]
-                                 lambda tmp: get_checked(store, key, spec, tmp), until)
+MetaOf = Callable[[bytes | Exception], ChunkMeta]  # metadata bytes → checked metadata
 
 
-def file_spec(cache: Cache, meta: ChunkMeta, info: ChunkInfo,
+def fetch_bin_with_meta(remote: RemoteStore, downloads: DownloadDir, info: ChunkInfo,
+                        size: int, meta_of: MetaOf, until: float | None) -> Path:
+    """Chunk ``info``'s ``.bin`` of ``size`` bytes (from the ledger), its first block asked
+    for beside its metadata (``meta_of`` checks and keeps that), pinned ``until``."""
+    key = info.stem + ".bin"
+
+    def with_meta(tmp: Path) -> None:
+        meta_data, first = first_block(remote, key, size, also=info.stem + META_SUFFIX)
+        spec = file_spec(remote, meta_of(meta_data), info, ".bin")
+        get_checked(remote, key, spec, tmp, first=first)
+
+    return downloads.fetch(key, size, with_meta, until)
+
+
+def fetch_checked(remote: RemoteStore, downloads: DownloadDir, info: ChunkInfo,
+                  suffix: str, meta: ChunkMeta, until: float | None) -> Path:
+    """Chunk file ``suffix`` whose metadata is known: one request, checked against it."""
+    key, spec = info.stem + suffix, file_spec(remote, meta, info, suffix)
+    return downloads.fetch(key, int(spec["bytes"]),  # type: ignore[call-overload]
+                           lambda tmp: get_checked(remote, key, spec, tmp), until)
+
+
+def file_spec(remote: RemoteStore, meta: ChunkMeta, info: ChunkInfo,
               suffix: str) -> dict[str, object]:
     """The metadata's entry (size, xxh3) for chunk file ``suffix``."""
     spec = meta.files.get(suffix)
     if spec is None:
-        assert cache.store is not None
-        raise CorruptChunkError(f"{cache.store.url_of(info.stem + META_SUFFIX)}: lists no "
-                                f"{suffix} file; run 'shardwise verify {cache.location}'")
+        raise CorruptChunkError(f"{remote.url_of(info.stem + META_SUFFIX)}: lists no "
+                                f"{suffix} file; run 'shardwise verify {remote.url}'")
     return spec
 
 
-def load_meta(cache: Cache, info: ChunkInfo, data: bytes | Exception) -> ChunkMeta:
-    """A chunk's metadata from its bytes (or the error reading them raised), checked
-    against the ledger and kept by the cache (read once per process)."""
-    meta = cache._metas.get(info.stem)
-    if meta is not None:
-        return meta
-    name = (cache.store.url_of(info.stem + META_SUFFIX) if cache.store is not None
-            else str(info.base.with_name(info.base.name + META_SUFFIX)))
-    advice = f"run 'shardwise verify {cache.location}'"
-    if isinstance(data, FileNotFoundError):
-        raise CorruptChunkError(f"{name}: named by the ledger but missing; {advice}")
-    if isinstance(data, Exception):
-        raise data
-    if bytes_checksum(data) != info.meta_xxh3:
-        raise CorruptChunkError(f"{name}: xxh3_64 {bytes_checksum(data)}, the ledger "
-                                f"says {info.meta_xxh3}; {advice}")
-    try:
-        meta = cache._metas[info.stem] = ChunkMeta.from_dict(orjson.loads(data))
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise CorruptChunkError(f"{name}: not valid chunk metadata ({e}); {advice}") from e
-    return meta
-
-
-__all__ = ["fetch_file", "file_spec", "load_meta"]
+__all__ = ["fetch_bin_with_meta", "fetch_checked", "file_spec"]

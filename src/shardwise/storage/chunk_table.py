@@ -7,7 +7,7 @@ holds numpy columns; :class:`ChunkTable` keeps them and makes a :class:`ChunkInf
 for the chunk asked for. Stems are checked on arrival in one pass over their bytes (a
 relative path inside the cache); that a chunk's *files* do not resolve outside the cache
 through a symlink is checked when each file is first used
-(:meth:`shardwise.storage.cache.Cache.with_chunk_file`).
+(:meth:`shardwise.storage.local.LocalStore.with_file`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import overload
+from typing import Protocol, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -91,6 +91,24 @@ class ChunkTable(Sequence[ChunkInfo]):
         head = other.stem[:n]
         differ = np.flatnonzero(self.columns.stem[:len(head)] != head)
         return int(differ[0]) if len(differ) else len(head)
+
+
+class View(Protocol):
+    """What a store reads a cache's chunks by: the ledger's view of them (a
+    :class:`~shardwise.storage.cache.Cache`)."""
+
+    chunks: ChunkTable
+    cum_tokens: npt.NDArray[np.int64]
+    dtype: np.dtype
+    vocab_size: int | None
+    verify: bool
+    fingerprint: str
+
+    @property
+    def is_megatron(self) -> bool: ...
+
+    @property
+    def location(self) -> str: ...
 
 
 def check_stems(root: Path, stems: npt.NDArray[np.bytes_], *, where: str) -> None:

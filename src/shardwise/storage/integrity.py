@@ -1,6 +1,6 @@
 """What keeps damaged bytes from reaching a model: the readers' checks, cheapest first.
 
-1. **Structure, when a chunk is opened** (:class:`~shardwise.storage.cache.Cache`): every
+1. **Structure, when a chunk is opened** (:class:`~shardwise.storage.store.ChunkStore`): every
    file resolves inside the cache; the ``.bin`` holds exactly the ledger's tokens; the
    ``.idx`` agrees with the ``.bin`` and the ledger
    (:func:`~shardwise.format.megatron.check_index`). Once per chunk per process.
@@ -37,20 +37,19 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from shardwise.errors import CorruptChunkError
 from shardwise.format.checksum import bytes_checksum
+from shardwise.format.chunk import ChunkMeta
 from shardwise.format.ledger import ChunkEntry
 from shardwise.format.megatron import MegatronIndex, check_index, first_bad_id
 from shardwise.format.paths import READER_DIR, user_cache_dir
 from shardwise.storage.chunk_check import ChunkExpect, check_chunk
-
-if TYPE_CHECKING:
-    from shardwise.storage.cache import Cache
+from shardwise.storage.chunk_table import ChunkInfo, View
 
 Submit = Callable[[Callable[[], None]], Future[None]]
 LOG_DIR = "verified"
@@ -257,53 +256,62 @@ _VERIFIERS: weakref.WeakSet[ChunkVerifier] = weakref.WeakSet()
 _FORK_HOOK: list[bool] = []
 
 
-class CacheChecks:
-    """The checks of one open :class:`~shardwise.storage.cache.Cache` (see the module doc):
-    the cache calls :meth:`index` and :meth:`opened` as it opens chunk files, readers call
-    :meth:`ids` per batch (and :meth:`loaded` for a chunk read whole). ``verify`` False
-    keeps only the structural checks."""
+class Store(Protocol):
+    """What the checks need of a :class:`~shardwise.storage.store.ChunkStore`."""
 
-    def __init__(self, cache: Cache) -> None:
-        self.cache, self.verify = cache, cache.verify
-        self.vocab_size = cache.vocab_size if cache.verify else None
+    root: Path
+    checks_in_background: bool  # False: its files are checked as they arrive
+
+    def name(self, relative: str) -> str: ...
+    def meta_of(self, info: ChunkInfo) -> ChunkMeta: ...
+    def bin_size(self, info: ChunkInfo) -> int: ...
+    def submit(self, job: Callable[[], None]) -> Future[None]: ...
+
+
+class CacheChecks:
+    """The checks of one open cache (see the module doc), over its ``store`` and the
+    ledger's ``view``: the store calls :meth:`index` and :meth:`opened` as it opens chunk
+    files, readers call :meth:`ids` per batch (and :meth:`loaded` for a chunk read
+    whole). ``verify`` False keeps only the structural checks."""
+
+    def __init__(self, store: Store, view: View, *, background: bool = True) -> None:
+        self.store, self.view, self.verify = store, view, view.verify
+        self.vocab_size = view.vocab_size if view.verify else None
         # None: no id to check (not verifying, no vocabulary, or the dtype cannot hold an
         # id beyond it); ids are read from this dtype, so no wider copy can either
         self._limit = self.vocab_size
         if self._limit is not None and first_bad_id(
-                np.full(1, np.iinfo(cache.dtype).max, cache.dtype), self._limit) < 0:
+                np.full(1, np.iinfo(view.dtype).max, view.dtype), self._limit) < 0:
             self._limit = None
         self.verifier: ChunkVerifier | None = None
-        if cache.verify and cache.manifest is not None and cache.store is None:
-            # a download from an object store is already checked as it streams
-            self.log = VerifiedLog([cache.root / READER_DIR, user_cache_dir()],
-                                   cache.fingerprint)
-            self.verifier = ChunkVerifier(self._verify_files, cache._submit)
+        if (background and view.verify and not view.is_megatron
+                and store.checks_in_background):
+            self.log = VerifiedLog([store.root / READER_DIR, user_cache_dir()],
+                                   view.fingerprint)
+            self.verifier = ChunkVerifier(self._verify_files, store.submit)
 
     def _name(self, c: int, suffix: str) -> str:
-        cache, info = self.cache, self.cache.chunks[c]
-        return (cache.store.url_of(info.stem + suffix) if cache.store is not None
-                else str(info.base.with_name(info.base.name + suffix)))
+        return self.store.name(self.view.chunks[c].stem + suffix)
 
     def _advice(self) -> str:
-        return f"run 'shardwise verify {self.cache.location}'"
+        return f"run 'shardwise verify {self.view.location}'"
 
     def index(self, c: int, idx: MegatronIndex) -> None:
         """Chunk ``c``'s ``.idx`` against its ``.bin`` (its size from the metadata on an
         object store, where the ``.bin`` may not be here yet) and against the ledger: an
         edited length must not shift document boundaries unannounced."""
-        cache, info = self.cache, self.cache.chunks[c]
+        view, info = self.view, self.view.chunks[c]
         bin_name = self._name(c, ".bin")
         try:
-            size = (int(cache.meta(c).files.get(".bin", {}).get("bytes", -1))
-                    if cache.store is not None else os.stat(bin_name).st_size)
+            size = self.store.bin_size(info)
         except FileNotFoundError:
             raise CorruptChunkError(f"{bin_name}: named by the ledger but missing; "
                                     f"{self._advice()}") from None
         check_index(idx, bin_name, size)
         # a Megatron prefix's documents may hold several sequences each
-        docs = idx.num_documents if cache.is_megatron else idx.num_sequences
+        docs = idx.num_documents if view.is_megatron else idx.num_sequences
         got = (docs, idx.num_tokens, idx.dtype)
-        want = (info.documents, info.tokens, cache.dtype)
+        want = (info.documents, info.tokens, view.dtype)
         if got != want:
             raise CorruptChunkError(f"{idx.path}: holds {got[0]} documents, {got[1]} tokens "
                                     f"of {got[2]}; the ledger says {want[0]}, {want[1]} of "
@@ -330,7 +338,7 @@ class CacheChecks:
         k = first_bad_id(ids, self._limit)
         if k < 0:
             return
-        cum, offset = self.cache.cum_tokens, offset_of(k)
+        cum, offset = self.view.cum_tokens, offset_of(k)
         c = int(np.searchsorted(cum, offset, side="right")) - 1
         raise CorruptChunkError(
             f"{self._name(c, '.bin')}: token id {int(ids.reshape(-1)[k])} at token "
@@ -343,13 +351,13 @@ class CacheChecks:
         then their ids."""
         if not self.verify:
             return
-        if self.cache.manifest is not None:
-            want = self.cache.meta(c).files.get(".bin", {}).get("xxh3_64")
+        if not self.view.is_megatron:
+            want = self.store.meta_of(self.view.chunks[c]).files.get(".bin", {}).get("xxh3_64")
             got = bytes_checksum(tokens.data.cast("B") if tokens.nbytes else b"")
             if got != want:
                 raise CorruptChunkError(f"{self._name(c, '.bin')}: xxh3_64 {got}, the "
                                         f"metadata says {want}; {self._advice()}")
-        base = int(self.cache.cum_tokens[c])
+        base = int(self.view.cum_tokens[c])
         self.ids(tokens, lambda k: base + k)
 
     def stats(self) -> dict[str, int]:
@@ -361,8 +369,8 @@ class CacheChecks:
         """On the background thread: chunk ``c``'s files ``suffixes`` against their
         checksums (:func:`~shardwise.storage.chunk_check.check_chunk`), unless this node's log
         lists them unchanged. Returns (whether data was hashed, the problem or None)."""
-        cache, info = self.cache, self.cache.chunks[c]
-        files = cache.meta(c).files
+        view, info = self.view, self.view.chunks[c]
+        files = self.store.meta_of(info).files
         keys: dict[str, str] = {}
         for suffix in suffixes:
             with contextlib.suppress(OSError, KeyError):  # check_chunk names the problem
@@ -373,8 +381,8 @@ class CacheChecks:
         if not todo:
             return False, None
         entry = ChunkEntry(info.stem, info.documents, info.tokens, info.meta_xxh3)
-        report = check_chunk(ChunkExpect(cache.root, info.source, entry, info.kind,
-                                         cache.dtype, vocab_size=self.vocab_size),
+        report = check_chunk(ChunkExpect(self.store.root, info.source, entry, info.kind,
+                                         view.dtype, vocab_size=self.vocab_size),
                              suffixes=todo)
         if not report.ok:
             found = "; ".join(f"{p.path}: {p.what}" for p in report.problems)

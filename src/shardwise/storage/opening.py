@@ -6,7 +6,11 @@ the visible chunks as columns, or ``ledger.json`` parsed when there is no curren
 so opening costs the same few milliseconds for 10 or 100,000 chunks; no chunk file is
 touched. A Megatron prefix is one chunk, its ``.idx`` checked against its ``.bin``. A
 cache on an object store reads its manifest and ledger from the store and gets a
-node-local download directory (see :mod:`shardwise.storage.cache`).
+node-local download directory (see :mod:`shardwise.storage.bucket`).
+
+This is the one place that decides, from a path, where a cache lives
+(:func:`open_store`): everything after talks to a
+:class:`~shardwise.storage.store.ChunkStore`.
 """
 
 from __future__ import annotations
@@ -26,31 +30,43 @@ from shardwise.format.manifest import MANIFEST_NAME, Manifest
 from shardwise.format.megatron import read_idx
 from shardwise.format.paths import user_cache_dir
 from shardwise.remote.client import RemoteStore, is_url
+from shardwise.storage.bucket import BucketStore
 from shardwise.storage.cache import Cache
 from shardwise.storage.chunk_table import ChunkInfo, ChunkTable
 from shardwise.storage.download import DownloadDir
+from shardwise.storage.heads import NodeHeads
+from shardwise.storage.local import LocalStore
+from shardwise.storage.store import ChunkStore
 
 DEFAULT_LOCAL_BYTES = 8 << 30
 
 
-def _open_shardwise(root: Path, verify: bool) -> Cache:
-    view, _ = read_view(root)
-    manifest = Manifest.load(root, xxh3=view.manifest_xxh3)
-    return _cache_of(root, manifest, view, verify=verify)
+def open_store(path: str | os.PathLike[str],
+               storage_options: dict[str, Any] | None = None) -> ChunkStore:
+    """The store of a cache to write (a build): a directory, or a prefix on an object
+    store by its URL (``file://`` is a directory)."""
+    if is_url(path):
+        return BucketStore(RemoteStore(os.fspath(path), storage_options))
+    s = os.fspath(path)
+    return LocalStore(s[len("file://"):] if s.startswith("file://") else s)
 
 
-def _cache_of(root: Path, manifest: Manifest, view: LedgerView, *, verify: bool,
-              store: RemoteStore | None = None, downloads: DownloadDir | None = None
-              ) -> Cache:
-    """An open cache of ``view``'s visible chunks, under ``root`` (a remote cache's
-    download directory)."""
-    ledger = store.url_of(LEDGER_NAME) if store is not None else str(root / LEDGER_NAME)
-    table = ChunkTable(root, ChunkKind(manifest.chunk_kind), view.chunks, where=ledger)
-    return Cache(root, manifest=manifest, chunks=table, dtype=np.dtype(manifest.dtype),
+def _cache_of(store: ChunkStore, manifest: Manifest, view: LedgerView, *,
+              verify: bool) -> Cache:
+    """An open cache of ``view``'s visible chunks, read through ``store``."""
+    table = ChunkTable(store.root, ChunkKind(manifest.chunk_kind), view.chunks,
+                       where=store.name(LEDGER_NAME))
+    return Cache(store, manifest=manifest, chunks=table, dtype=np.dtype(manifest.dtype),
                  eod_id=manifest.tokenizer.eod_id, vocab_size=manifest.tokenizer.vocab_size,
                  finished=view.finished, errors=dict(view.errors),
-                 fingerprint=fingerprint(manifest.identity()), store=store,
-                 downloads=downloads, verify=verify, sources=view.sources)
+                 fingerprint=fingerprint(manifest.identity()), verify=verify,
+                 sources=view.sources)
+
+
+def _open_shardwise(store: ChunkStore, verify: bool) -> Cache:
+    view, _ = read_view(store)
+    manifest = Manifest.load(store, xxh3=view.manifest_xxh3)
+    return _cache_of(store, manifest, view, verify=verify)
 
 
 def _open_megatron(prefix: Path, verify: bool) -> Cache:
@@ -75,26 +91,27 @@ def _open_megatron(prefix: Path, verify: bool) -> Cache:
     if idx.num_documents != idx.num_sequences:  # its documents (and their order) changed
         identity["documents"] = idx.num_documents
     fp = fingerprint(identity)
-    return Cache(prefix.parent, manifest=None, chunks=[info], dtype=idx.dtype, eod_id=None,
-                 vocab_size=None, finished=True, errors={}, fingerprint=fp, verify=verify)
+    return Cache(LocalStore(prefix.parent), manifest=None, chunks=[info], dtype=idx.dtype,
+                 eod_id=None, vocab_size=None, finished=True, errors={}, fingerprint=fp,
+                 verify=verify)
 
 
-def _local_dir_for(store: RemoteStore, manifest: Manifest,
-                   local_dir: str | os.PathLike[str] | None) -> Path:
-    """``local_dir/<key>``: one subdirectory per (URL, cache identity), so a cache rebuilt
-    differently under the same URL never reuses stale downloads."""
-    base = Path(local_dir) if local_dir is not None else user_cache_dir() / "remote"
-    key = fingerprint({"url": store.url, "identity": manifest.identity()})
-    return base / key
-
-
-def _open_remote(store: RemoteStore, local_dir: str | os.PathLike[str] | None,
+def _open_remote(remote: RemoteStore, local_dir: str | os.PathLike[str] | None,
                  local_bytes: int, verify: bool) -> Cache:
-    view, _ = read_view(store)
-    manifest = Manifest.load(store, xxh3=view.manifest_xxh3)
-    downloads = DownloadDir(_local_dir_for(store, manifest, local_dir), local_bytes)
-    return _cache_of(downloads.dir, manifest, view, verify=verify, store=store,
-                     downloads=downloads)
+    """Under ``local_dir``: ``<key of the URL>/heads``, this node's snapshot of the head
+    files (:mod:`shardwise.storage.heads`: one process per node fetches them), and
+    ``<key of (URL, cache identity)>/``, the downloads (a cache rebuilt differently under
+    the same URL never reuses stale ones)."""
+    base = Path(local_dir) if local_dir is not None else user_cache_dir() / "remote"
+    heads = NodeHeads(remote, base / fingerprint({"url": remote.url}))
+    files = BucketStore(remote, heads=heads)
+    view, _ = read_view(files)
+    manifest = Manifest.load(files, xxh3=view.manifest_xxh3)
+    key = fingerprint({"url": remote.url, "identity": manifest.identity()})
+    downloads = DownloadDir(base / key, local_bytes)
+    heads.refreshing()  # open: from now on, a refresh asks whether the ledger grew
+    return _cache_of(BucketStore(remote, downloads, heads=heads), manifest, view,
+                     verify=verify)
 
 
 def reader_cache(cache: Cache | str | os.PathLike[str], verify: bool | None) -> Cache:
@@ -134,7 +151,7 @@ def open_cache(path: str | os.PathLike[str], *, local_dir: str | os.PathLike[str
                             local_bytes, verify)
     p = Path(path)
     if (p / MANIFEST_NAME).is_file():
-        return _open_shardwise(p, verify)
+        return _open_shardwise(LocalStore(p), verify)
     if p.with_name(p.name + ".idx").is_file() and p.with_name(p.name + ".bin").is_file():
         return _open_megatron(p, verify)
     if p.suffix in (".bin", ".idx") and p.with_suffix(".idx").is_file():

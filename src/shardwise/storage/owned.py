@@ -7,6 +7,7 @@ A cache directory holds only files shardwise writes (SPEC.md, "A cache is a dire
     chunks/SSSSS/GGGGG-KKKKK.{bin,idx,parquet,json}
     .shardwise-plans/…                    readers' directory: plan caches, logs (all of it)
     <16 hex>/.lock, <16 hex>/chunks/…     a remote cache's download directory, if put here
+    <16 hex>/heads                        ... and its node's snapshot of the head files
     .tmp-*, .claim-*                      interrupted writes and downloads, anywhere above
 
 Anything else (a user's file, a symlink, an unknown directory) is *foreign*: an overwrite
@@ -21,10 +22,10 @@ import shutil
 from pathlib import Path
 
 from shardwise.errors import ConfigError
+from shardwise.format.files import Files
 from shardwise.format.ledger import LEDGER_NAME
 from shardwise.format.ledger_index import INDEX_NAME
 from shardwise.format.manifest import MANIFEST_NAME
-from shardwise.remote.client import RemoteStore
 
 PLANS_DIR = ".shardwise-plans"
 _TEMP = r"(?:\.tmp-|\.claim-)[^/]*"
@@ -33,7 +34,7 @@ _OWNED_FILE = re.compile(
     rf"(?:{re.escape(MANIFEST_NAME)}|{re.escape(LEDGER_NAME)}|{re.escape(INDEX_NAME)}"
     rf"|{_TEMP}|{_CHUNK}"
     rf"|{re.escape(PLANS_DIR)}/.+"
-    rf"|[0-9a-f]{{16}}/(?:\.lock|{_TEMP}|{_CHUNK}))")
+    rf"|[0-9a-f]{{16}}/(?:\.lock|heads|{_TEMP}|{_CHUNK}))")
 _OWNED_DIR = re.compile(rf"(?:chunks(?:/\d{{5,}})?|{re.escape(PLANS_DIR)}(?:/.+)?"
                         rf"|[0-9a-f]{{16}}(?:/chunks(?:/\d{{5,}})?)?)")
 
@@ -62,18 +63,22 @@ def foreign_names(root: Path) -> list[str]:
     return sorted(out)
 
 
-def clear_cache(root: Path | RemoteStore) -> int:
+def clear_keys(files: Files) -> int:
+    """Delete every object shardwise wrote under a prefix on an object store (see
+    :func:`clear_directory`)."""
+    keys = files.list()
+    _refuse(files.location, [k for k in keys if not is_owned(k)])
+    first = [k for k in (LEDGER_NAME, INDEX_NAME, MANIFEST_NAME) if k in keys]
+    files.remove(first)
+    files.remove([k for k in keys if k not in first])
+    return len(keys)
+
+
+def clear_directory(root: Path) -> int:
     """Delete every file shardwise wrote in ``root``; returns how many. Refuses with
     :class:`ConfigError` naming the foreign entries, before deleting anything, if there
     are any. The ledger goes first (no reader then trusts a chunk about to vanish), then
     its index and the manifest, then the rest."""
-    if isinstance(root, RemoteStore):
-        keys = root.list_keys()
-        _refuse(str(root), [k for k in keys if not is_owned(k)])
-        first = [k for k in (LEDGER_NAME, INDEX_NAME, MANIFEST_NAME) if k in keys]
-        root.remove(first)
-        root.remove([k for k in keys if k not in first])
-        return len(keys)
     if not root.is_dir():
         return 0
     _refuse(str(root), foreign_names(root))
@@ -103,4 +108,4 @@ def _refuse(root: str, foreign: list[str]) -> None:
                           "directory")
 
 
-__all__ = ["PLANS_DIR", "clear_cache", "foreign_names", "is_owned"]
+__all__ = ["PLANS_DIR", "clear_directory", "clear_keys", "foreign_names", "is_owned"]

@@ -11,17 +11,46 @@ array (:func:`gather_runs`) — the one call a reader makes per batch::
 
 Runs are plain numpy columns (:class:`Runs`, or any three arrays in that order), so the
 read pipeline builds them with whole-array operations and never names a chunk file.
+
+:class:`ChunkStore` is everything that touches a cache's bytes (docs/DESIGN.md, "One
+storage interface"): its files (the :class:`~shardwise.format.files.Files` half, which the
+format and the build use) and its chunks (memory maps, ``.idx``, metadata, ``gather``,
+downloads ahead, integrity checks). Two implementations: ``LocalStore``
+(:mod:`shardwise.storage.local`) and ``BucketStore`` (:mod:`shardwise.storage.bucket`).
+What differs between them is only where a chunk file's local bytes come from
+(:meth:`ChunkStore.with_file`) and how its metadata is read; the maps, their budget, the
+checks and ``gather`` are written once, here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
+import contextlib
+from abc import ABC, abstractmethod
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 
-from shardwise.errors import ConfigError
+from shardwise.concurrency import ThreadPool
+from shardwise.errors import CacheError, ConfigError, CorruptChunkError
+from shardwise.format.checksum import bytes_checksum
+from shardwise.format.chunk import META_SUFFIX, ChunkKind, ChunkMeta
+from shardwise.format.files import Payload
+from shardwise.format.megatron import MegatronIndex, open_bin, read_idx
+from shardwise.storage import open_maps
+from shardwise.storage.chunk_check import CheckDepth, ChunkExpect
+from shardwise.storage.chunk_table import ChunkInfo, View
+from shardwise.storage.integrity import CacheChecks
+from shardwise.storage.verify_report import VerifyReport
+
+_T = TypeVar("_T")
+
+MAX_OPEN_CHUNKS = 64
 
 # at most this many runs are copied one slice each; more are gathered per chunk with one
 # fancy index (a slice costs ~0.3 us of Python, an index ~10 ns per token)
@@ -107,4 +136,255 @@ def gather_runs(tokens_of: Callable[[int], npt.NDArray[Any]], runs: Runs,
     return out
 
 
-__all__ = ["FEW_RUNS", "Runs", "gather_runs"]
+class ChunkStore(ABC):
+    """A cache's files and chunks (see the module doc). The chunk half reads by the
+    ledger's view it is bound to (:meth:`bind`: the :class:`~shardwise.storage.cache.Cache`
+    that owns it); the files half needs no view (the build writes through it)."""
+
+    checks_in_background: ClassVar[bool] = False  # hash chunk files a process opens
+    # this node's directory of the cache: the cache itself, or its local copy (reader
+    # files such as plans go under it)
+    root: Path
+    prefetches: ClassVar[bool] = False  # prefetch() downloads ahead: worth calling
+
+    def __init__(self) -> None:
+        self._view: View | None = None
+        self.checks: CacheChecks | None = None
+        self.opened: Counter[str] = Counter()  # chunks whose token data this process read
+        self.opened_index: Counter[str] = Counter()  # ... whose .idx it read
+        self._maps: OrderedDict[int, npt.NDArray[np.generic]] = OrderedDict()
+        self._indexes: OrderedDict[int, MegatronIndex] = OrderedDict()
+        self._checked_index: set[int] = set()
+        self._metas: dict[str, ChunkMeta] = {}
+        self._threads: ThreadPool | None = None  # background verification
+
+    # -- files (format/files.py's Files) -----------------------------------------------
+    @property
+    @abstractmethod
+    def location(self) -> str: ...
+    @abstractmethod
+    def name(self, relative: str) -> str: ...
+    @abstractmethod
+    def read(self, relative: str) -> bytes: ...
+    @abstractmethod
+    def write(self, relative: str, data: Payload) -> None: ...
+    @abstractmethod
+    def publish(self, stem: str, payloads: dict[str, Payload]) -> None: ...
+    @abstractmethod
+    def exists(self, relative: str) -> bool: ...
+    @abstractmethod
+    def list(self) -> list[str]: ...
+    @abstractmethod
+    def remove(self, relatives: list[str]) -> None: ...
+
+    # -- what a build needs beyond the files -----------------------------------------------
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the cache for one build (a store without locks: one build at a time)."""
+        yield
+
+    def tidy(self) -> None:
+        """Remove what a killed build left half-written (nothing where writes are whole)."""
+        return None
+
+    @abstractmethod
+    def clear(self) -> int:
+        """Delete every file shardwise wrote (``--overwrite``), refusing before deleting
+        anything if there are others; returns how many."""
+
+    @abstractmethod
+    def entries(self) -> list[str]:
+        """What is there (a new cache must find nothing)."""
+
+    @abstractmethod
+    def foreign(self) -> list[str]:
+        """Entries shardwise did not write."""
+
+    @abstractmethod
+    def check_published(self, exp: ChunkExpect, depth: CheckDepth) -> VerifyReport:
+        """A published chunk against what the ledger expects of it (a build's rerun)."""
+
+    # -- chunks ------------------------------------------------------------------------------
+    def bind(self, view: View) -> None:
+        """Read chunks by ``view`` (once, by the cache that owns this store)."""
+        if self._view is not None and self._view is not view:
+            raise CacheError(f"{self.location}: this store already serves another open "
+                             "cache; open the cache again for a view of its own")
+        self._view = view
+        self.checks = CacheChecks(self, view)
+
+    @property
+    def view(self) -> View:
+        if self._view is None:
+            raise CacheError(f"{self.location}: opened for writing, not for reading; "
+                             "read it with open_cache")
+        return self._view
+
+    @abstractmethod
+    def with_file(self, info: ChunkInfo, suffix: str, use: Callable[[Path], _T]) -> _T:
+        """``use(path)`` of a checked local copy of chunk file ``suffix``."""
+
+    @abstractmethod
+    def _meta_bytes(self, info: ChunkInfo) -> bytes | Exception:
+        """A chunk's metadata bytes, or the error reading them raised."""
+
+    @abstractmethod
+    def bin_size(self, info: ChunkInfo) -> int:
+        """The size of a chunk's ``.bin`` as stored (FileNotFoundError when missing)."""
+
+    def tokens(self, c: int) -> npt.NDArray[np.generic]:
+        """Chunk ``c``'s token ids, memory-mapped (its size checked against the ledger;
+        every map counted by the process-wide budget, :mod:`.open_maps`)."""
+        hit = self._maps.get(c)
+        if hit is not None:
+            with contextlib.suppress(KeyError):  # dropped by another cache's open meanwhile
+                self._maps.move_to_end(c)
+            return hit
+        info = self.view.chunks[c]
+        if info.kind is not ChunkKind.TOKENS:
+            raise CacheError(f"{info.base}: a {info.kind.value} chunk has no token array; "
+                             "read it with the records reader")
+        try:
+            tokens = self.with_file(info, ".bin", lambda p: self._map_bin(info, p))
+        except FileNotFoundError:
+            raise CorruptChunkError(f"{self.name(info.stem + '.bin')}: named by the ledger "
+                                    f"but missing; {self._advice()}") from None
+        self.opened[info.stem] += 1
+        self._maps[c] = tokens
+        open_maps.kept(self._maps, c)
+        if len(self._maps) > MAX_OPEN_CHUNKS:
+            self._maps.popitem(last=False)
+        self._checks().opened(c, (".bin", ".idx"))
+        return tokens
+
+    def _map_bin(self, info: ChunkInfo, path: Path) -> npt.NDArray[np.generic]:
+        """The ``.bin`` memory-mapped, after checking it holds exactly the ledger's tokens
+        (a short file must be named, not fail inside numpy)."""
+        dtype = self.view.dtype
+        size, want = path.stat().st_size, info.tokens * dtype.itemsize
+        if size != want:
+            raise CorruptChunkError(f"{path}: {size} bytes, the ledger's {info.tokens} tokens "
+                                    f"of {dtype.itemsize} bytes are {want}; {self._advice()}")
+        # a plain ndarray view of the map: slicing an np.memmap subclass costs ~3 us of
+        # Python per slice on the hot path; the view keeps the map alive
+        return open_bin(path, dtype).view(np.ndarray)
+
+    def index(self, c: int) -> MegatronIndex:
+        """Chunk ``c``'s ``.idx`` (document lengths), memory-mapped and structure-checked;
+        does not touch the chunk's token data."""
+        idx = self._indexes.get(c)
+        if idx is not None:
+            with contextlib.suppress(KeyError):
+                self._indexes.move_to_end(c)
+            return idx
+        info = self.view.chunks[c]
+        try:
+            idx = self.with_file(info, ".idx", read_idx)
+        except FileNotFoundError:
+            raise CorruptChunkError(f"{self.name(info.stem + '.idx')}: named by the ledger "
+                                    f"but missing; {self._advice()}") from None
+        if c not in self._checked_index:
+            self._checks().index(c, idx)
+            self._checked_index.add(c)
+        self.opened_index[info.stem] += 1
+        self._indexes[c] = idx
+        open_maps.kept(self._indexes, c)
+        if len(self._indexes) > MAX_OPEN_CHUNKS:
+            self._indexes.popitem(last=False)
+        self._checks().opened(c, (".idx",))
+        return idx
+
+    def meta(self, c: int) -> ChunkMeta:
+        """Chunk ``c``'s metadata, checked against the ledger."""
+        return self.meta_of(self.view.chunks[c])
+
+    def meta_of(self, info: ChunkInfo) -> ChunkMeta:
+        """A chunk's metadata, read once per process and checked against the ledger."""
+        meta = self._metas.get(info.stem)
+        return meta if meta is not None else self._load_meta(info, self._meta_bytes(info))
+
+    def _load_meta(self, info: ChunkInfo, data: bytes | Exception) -> ChunkMeta:
+        """A chunk's metadata from its bytes (or the error reading them raised), checked
+        against the ledger and kept (read once per process)."""
+        meta = self._metas.get(info.stem)
+        if meta is not None:
+            return meta
+        name = self.name(info.stem + META_SUFFIX)
+        if isinstance(data, FileNotFoundError):
+            raise CorruptChunkError(f"{name}: named by the ledger but missing; "
+                                    f"{self._advice()}")
+        if isinstance(data, Exception):
+            raise data
+        if bytes_checksum(data) != info.meta_xxh3:
+            raise CorruptChunkError(f"{name}: xxh3_64 {bytes_checksum(data)}, the ledger "
+                                    f"says {info.meta_xxh3}; {self._advice()}")
+        try:
+            meta = self._metas[info.stem] = ChunkMeta.from_dict(orjson.loads(data))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise CorruptChunkError(f"{name}: not valid chunk metadata ({e}); "
+                                    f"{self._advice()}") from e
+        return meta
+
+    def gather(self, runs: Any) -> npt.NDArray[np.generic]:
+        """The tokens of ``runs`` concatenated, in the cache's dtype, their ids checked
+        against the vocabulary. Where a remote chunk's bytes come from while it is still
+        arriving is the store's business (:meth:`tokens` waits for the chunk)."""
+        runs = Runs.of(runs)
+        view = self.view
+        runs.check(view.chunks.columns.tokens, view.location)
+        out = gather_runs(self.tokens, runs, view.dtype)
+        self._checks().batch_ids(out, runs.stream_offset(view.cum_tokens))
+        return out
+
+    def _checks(self) -> CacheChecks:
+        if self.checks is None:
+            self.bind(self.view)  # raises: a store opened for writing has no view
+        assert self.checks is not None
+        return self.checks
+
+    def _advice(self) -> str:
+        return f"run 'shardwise verify {self.location}'"
+
+    # -- downloads ahead (a no-op where the bytes are here) ------------------------------
+    def prefetch(self, chunks: Iterable[int]) -> bool:
+        """Start fetching chunks ``chunks`` (in the order they will be read) in the
+        background; returns whether the reader should hand over coming chunks sooner."""
+        return False
+
+    def wait_for_prefetch(self) -> None:
+        """Block until every download :meth:`prefetch` started has finished."""
+        return None
+
+    def stats(self) -> dict[str, object]:
+        """The downloads ahead: how far, how many at once, and the pace they follow."""
+        return {}
+
+    # -- threads, close, pickling --------------------------------------------------------
+    def submit(self, job: Callable[[], _T]) -> Future[_T]:
+        """Run ``job`` on this process's two background verification threads, started on
+        first use (a forked child starts its own)."""
+        if self._threads is None:
+            self._threads = ThreadPool(2, name="shardwise-verify")
+        return self._threads.submit(job)
+
+    def close(self) -> None:
+        """Stop background work (queued jobs are dropped; a chunk being hashed is
+        finished) and drop memory maps."""
+        if self.checks is not None and self.checks.verifier is not None:
+            self.checks.verifier.stop()
+        if self._threads is not None:
+            self._threads.close()
+            self._threads = None
+        self._maps.clear()
+        self._indexes.clear()
+
+    def __getstate__(self) -> dict[str, object]:
+        """A copy for another process (a spawned DataLoader worker): no threads and no
+        memory maps (a map pickles as a copy of its whole chunk); it maps what it reads."""
+        d = dict(self.__dict__)
+        d["_threads"] = None
+        d["_maps"], d["_indexes"] = OrderedDict(), OrderedDict()
+        return d
+
+
+__all__ = ["FEW_RUNS", "MAX_OPEN_CHUNKS", "ChunkStore", "Runs", "gather_runs"]

@@ -36,12 +36,14 @@ from shardwise.errors import ManifestError
 from shardwise.format.atomic import TMP_PREFIX
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.chunk import DATA_SUFFIXES, META_SUFFIX, ChunkKind, chunk_stem
+from shardwise.format.files import LocalFiles
 from shardwise.format.ledger import LEDGER_NAME, Ledger, Segment
 from shardwise.format.ledger_index import INDEX_NAME, LedgerView
 from shardwise.format.manifest import MANIFEST_NAME, Manifest
 from shardwise.format.megatron import dtype_code
 from shardwise.format.paths import safe_join
 from shardwise.remote.client import RemoteStore, is_url
+from shardwise.storage.bucket import BucketStore
 from shardwise.storage.chunk_check import (
     ChunkExpect,
     check_chunk,
@@ -117,7 +119,7 @@ def verify_remote(url: str, *, storage_options: dict[str, Any] | None = None
                           bytes_checked=inner.bytes_checked)
     named_stems: set[str] = set()
     with suppress(ManifestError):
-        named_stems = {e.stem for src in Ledger.load(store).sources
+        named_stems = {e.stem for src in Ledger.load(BucketStore(store)).sources
                        for seg in src.segments for e in seg.chunks}
     for key in store.list_keys():
         stem = key.rsplit(".", 1)[0]
@@ -145,11 +147,12 @@ def verify_megatron(prefix: str | Path) -> VerifyReport:
     return report
 
 
-def load_or_report(load: Callable[[Path], _T], root: Path, name: str, report: VerifyReport
-          ) -> _T | None:
-    """``Manifest.load`` or ``Ledger.load``; a failure is a problem of that file."""
+def load_or_report(load: Callable[[LocalFiles], _T], root: Path, name: str,
+                   report: VerifyReport) -> _T | None:
+    """``Manifest.load`` or ``Ledger.load`` of directory ``root``; a failure is a problem
+    of that file."""
     try:
-        return load(root)
+        return load(LocalFiles(root))
     except ManifestError as e:
         report.bad(root / name, strip_advice(str(e), root / name))
         return None

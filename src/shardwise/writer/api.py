@@ -17,7 +17,6 @@ from shardwise._version import __version__
 from shardwise.choice import Choice
 from shardwise.errors import CacheError, ConfigError
 from shardwise.format.chunk import ChunkKind
-from shardwise.format.files import Root, where
 from shardwise.format.ledger import ChunkEntry, Ledger
 from shardwise.format.manifest import (
     Manifest,
@@ -25,11 +24,12 @@ from shardwise.format.manifest import (
     TokenizerInfo,
 )
 from shardwise.format.megatron import token_dtype
-from shardwise.remote.client import open_root
 from shardwise.sources.discovery import describe, discover
 from shardwise.sources.on_error import OnError
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES
 from shardwise.storage.chunk_check import CheckDepth
+from shardwise.storage.opening import open_store
+from shardwise.storage.store import ChunkStore
 from shardwise.writer.config import ChunkPolicy
 from shardwise.writer.executor import LocalExecutor
 from shardwise.writer.processors import (
@@ -40,7 +40,7 @@ from shardwise.writer.processors import (
 )
 from shardwise.writer.progress import BuildSummary, ProgressReporter
 from shardwise.writer.repair import repair_tasks
-from shardwise.writer.start import Check, locked, start_ledger
+from shardwise.writer.start import Check, start_ledger
 from shardwise.writer.worker import ChunkDone, ChunksRebuilt, Job, Progress, SegmentDone, Task
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ def _make_executor(executor: str | ExecutorKind | Executor | None, workers: int 
 class _Coordinator:
     """Applies worker messages to the ledger and saves it (at most every 0.25 s)."""
 
-    def __init__(self, root: Root, ledger: Ledger, reporter: ProgressReporter,
+    def __init__(self, root: ChunkStore, ledger: Ledger, reporter: ProgressReporter,
                  infos: list[SourceInfo]) -> None:
         self.root, self.ledger, self.reporter, self.infos = root, ledger, reporter, infos
         self.dirty = False
@@ -163,7 +163,7 @@ class _Coordinator:
             differ = ", ".join(f"{k} {getattr(msg.entry, k)!r}, the ledger says "
                                f"{getattr(recorded, k)!r}" for k in vars(recorded)
                                if getattr(recorded, k) != getattr(msg.entry, k))
-            raise CacheError(f"{where(self.root, msg.entry.stem)}: made again with different "
+            raise CacheError(f"{self.root.name(msg.entry.stem)}: made again with different "
                              f"bytes ({differ}): the source {self.infos[msg.source].path} "
                              "changed since this cache was built; start again with "
                              "overwrite=True (--overwrite), or build into a new directory")
@@ -215,11 +215,11 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
                            processor_version=processor_version)
     runner, release = _make_executor(executor, workers, address)
     manifest = _manifest(proc, policy, describe(discover(sources)), err_mode, records)
-    root = open_root(out, storage_options)
-    with locked(root):
+    root = open_store(out, storage_options)
+    with root.locked():
         ledger, check = start_ledger(root, manifest, policy, overwrite,
                                      CheckDepth.CHECKSUMS if verify else CheckDepth.SIZES)
-        job = Job(str(root), proc, policy, err_mode, manifest.dtype,
+        job = Job(root.location, proc, policy, err_mode, manifest.dtype,
                   manifest.tokenizer.vocab_size, records, max_record_bytes, storage_options)
         coordinator = _run(root, runner, release, job, ledger, check, manifest.sources, progress)
         return _summary(root, ledger, check, coordinator, time.monotonic() - started,
@@ -241,7 +241,7 @@ def _manifest(proc: Processor, policy: ChunkPolicy, infos: list[SourceInfo],
         sources=infos, on_error=err_mode.value, created_by=f"shardwise {__version__}")
 
 
-def _run(root: Root, runner: Executor, release: Callable[[], None], job: Job, ledger: Ledger,
+def _run(root: ChunkStore, runner: Executor, release: Callable[[], None], job: Job, ledger: Ledger,
          check: Check, infos: list[SourceInfo], progress: bool | None) -> _Coordinator:
     """Run the repair tasks, then the unfinished segments; the ledger is saved as chunks
     are reported and once more at the end, whatever happens."""
@@ -259,14 +259,14 @@ def _run(root: Root, runner: Executor, release: Callable[[], None], job: Job, le
     return coordinator
 
 
-def _summary(root: Root, ledger: Ledger, check: Check, coordinator: _Coordinator,
+def _summary(root: ChunkStore, ledger: Ledger, check: Check, coordinator: _Coordinator,
              seconds: float, notes: list[str]) -> BuildSummary:
     missing = sorted({d.stem for d in check.damaged} - coordinator.rebuilt)
     if missing:  # every repair task republishes its chunks or raises: this is a bug
-        raise CacheError(f"{root}: damaged chunks {missing[:5]} were not rebuilt")
+        raise CacheError(f"{root.location}: damaged chunks {missing[:5]} were not rebuilt")
     order = ledger.global_order()
     return BuildSummary(
-        root=str(root), sources=len(ledger.sources), chunks=len(order),
+        root=root.location, sources=len(ledger.sources), chunks=len(order),
         documents=sum(c.documents for _, c in order),
         tokens=sum(c.tokens for _, c in order),
         bytes_read=coordinator.reporter.bytes_read, seconds=seconds, errors=ledger.errors(),

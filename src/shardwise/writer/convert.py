@@ -50,6 +50,7 @@ from shardwise.format.megatron import (
 )
 from shardwise.storage.cache import Cache
 from shardwise.storage.chunk_check import CheckDepth, ChunkExpect, check_chunk
+from shardwise.storage.local import LocalStore
 from shardwise.storage.opening import open_cache
 
 _COPY_BLOCK = 8 << 20
@@ -283,17 +284,17 @@ def from_megatron(prefix: str | os.PathLike[str], out_dir: str | os.PathLike[str
     max_bytes = None if chunk_docs is not None else _positive_bytes(chunk_mb)
     index = _source_index(prefix)
     _check_out_dir(out)
-    segments, top = [], -1
+    files, segments, top = LocalStore(out), [], -1
     with open(_with(prefix, ".bin"), "rb") as bin_file:  # read per chunk: bounded memory
         for g, (a, b) in enumerate(_doc_ranges(index.sequence_lengths, index.dtype.itemsize,
                                                chunk_docs, max_bytes)):
-            seg, chunk_top = _publish_range(out, prefix, index, bin_file, g, a, b)
+            seg, chunk_top = _publish_range(files, prefix, index, bin_file, g, a, b)
             segments.append(seg)
             top = max(top, chunk_top)
     if not segments:
         segments = [Segment(start=0, stop=0, position=0, finished=True)]
-    _import_manifest(prefix, index, top, chunk_docs, max_bytes).save(out)
-    Ledger([SourceProgress(segments)], manifest_xxh3=manifest_checksum(out)).save(out)
+    _import_manifest(prefix, index, top, chunk_docs, max_bytes).save(files)
+    Ledger([SourceProgress(segments)], manifest_xxh3=manifest_checksum(files)).save(files)
     notes = _import_notes(index)
     n_chunks = sum(len(s.chunks) for s in segments)
     return ConvertSummary(str(out), n_chunks, index.num_sequences, index.num_tokens,
@@ -355,7 +356,7 @@ def _fill(lengths: npt.NDArray[np.int32], start: int, itemsize: int, max_bytes: 
     return len(lengths)
 
 
-def _publish_range(out: Path, prefix: Path, index: MegatronIndex, bin_file: BinaryIO,
+def _publish_range(out: LocalStore, prefix: Path, index: MegatronIndex, bin_file: BinaryIO,
                    g: int, a: int, b: int) -> tuple[Segment, int]:
     """Publish documents ``[a, b)`` as chunk 0 of segment ``g``; return it and its max id."""
     lengths = index.sequence_lengths[a:b].astype(np.int64)

@@ -38,17 +38,10 @@ import orjson
 from shardwise.errors import CacheError, ManifestError
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.chunk import META_SUFFIX, ChunkKind, ChunkMeta, chunk_stem
-from shardwise.format.files import Root, read_file, where
 from shardwise.format.ledger import LEDGER_NAME, Ledger, Segment
 from shardwise.format.manifest import Manifest, SourceInfo
-from shardwise.format.paths import safe_join
-from shardwise.remote.client import RemoteStore
-from shardwise.storage.chunk_check import (
-    CheckDepth,
-    ChunkExpect,
-    check_chunk,
-    check_remote_chunk,
-)
+from shardwise.storage.chunk_check import CheckDepth, ChunkExpect
+from shardwise.storage.store import ChunkStore
 from shardwise.storage.verify_report import Problem
 from shardwise.writer.worker import Task
 
@@ -67,37 +60,35 @@ class Damage:
     stem: str
     problems: tuple[Problem, ...]
 
-    def reason(self, root: Root) -> str:
+    def reason(self, root: ChunkStore) -> str:
         """The first problem, its path relative to the cache (``.bin: xxh3_64 …``)."""
         first = self.problems[0]
-        head = where(root, self.stem)
+        head = root.name(self.stem)
         path = first.path[len(head):] if first.path.startswith(head) else first.path
         return f"{path}: {first.what}"
 
 
-def find_damaged(root: Root, ledger: Ledger, manifest: Manifest, depth: CheckDepth,
+def find_damaged(root: ChunkStore, ledger: Ledger, manifest: Manifest, depth: CheckDepth,
                  threads: int = CHECK_THREADS) -> tuple[list[Damage], int]:
     """Check every chunk the ledger names; the damaged ones and how many were checked."""
     expected = list(_expected(root, ledger, manifest))
-    if isinstance(root, RemoteStore):
-        def check(x: tuple[int, int, ChunkExpect]) -> list[Problem]:
-            return check_remote_chunk(root, x[2], depth=depth).problems
-    else:
-        def check(x: tuple[int, int, ChunkExpect]) -> list[Problem]:
-            return check_chunk(x[2], depth=depth).problems
+
+    def check(x: tuple[int, int, ChunkExpect]) -> list[Problem]:
+        return root.check_published(x[2], depth).problems
+
     damaged = [Damage(e.source, g, k, e.entry.stem, tuple(found))
                for (g, k, e), found in zip(expected, _map_bounded(check, expected, threads),
                                            strict=True) if found]
     return damaged, len(expected)
 
 
-def _expected(root: Root, ledger: Ledger, manifest: Manifest
+def _expected(root: ChunkStore, ledger: Ledger, manifest: Manifest
               ) -> Iterator[tuple[int, int, ChunkExpect]]:
     """(segment, index, what the chunk must be) for every chunk; a ledger whose stems are
     not the canonical ones is refused (a rerun rebuilds chunks by position, so it cannot
     repair a damaged ledger)."""
     kind, dtype = ChunkKind(manifest.chunk_kind), np.dtype(manifest.dtype)
-    ledger_at = where(root, LEDGER_NAME)
+    ledger_at = root.name(LEDGER_NAME)
     for s, src in enumerate(ledger.sources):
         for g, seg in enumerate(src.segments):
             for k, entry in enumerate(seg.chunks):
@@ -107,10 +98,8 @@ def _expected(root: Root, ledger: Ledger, manifest: Manifest
                         f"{entry.stem!r}, expected {chunk_stem(s, g, k)!r}; the ledger is "
                         "damaged and a rerun cannot repair it: restore it from a copy, or "
                         "start again with --overwrite")
-                if isinstance(root, Path):
-                    safe_join(root, entry.stem, where=ledger_at)
-                local = root if isinstance(root, Path) else Path()  # remote: downloaded
-                yield g, k, ChunkExpect(local, s, entry, kind, dtype, segment=g, index=k)
+                # the root is the store's to give (check_published)
+                yield g, k, ChunkExpect(Path(), s, entry, kind, dtype, segment=g, index=k)
 
 
 def _map_bounded(fn: Callable[[_T], _R], items: Iterable[_T], threads: int) -> Iterator[_R]:
@@ -126,7 +115,7 @@ def _map_bounded(fn: Callable[[_T], _R], items: Iterable[_T], threads: int) -> I
             yield pending.popleft().result()
 
 
-def repair_tasks(root: Root, ledger: Ledger, infos: list[SourceInfo],
+def repair_tasks(root: ChunkStore, ledger: Ledger, infos: list[SourceInfo],
                  damaged: list[Damage]) -> list[Task]:
     """One task per run of consecutive damaged chunks of a segment, starting where the
     run's first chunk started."""
@@ -156,16 +145,16 @@ def _runs(indices: list[int]) -> Iterator[tuple[int, int]]:
     yield start, prev - start + 1
 
 
-def _start_of(root: Root, seg: Segment, index: int) -> tuple[int, int]:
+def _start_of(root: ChunkStore, seg: Segment, index: int) -> tuple[int, int]:
     """Position and line where chunk ``index`` of ``seg`` starts: the segment's start for
     the first chunk, else the end of the previous (intact) chunk."""
     if index == 0:
         return seg.start, 0
     prev = seg.chunks[index - 1]
     name = prev.stem + META_SUFFIX
-    data = read_file(root, name)
+    data = root.read(name)
     if bytes_checksum(data) != prev.meta_xxh3:  # it was checked moments ago
-        raise CacheError(f"{where(root, name)} changed while the build was checking it; "
+        raise CacheError(f"{root.name(name)} changed while the build was checking it; "
                          "is another process writing this cache?")
     rng = ChunkMeta.from_dict(orjson.loads(data)).range
     return rng.stop, rng.line_stop

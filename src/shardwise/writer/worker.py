@@ -24,9 +24,9 @@ from shardwise.format.chunk import (
 )
 from shardwise.format.ledger import ChunkEntry, Segment
 from shardwise.format.manifest import SourceInfo
-from shardwise.remote.client import open_root
 from shardwise.sources.on_error import OnError
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES, Located, iter_records, relocate
+from shardwise.storage.opening import open_store
 from shardwise.writer.config import ChunkPolicy
 from shardwise.writer.processors import Processor
 
@@ -221,7 +221,7 @@ class SegmentBuilder:
     def _publish_files(self, stem: str, fields: dict[str, Any]) -> tuple[Any, str]:
         """Write the pending chunk's files and metadata; (metadata, its checksum)."""
         p, job = self.pending, self.job
-        root = open_root(job.root, job.storage_options)
+        root = open_store(job.root, job.storage_options)
         if job.records:
             return publish_record_chunk(root, stem, _records_table(p.docs), p.tokens, fields)
         lengths = np.fromiter((len(d) for d in p.docs), dtype=np.int64, count=len(p.docs))

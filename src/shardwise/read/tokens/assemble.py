@@ -37,7 +37,8 @@ from shardwise.read.tokens.plans import (
     starts_path,
     stored_doc_starts,
 )
-from shardwise.storage.cache import MAX_OPEN_CHUNKS, Cache
+from shardwise.storage.cache import Cache
+from shardwise.storage.store import MAX_OPEN_CHUNKS
 
 MAX_CACHED_DOC_STARTS = 64
 

@@ -211,6 +211,6 @@ class TokenDataset(Configured):
         (a cache on an object store; local chunks are mapped on demand, so a no-op).
         Returns whether the cache wants the coming examples handed over sooner (its
         look-ahead is shorter than the measured latency needs: Cache.prefetch)."""
-        if self.cache.store is None:
+        if not self.cache.store.prefetches:
             return False
         return self.cache.prefetch(self.order.locate(list(indices)).chunks())

@@ -216,7 +216,7 @@ class Documents:
     def _segments(self) -> dict[str, _Segment]:
         """Each chunk's segment facts from the ledger, read once."""
         if self._segs is None:
-            ledger = Ledger.load(self.cache.store or self.cache.root)
+            ledger = Ledger.load(self.cache.store)
             self._segs = {}
             for src in ledger.sources:
                 lines = 0

@@ -1,0 +1,121 @@
+"""Opening a cache on an object store costs O(1) requests per node, not per rank
+(storage/heads.py): one process per node fetches the manifest, ledger and index, the
+others read them from the node-local directory; a dead fetcher is replaced; a growing
+ledger is re-read per node. Requests are counted by a proxy in front of the server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import shardwise as sw
+from shardwise.bench.faults import FaultProxy
+from shardwise.bench.remote_open import open_at_once
+from shardwise.storage import heads as heads_module
+from shardwise.storage.heads import HEAD_NAMES, LOCK_NAME
+
+
+class _Requests:
+    """Every request a proxy in front of the session's S3 server passed on."""
+
+    def __init__(self, proxy: FaultProxy) -> None:
+        self.proxy = proxy
+        self.options = {"endpoint_url": proxy.endpoint}
+
+    @property
+    def seen(self) -> list[tuple[str, str]]:
+        return self.proxy.seen
+
+    def heads(self, prefix: str) -> list[tuple[str, str]]:
+        """The requests for the head files of the cache under ``prefix``."""
+        names = {f"{prefix}/{n}" for n in HEAD_NAMES}
+        return [r for r in self.seen if r[1] in names]
+
+
+@pytest.fixture
+def requests(fault_proxy: FaultProxy) -> _Requests:
+    return _Requests(fault_proxy)
+
+
+def test_the_processes_of_a_node_fetch_the_head_files_once(
+        built: tuple[str, Path], tmp_path: Path, requests: _Requests) -> None:
+    url, local = built
+    prefix = "/" + url.removeprefix("s3://")
+    sw.open_cache(url, local_dir=tmp_path / "alone", storage_options=requests.options)
+    one = len(requests.heads(prefix))
+    assert one == len(HEAD_NAMES)  # one GET each, all three in one round trip
+    requests.seen.clear()
+    nodes = [tmp_path / f"node{k}" for k in range(2)]
+    got = open_at_once(url, [nodes[k % 2] for k in range(6)], requests.options, 16,
+                       tmp_path / "go")
+    want = len(sw.open_cache(local).chunks)
+    assert [g["chunks"] for g in got] == [want] * 6
+    assert sum(g["fetched"] for g in got) == 2  # one fetcher per node
+    assert len(requests.heads(prefix)) == 2 * one  # 6 processes, 2 nodes: 2 x one open
+
+
+HOLD_CODE = """
+import os, signal, sys
+from shardwise.concurrency import flock
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+assert flock.try_lock(fd)
+print("held", flush=True)
+signal.pause()
+"""
+
+
+def test_a_dead_fetcher_is_replaced(built: tuple[str, Path], tmp_path: Path) -> None:
+    """A process that took the node's lock to fetch and died (here: stuck, then killed)
+    holds nobody up: its lock dies with it, and a waiting opener fetches itself."""
+    url, _ = built
+    node = tmp_path / "node"
+    first = sw.open_cache(url, local_dir=node)  # where this URL's snapshot lives
+    heads_dir = first.store.heads.dir
+    (heads_dir / heads_module.SNAPSHOT_NAME).unlink()  # nothing published
+    fetcher = subprocess.Popen([sys.executable, "-c", HOLD_CODE, str(heads_dir / LOCK_NAME)],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert fetcher.stdout is not None and fetcher.stdout.readline() == "held\n"
+        timer = threading.Timer(1.0, fetcher.kill)
+        timer.start()
+        started = time.monotonic()
+        cache = sw.open_cache(url, local_dir=node)  # waits for the fetcher, which dies
+        waited = time.monotonic() - started
+        timer.join()
+    finally:
+        fetcher.kill()
+        fetcher.communicate(timeout=30)
+    assert fetcher.returncode == -signal.SIGKILL and waited >= 0.9
+    assert cache.store.heads.fetched == 1 and len(cache.chunks) == len(first.chunks)
+
+
+def test_a_growing_ledger_is_read_once_per_node_per_interval(
+        built: tuple[str, Path], tmp_path: Path, requests: _Requests,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks that refresh an open cache (following a build) share the node's snapshot:
+    at most one fetch per REFRESH_S per node, however many of them ask."""
+    url, _ = built
+    prefix = "/" + url.removeprefix("s3://")
+    monkeypatch.setattr(heads_module, "REFRESH_S", 30.0)
+    caches = [sw.open_cache(url, local_dir=tmp_path / "node", storage_options=requests.options)
+              for _ in range(4)]
+    snapshot = caches[0].store.heads.dir / heads_module.SNAPSHOT_NAME
+    assert sum(c.store.heads.fetched for c in caches) == 1  # the four opens: one fetch
+    requests.seen.clear()
+    for rounds in range(3):
+        for c in caches:
+            c.finished = False  # as if the build were still running: refresh asks
+            assert c.refresh() == 0
+        if rounds < 2:  # the snapshot is made a minute old: the next refresh fetches
+            old = snapshot.stat().st_mtime - 60
+            os.utime(snapshot, (old, old))
+    ledger = [r for r in requests.heads(prefix) if r[1].endswith("/ledger.json")]
+    assert len(ledger) == 2  # 3 rounds of 4 ranks: fresh, then stale twice
+    assert sum(c.store.heads.fetched for c in caches) == 1 + 2
