@@ -61,7 +61,7 @@ def test_report_has_every_figure_and_its_ratio(tmp_path: Path) -> None:
                       shuffle="document", plan_dir=tmp_path / "check")
     lengths = read_idx(tmp_path / "docs-3000.idx").sequence_lengths
     want = build_doc_shuffle_index(lengths, seed=5, epoch=0, seq_len=64, drop_last=True)
-    assert np.array_equal(ds._epoch_order(0).doc_order, want.doc_order)
+    assert np.array_equal(ds.order.plan(0).doc_order, want.doc_order)
 
 
 def test_parser_defaults_are_10m_and_100m_documents() -> None:

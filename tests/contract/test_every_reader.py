@@ -17,6 +17,7 @@ import orjson
 import pytest
 from tests.cachefactory import make_cache, sample_docs
 from tests.read.test_consumer import ListReader
+from tests.read.test_orders import Reversed
 
 import shardwise
 import shardwise as sw
@@ -28,6 +29,7 @@ from shardwise.read.external.producer_dir import (
     ProducerDirStream,
     publish_chunk,
 )
+from shardwise.read.orders import ORDERS
 from shardwise.testing import assert_resumes_exactly
 from shardwise.torch import ShardwiseLoader, loader
 from shardwise.torchdata import StatefulBatchSampler, batch_sampler
@@ -201,6 +203,22 @@ READERS: dict[str, tuple[Callable[[dict[str, Any], bool], Any], tuple[type, ...]
     "PackedSFT": (_packed, (sw.PackedSFT,)),
     "compat.llm": (_llm, (DistributedShardedDataset, ResumableSequentialSampler)),
 }
+
+
+
+def _ordered(shuffle: str) -> Callable[[dict[str, Any], bool], Any]:
+    """The loader over a TokenDataset in order ``shuffle``."""
+    def make(d: dict[str, Any], other: bool) -> Any:
+        return loader(sw.TokenDataset(d["caches"][0], seq_len=16, seed=2 if other else 1,
+                                      shuffle=shuffle),
+                      global_batch_size=4, micro_batch_size=2, world=ONE)
+    return make
+
+
+# every registered order, the trivial one tests/read/test_orders.py adds included
+assert Reversed.name in ORDERS
+READERS.update({f"TokenDataset+loader(shuffle={name})": (_ordered(name), (sw.TokenDataset,))
+                for name in sorted(ORDERS) if name != "window"})
 
 
 def _all_subclasses(cls: type) -> set[type]:

@@ -116,4 +116,4 @@ def test_two_token_datasets_racing_share_one_plan(tmp_path: Path) -> None:
     assert names == ["cum_tokens.npy", "doc_order.npy", "doc_starts.lock", "doc_starts.npy",
                      "json", "lock"]
     stored = np.concatenate([ds.cache.doc_lengths(c) for c in range(len(ds.cache.chunks))])
-    assert np.array_equal(np.diff(ds._doc_starts()), stored)
+    assert np.array_equal(np.diff(ds.order.doc_starts()), stored)

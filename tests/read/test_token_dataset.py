@@ -120,7 +120,7 @@ def test_document_shuffle_packs_whole_documents_and_caches_its_plan(cache_dir: P
     # a second dataset loads the cached plan (memory-mapped) instead of planning again
     again = sw.TokenDataset(cache, seq_len=64, seed=9, shuffle="document", plan_dir=tmp_path,
                             drop_last=False)
-    index = again._epoch_order(0)
+    index = again.order.plan(0)
     assert isinstance(index, DocShuffleIndex) and isinstance(index.doc_order, np.memmap)
     assert (again.__getitems__([0, 5])["input_ids"] == batch["input_ids"][[0, 5]]).all()
 

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardwise as sw
-from shardwise.read.tokens.dataset import ORDER_BLOCK
+from shardwise.read.orders.windows import ORDER_BLOCK
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
 from cachefactory import make_cache, sample_docs  # noqa: E402

@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.bench.read_access import access_lines, measure_access
 from shardwise.bench.read_data import (
     MEGATRON_INSTALL,
     chunked_copy,
@@ -93,6 +94,12 @@ def add_subparser(which: Any) -> argparse.ArgumentParser:
     r.add_argument("--repeat", type=int, default=5, help="best of N runs (default 5)")
     r.add_argument("--seed", type=int, default=1234)
     add_megatron_options(r, keep="the data")
+    r.add_argument("--baseline-src", action="append", default=[], metavar="[LABEL=]DIR",
+                   help="also measure random vs consecutive access with the shardwise of "
+                        "this src directory (e.g. a worktree at main; label 'before' "
+                        "unless given), in the same run; repeatable")
+    r.add_argument("--access-only", action="store_true",
+                   help="only the random vs consecutive access figures (and the loader)")
     r.add_argument("--json", action="store_true", help="print the figures as JSON")
     return r
 
@@ -286,7 +293,13 @@ def _measure(rep: dict[str, Any], work: Path, args: argparse.Namespace,
     log(f"shardwise bench read: writing data in {work}")
     data = rep["data"]
     data["small"] = make_corpus(small, args.tokens, args.seed)
-    data["large"] = make_corpus(large, large_tokens, args.seed)
+    if not args.access_only:
+        data["large"] = make_corpus(large, large_tokens, args.seed)
+    if args.access_only:
+        meg = _megatron(rep, None, small, args, lambda: Path(stack.enter_context(
+            tempfile.TemporaryDirectory(dir=work))))
+        rep["access"] = measure_access(small, args, meg, log)
+        return
     chunked, n_chunks = chunked_copy(small, args.chunks)
     data["chunked"] = {"path": str(chunked), "chunks": n_chunks}
     readers = _readers(small, chunked, args)
@@ -295,6 +308,7 @@ def _measure(rep: dict[str, Any], work: Path, args: argparse.Namespace,
     meg = _megatron(rep, note, small, args, lambda: Path(stack.enter_context(
         tempfile.TemporaryDirectory(dir=work))))
     rep["identical"] = check_identical(readers, mm, args, loaders)
+    rep["access"] = measure_access(small, args, meg, log)
     log("  measuring throughput")
     rep["throughput"] = measure_throughput(readers, mm, args, loaders, meg, log)
     rep["verify_once"] = measure_verify_once(chunked, args.clock)
@@ -319,9 +333,14 @@ def run(args: argparse.Namespace) -> int:
             tempfile.TemporaryDirectory(prefix="shardwise-bench-read-"))))
         work.mkdir(parents=True, exist_ok=True)
         _measure(rep, work, args, stack, log)
+    if args.access_only:
+        print(json.dumps(rep, indent=2) if args.json else "\n".join(access_lines(
+            rep["access"])))
+        return 0
     rep["rows"] = figure_rows(rep)
     rep["targets"] = targets(rep)
-    print(json.dumps(rep, indent=2) if args.json else format_report(rep))
+    text = format_report(rep) + "\n\n" + "\n".join(access_lines(rep["access"]))
+    print(json.dumps(rep, indent=2) if args.json else text)
     return 0 if rep["identical"]["all"] else 1
 
 

@@ -210,6 +210,43 @@ class WindowReader:
             stage[r] = src[s - lo_c: s - lo_c + L + 1]  # the common case
         return stage
 
+    # -- any order: runs of stored tokens -----------------------------------------------
+    def from_runs(self, runs: Any) -> dict[str, npt.NDArray[Any]]:
+        """Rows for examples given as runs of stored tokens (an order's ``locate``): row
+        ``r`` is the next ``runs.tokens[r]`` tokens gathered (``L + 1``; fewer for a short
+        last window, padded; 0: a padding row)."""
+        L = self.cfg.seq_len
+        valid = runs.tokens.tolist()
+        flat = self.cache.gather(runs[:3])
+        if valid and min(valid) == max(valid) == L + 1:
+            stage = flat.reshape(len(valid), L + 1)
+        else:
+            stage = np.zeros((len(valid), L + 1), dtype=self.cache.dtype)
+            at = 0
+            for r, k in enumerate(valid):
+                stage[r, :k] = flat[at: at + k]
+                at += k
+        bounds = self._run_bounds(runs) if self._want_boundaries else None
+        return self._finish(stage[:, :L].astype(np.int64), stage[:, 1:].astype(np.int64),
+                            valid, bounds)
+
+    def _run_bounds(self, runs: Any) -> list[npt.NDArray[np.int64]]:
+        """Each row's document starts strictly inside its ``seq_len`` inputs: the stored
+        documents starting inside its runs (an empty document's start counted once)."""
+        L, cum = self.cfg.seq_len, self._cum
+        chunk, offset, length = (a.tolist() for a in runs[:3])
+        out, j = [], 0
+        for k in runs.tokens.tolist():
+            at, found = 0, []
+            while at < k:
+                c, o, n = chunk[j], offset[j], length[j]
+                starts = self._chunk_doc_starts(c)
+                lo, hi = np.searchsorted(starts, [cum[c] + o, cum[c] + o + n])
+                found += (starts[lo:hi] - cum[c] - o + at).tolist()
+                at, j = at + n, j + 1
+            out.append(np.asarray(sorted({x for x in found if 0 < x < L}), dtype=np.int64))
+        return out
+
     # -- document shuffle ----------------------------------------------------------------
     def from_doc_runs(self, runs: list[DocRun], rows: int, doc_starts: npt.NDArray[np.int64]
                       ) -> dict[str, npt.NDArray[Any]]:

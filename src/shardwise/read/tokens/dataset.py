@@ -16,7 +16,6 @@ Only the chunks holding the requested windows are opened (memory-mapped, lazily)
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,23 +26,17 @@ import numpy.typing as npt
 from shardwise.checkpoint import Configured
 from shardwise.choice import Choice
 from shardwise.errors import ConfigError
-from shardwise.format.paths import reader_dir
-from shardwise.plan.block_shuffle import BlockShuffle
-from shardwise.plan.doc_shuffle import DOC_SHUFFLE_VERSION, DocShuffleIndex
-from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation
+from shardwise.plan.permutation import PERMUTATION_VERSION
 from shardwise.plan.windows import dropped_tokens, num_windows
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.examples import NEXT_TOKEN
+from shardwise.read.orders import PAD, Order, Runs, WindowOrder, order_class  # noqa: F401 (PAD: part of this API)
 from shardwise.read.rows import ROW_FREE, Rows
-from shardwise.read.tokens.assemble import DocRun, WindowReader
-from shardwise.read.tokens.plans import load_or_build
+from shardwise.read.tokens.assemble import WindowReader
 from shardwise.storage.cache import Cache
 from shardwise.storage.opening import reader_cache
 
-PAD = -1
 ORDER_VERSION = 1
-ORDER_BLOCK = 4096
-ORDER_BLOCKS_KEPT = 8
 
 
 class Shuffle(Choice):
@@ -52,7 +45,9 @@ class Shuffle(Choice):
     ``none``: stored order. ``window``: a keyed permutation of all windows (default).
     ``block``: blocks of consecutive windows permuted, then windows inside groups of
     blocks (read locality). ``document``: documents permuted before packing (Megatron
-    style; its per-epoch index is cached as ``.npy`` and memory-mapped).
+    style; its per-epoch index is cached as ``.npy`` and memory-mapped). Each is a part
+    of :mod:`shardwise.read.orders`; an order registered there
+    (:func:`~shardwise.read.orders.register_order`) is a ``shuffle=`` value too.
     """
 
     __option__ = "shuffle"
@@ -76,7 +71,7 @@ class TokenConfig:
 
     seq_len: int
     seed: int = 0
-    shuffle: Shuffle = Shuffle.WINDOW
+    shuffle: Shuffle | str = Shuffle.WINDOW
     drop_last: bool = True
     block_size: int = 64
     blocks_per_group: int = 8
@@ -94,8 +89,23 @@ class TokenConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["shuffle"] = self.shuffle.value
+        d["shuffle"] = shuffle_name(self.shuffle)
         return d
+
+
+def shuffle_name(shuffle: Shuffle | str) -> str:
+    return shuffle.value if isinstance(shuffle, Shuffle) else str(shuffle)
+
+
+def parse_shuffle(value: Any) -> Shuffle | str:
+    """A built-in order as its :class:`Shuffle`, a registered one as its name;
+    ConfigError naming every order otherwise."""
+    if isinstance(value, Shuffle):
+        return value
+    try:
+        return Shuffle(value)
+    except ValueError:
+        return order_class(value).name
 
 
 class TokenDataset(Configured):
@@ -124,7 +134,7 @@ class TokenDataset(Configured):
                  eod_mask_loss: bool = False, plan_dir: str | os.PathLike[str] | None = None,
                  verify: bool | None = None) -> None:
         self.cache = reader_cache(cache, verify)
-        self.config = TokenConfig(seq_len, seed, Shuffle.parse(shuffle), drop_last, block_size,
+        self.config = TokenConfig(seq_len, seed, parse_shuffle(shuffle), drop_last, block_size,
                                   blocks_per_group, reset_position_ids, cu_seqlens,
                                   eod_mask_loss)
         if eod_mask_loss and self.cache.eod_id is None:
@@ -132,24 +142,13 @@ class TokenDataset(Configured):
                               "cache has none (build with --append-eod, or a tokenizer that "
                               "has an end-of-text token)")
         self._plan_dir = Path(plan_dir) if plan_dir is not None else None
-        self._orders: dict[int, Any] = {}
-        self._blocks: OrderedDict[tuple[int, int], npt.NDArray[np.int64]] = OrderedDict()
-        # the last order block each caller used, as a list (see _window_list)
-        self._last_block: dict[str, tuple[tuple[int, int], list[int]]] = {}
         self.num_windows = num_windows(self.cache.num_tokens, seq_len, drop_last=drop_last)
         if self.num_windows == 0:  # before the reader: it allocates seq_len positions
             raise ConfigError(f"the cache holds {self.cache.num_tokens} tokens: not one "
                               f"window of seq_len + 1 = {seq_len + 1} (lower seq_len, or "
                               "pass drop_last=False)")
         self._reader = WindowReader(self.cache, self.config)
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickled for spawned DataLoader workers: the order caches stay behind (a document
-        shuffle's memory-mapped plan would pickle as a copy); the worker rebuilds or maps
-        them again on use."""
-        d = dict(self.__dict__)
-        d["_orders"], d["_blocks"], d["_last_block"] = {}, OrderedDict(), {}
-        return d
+        self.order: Order = order_class(shuffle_name(self.config.shuffle))(self)
 
     # -- identity -------------------------------------------------------------------------
     def state_config(self) -> dict[str, Any]:
@@ -164,7 +163,7 @@ class TokenDataset(Configured):
     def __repr__(self) -> str:
         c = self.config
         return (f"TokenDataset({self.cache!r}, seq_len={c.seq_len}, seed={c.seed}, "
-                f"shuffle={c.shuffle.value!r}, windows={self.num_windows}, "
+                f"shuffle={shuffle_name(c.shuffle)!r}, windows={self.num_windows}, "
                 f"{describe_drops(self.drops())})")
 
     def drops(self) -> list[Drop]:
@@ -175,72 +174,20 @@ class TokenDataset(Configured):
                 ] if n else []
 
     # -- order ------------------------------------------------------------------------------
-    def _epoch_order(self, epoch: int) -> Any:
-        order = self._orders.get(epoch)
-        if order is None:
-            c, n = self.config, self.num_windows
-            if c.shuffle is Shuffle.WINDOW:
-                order = Permutation(n, c.seed, epoch)
-            elif c.shuffle is Shuffle.BLOCK:
-                order = BlockShuffle(n, c.seed, epoch, c.block_size, c.blocks_per_group)
-            elif c.shuffle is Shuffle.DOCUMENT:
-                order = self._doc_index(epoch)
-            if len(self._orders) >= 4:
-                self._orders.pop(next(iter(self._orders)))
-            self._orders[epoch] = order
-        return order
-
     def windows(self, indices: npt.ArrayLike) -> npt.NDArray[np.int64]:
-        """Global example indices → window indices of their epoch (shuffle none/window/
-        block). A pure function of the indices; evaluated per block of
-        ``ORDER_BLOCK`` consecutive positions and kept in a small LRU (a sampler reads
-        consecutive positions), so the Feistel rounds cost ~0.1 us per example, and memory
-        stays O(block), never O(epoch)."""
-        idx = np.asarray(indices, dtype=np.int64)
-        if self.config.shuffle is Shuffle.NONE:
-            return idx % self.num_windows
-        epochs, pos = np.divmod(idx, self.num_windows)
-        blocks = pos // ORDER_BLOCK
-        if idx.size and idx.ndim == 1:  # a micro-batch: one epoch and block, the usual case
-            e0, b0 = int(epochs[0]), int(blocks[0])
-            if (epochs == e0).all() and (blocks == b0).all():
-                return self._order_block(e0, b0)[pos - b0 * ORDER_BLOCK]
-        out = np.empty_like(pos)
-        for e, b in set(zip(epochs.tolist(), blocks.tolist(), strict=True)):
-            sel = (epochs == e) & (blocks == b)
-            out[sel] = self._order_block(e, b)[pos[sel] - b * ORDER_BLOCK]
-        return out
+        """Global example indices → window indices of their epoch (a window order: every
+        shuffle but ``document``). A pure function of the indices (the order's)."""
+        if not isinstance(self.order, WindowOrder):
+            raise ConfigError(f"shuffle={shuffle_name(self.config.shuffle)!r} orders "
+                              "documents, not windows: ask locate(indices) for the stored "
+                              "tokens of its examples")
+        return self.order.windows(indices)
 
-    def _order_block(self, epoch: int, block: int) -> npt.NDArray[np.int64]:
-        key = (epoch, block)
-        hit = self._blocks.get(key)
-        if hit is None:
-            start = block * ORDER_BLOCK
-            stop = min(start + ORDER_BLOCK, self.num_windows)
-            hit = np.asarray(self._epoch_order(epoch)(np.arange(start, stop)), dtype=np.int64)
-            self._blocks[key] = hit
-            if len(self._blocks) > ORDER_BLOCKS_KEPT:
-                self._blocks.popitem(last=False)
-        else:
-            self._blocks.move_to_end(key)
-        return hit
-
-    def _doc_index(self, epoch: int) -> DocShuffleIndex:
-        """Epoch ``epoch``'s document-shuffle plan, memory-mapped from the plan directory,
-        where one process per node builds it while the others wait (a cached plan reads
-        no document lengths)."""
-        c, root = self.config, self._plan_root()
-        key = {"cache": self.cache.fingerprint, "tokens": self.cache.num_tokens,
-               "seed": c.seed, "epoch": epoch, "seq_len": c.seq_len, "drop_last": c.drop_last,
-               "doc_shuffle_version": DOC_SHUFFLE_VERSION}
-        return load_or_build(root, key, lambda: self._reader.all_doc_lengths(root),
-                             seed=c.seed, epoch=epoch, seq_len=c.seq_len,
-                             drop_last=c.drop_last)
-
-    def _plan_root(self) -> Path:
-        if self._plan_dir is not None:
-            return self._plan_dir
-        return reader_dir(self.cache.root)
+    def locate(self, indices: npt.ArrayLike) -> Runs:
+        """The runs of stored tokens behind examples ``indices`` (columns ``chunk``,
+        ``offset``, ``length``, in example order; ``tokens``: each example's count;
+        :data:`PAD`: none): what the reader, prefetch and ``trace`` read."""
+        return self.order.locate(indices)
 
     # -- examples -------------------------------------------------------------------------
     def __getitem__(self, index: int) -> dict[str, npt.NDArray[Any]]:
@@ -257,42 +204,7 @@ class TokenDataset(Configured):
                   ) -> dict[str, npt.NDArray[Any]]:
         """A whole micro-batch as a dict of stacked arrays (one call, one allocation each)."""
         idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
-        if self.config.shuffle is Shuffle.DOCUMENT:
-            return self._reader.from_doc_runs(self._doc_runs(idx), len(idx),
-                                              self._doc_starts())
-        return self._reader.from_windows(self._window_list(idx))
-
-    def _window_list(self, indices: list[int], slot: str = "read") -> list[int]:
-        """:meth:`windows` in scalar Python for a micro-batch (a handful of indices: numpy's
-        per-call cost would dominate); :data:`PAD` stays ``PAD``. The block last used is
-        kept as a list per ``slot``: the reader (``read``) and the look-ahead thread
-        (``ahead``, some blocks further on) would otherwise evict each other's, and each
-        batch would convert a whole order block to a list twice."""
-        n, shuffle = self.num_windows, self.config.shuffle
-        (epoch, b), block = self._last_block.get(slot, ((0, 0), []))
-        base = epoch * n + b * ORDER_BLOCK
-        if indices and min(indices) >= base and max(indices) < base + len(block):
-            return [block[i - base] for i in indices]  # a sampler's micro-batch: one block
-        out: list[int] = []
-        key: tuple[int, int] | None = None
-        for i in indices:
-            i = int(i)
-            if i < 0:
-                if i != PAD:
-                    raise IndexError(f"example indices must be >= 0 (or {PAD} for padding), "
-                                     f"got {i}")
-                out.append(PAD)
-                continue
-            epoch, p = divmod(i, n)
-            if shuffle is Shuffle.NONE:
-                out.append(p)
-                continue
-            b, j = divmod(p, ORDER_BLOCK)
-            if key != (epoch, b):
-                key, block = (epoch, b), self._order_block(epoch, b).tolist()
-                self._last_block[slot] = key, block
-            out.append(block[j])
-        return out
+        return self.order.read(idx)
 
     def prefetch(self, indices: list[int]) -> bool:
         """Start downloading the chunks examples ``indices`` will read, in the background
@@ -301,51 +213,4 @@ class TokenDataset(Configured):
         look-ahead is shorter than the measured latency needs: Cache.prefetch)."""
         if not self.cache.store.prefetches:
             return False
-        idx = list(indices)
-        if self.config.shuffle is Shuffle.DOCUMENT:
-            starts, ranges = self._doc_starts(), []
-            for run in self._doc_runs(idx):
-                src, stops = self._reader.doc_sources(run, starts)
-                ranges += [(a, b) for a, b in zip(src, stops, strict=True) if b > a]
-        else:
-            L, total = self.config.seq_len, self.cache.num_tokens
-            ranges = [(w * L, min(w * L + L + 1, total))
-                      for w in self._window_list(idx, "ahead") if w >= 0]
-        return self.cache.prefetch(self._reader.chunks_of(ranges))
-
-    def _doc_runs(self, indices: list[int]) -> list[DocRun]:
-        """A micro-batch as runs of consecutive windows of one epoch's document order (a
-        sampler's micro-batch is one run: its span of the shuffled stream is read in one
-        go); :data:`PAD` rows are in no run."""
-        n, count = self.num_windows, len(indices)
-        i0 = int(indices[0]) if count else PAD
-        if i0 >= 0 and i0 % n + count <= n and indices == list(range(i0, i0 + count)):
-            epoch, w = divmod(i0, n)  # the usual case, checked in one comparison
-            return [(self._epoch_order(epoch), 0, w, count)]
-        runs: list[list[Any]] = []
-        last = PAD - 1
-        for r, i in enumerate(indices):
-            i = int(i)
-            if i < 0:
-                if i != PAD:
-                    raise IndexError(f"example indices must be >= 0 (or {PAD} for padding), "
-                                     f"got {i}")
-                last = PAD - 1
-            elif i == last + 1 and i % n:  # continues the run, in the same epoch
-                runs[-1][3] += 1
-                last = i
-            else:
-                epoch, w = divmod(i, n)
-                runs.append([self._epoch_order(epoch), r, w, 1])
-                last = i
-        return [(index, row, w, k) for index, row, w, k in runs]
-
-    def _doc_starts(self) -> npt.NDArray[np.int64]:
-        """Where each stored document starts in the stream, as a plain array (a memory
-        map's subclass costs microseconds per fancy index on the read path)."""
-        starts = self._reader.plain_doc_starts
-        if starts is None:
-            starts = np.asarray(self._reader.stored_doc_starts(self._plan_root())
-                                ).view(np.ndarray)
-            self._reader.plain_doc_starts = starts
-        return starts
+        return self.cache.prefetch(self.order.locate(list(indices)).chunks())

@@ -4,9 +4,8 @@ Each function answers for one example position in O(1)-ish (a keyed permutation,
 binary search, one block's window order), with the reader's own planning functions —
 never a replay of the examples before it:
 
-* TokenDataset (global placement): example ``i`` is window ``π_e(i mod n)``, tokens
-  ``[w·L, w·L + L + 1)`` of the stored stream; a document shuffle gives its runs of
-  stored documents directly.
+* TokenDataset (global placement): its order's ``locate(i)`` gives the runs of stored
+  tokens (:mod:`shardwise.read.orders`), whatever the order.
 * Blend: ``Blend.locate(i)`` → (source, offset), then the source's own answer.
 * StreamDataset: example ``i`` is example ``i // R*`` of stream ``i % R*``; the stream's
   layout (:class:`~shardwise.read.stream.schedule.StreamLayout`) gives its block and the
@@ -27,27 +26,22 @@ import numpy as np
 
 from shardwise.plan.stream import block_read_order, global_to_stream, window_order
 from shardwise.read.stream.schedule import StreamLayout, longest_stream_windows
-from shardwise.read.tokens.dataset import PAD, Shuffle
 
 Run = tuple[int, int, int]  # (offset in the example, stored start, stored stop)
 
 
 def token_runs(ds: Any, i: int) -> list[Run]:
-    """Example ``i`` of a TokenDataset as runs of its cache's stored stream."""
-    if i == PAD:
-        return []
-    L, total = ds.config.seq_len, ds.cache.num_tokens
-    if ds.config.shuffle is Shuffle.DOCUMENT:
-        e, p = divmod(i, ds.num_windows)
-        starts = ds._doc_starts()
-        out, at = [], 0
-        for doc, off, n in ds._epoch_order(e).pieces(p):
-            s = int(starts[doc]) + off
-            out.append((at, s, s + n))
-            at += n
-        return out
-    w = int(ds.windows([i])[0])
-    return [(0, w * L, min(w * L + L + 1, total))]
+    """Example ``i`` of a TokenDataset as runs of its cache's stored stream: its order's
+    ``locate`` (:mod:`shardwise.read.orders`), whatever the order."""
+    runs = ds.locate([i])
+    cum = ds.cache.cum_tokens
+    out, at = [], 0
+    for c, o, n in zip(runs.chunk.tolist(), runs.offset.tolist(), runs.length.tolist(),
+                       strict=True):
+        s = int(cum[c]) + o
+        out.append((at, s, s + n))
+        at += n
+    return out
 
 
 class StreamExamples:

@@ -1,0 +1,144 @@
+"""``shuffle="document"``: documents permuted before packing (Megatron's order).
+
+Example ``i`` is window ``i mod n`` of epoch ``i // n``'s shuffled stream; its stored
+tokens are pieces of the documents the plan puts there
+(:class:`~shardwise.plan.doc_shuffle.DocShuffleIndex`, memory-mapped from the plan
+directory, where one process per node builds it). ``locate`` finds the pieces of any
+number of windows in a dozen whole-array calls (two binary searches for all of them); a
+sampler's micro-batch of consecutive windows is read as one span of the shuffled stream
+instead (:mod:`~shardwise.read.tokens.doc_rows`: each piece copied once, rows
+overlapping views of it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shardwise.format.paths import reader_dir
+from shardwise.plan.doc_shuffle import DOC_SHUFFLE_VERSION, DocShuffleIndex
+from shardwise.read.orders.base import PAD, IntArray, Order, Runs, check_indices
+from shardwise.read.tokens.doc_rows import DocRun
+from shardwise.read.tokens.plans import load_or_build
+
+EPOCHS_KEPT = 4
+
+
+def _pieces(index: DocShuffleIndex, w: IntArray, seq_len: int, doc_starts: IntArray
+            ) -> tuple[IntArray, IntArray, IntArray, IntArray]:
+    """Windows ``w`` of one epoch as pieces of stored documents: (row of ``w``, stored
+    stream start, length) of each non-empty piece, in order, and each window's tokens."""
+    cum, order = index._plain
+    start = w * seq_len
+    stop = np.minimum(start + (seq_len + 1), int(cum[-1]))
+    first = cum.searchsorted(start, side="right") - 1
+    count = cum.searchsorted(stop - 1, side="right") - first
+    row = np.repeat(np.arange(len(w)), count)
+    p = np.arange(len(row)) + np.repeat(first - np.cumsum(count) + count, count)
+    at = cum[p]
+    lo = np.maximum(at, start[row])
+    length = np.minimum(cum[p + 1], stop[row]) - lo
+    stored = doc_starts[order[p]] + (lo - at)
+    keep = length > 0
+    if keep.all():
+        return row, stored, length, stop - start
+    return row[keep], stored[keep], length[keep], stop - start
+
+
+class DocumentShuffle(Order):
+    """Windows of each epoch's document-shuffled stream."""
+
+    name = "document"
+
+    def __init__(self, ds: Any) -> None:
+        super().__init__(ds)
+        self._plans: dict[int, DocShuffleIndex]
+        self._starts: IntArray | None
+        self.__dict__.update(self.fresh())
+
+    def fresh(self) -> dict[str, Any]:
+        return {"_plans": {}, "_starts": None}
+
+    # -- the plan ----------------------------------------------------------------------
+    def plan(self, epoch: int) -> DocShuffleIndex:
+        """Epoch ``epoch``'s document-shuffle plan, memory-mapped from the plan directory,
+        where one process per node builds it while the others wait (a cached plan reads
+        no document lengths)."""
+        hit = self._plans.get(epoch)
+        if hit is None:
+            ds, root = self.ds, self.plan_root()
+            c = ds.config
+            key = {"cache": ds.cache.fingerprint, "tokens": ds.cache.num_tokens,
+                   "seed": c.seed, "epoch": epoch, "seq_len": c.seq_len,
+                   "drop_last": c.drop_last, "doc_shuffle_version": DOC_SHUFFLE_VERSION}
+            hit = load_or_build(root, key, lambda: ds._reader.all_doc_lengths(root),
+                                seed=c.seed, epoch=epoch, seq_len=c.seq_len,
+                                drop_last=c.drop_last)
+            if len(self._plans) >= EPOCHS_KEPT:
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[epoch] = hit
+        return hit
+
+    def plan_root(self) -> Path:
+        plan_dir = self.ds._plan_dir
+        return plan_dir if plan_dir is not None else reader_dir(self.ds.cache.root)
+
+    def doc_starts(self) -> IntArray:
+        """Where each stored document starts in the stream, as a plain array (a memory
+        map's subclass costs microseconds per fancy index on the read path)."""
+        if self._starts is None:
+            mapped = self.ds._reader.stored_doc_starts(self.plan_root())
+            self._starts = np.asarray(mapped).view(np.ndarray)
+        return self._starts
+
+    # -- the questions -----------------------------------------------------------------
+    def locate(self, indices: npt.ArrayLike) -> Runs:
+        idx = check_indices(indices)
+        n, L, cache = self.ds.num_windows, self.ds.config.seq_len, self.ds.cache
+        epochs, w = np.divmod(idx, n)
+        if idx.size and epochs.min() == epochs.max() >= 0:  # one epoch, no padding: usual
+            _, stored, length, tokens = _pieces(self.plan(int(epochs[0])), w, L,
+                                                self.doc_starts())
+        else:
+            stored, length, tokens = self._locate_epochs(idx, epochs, w)
+        cum = cache.cum_tokens
+        if len(cum) == 2:  # one chunk: stored offsets are its offsets
+            return Runs(np.zeros_like(stored), stored, length, tokens)
+        chunk = cum.searchsorted(stored, side="right") - 1
+        return Runs(chunk, stored - cum[chunk], length, tokens)
+
+    def _locate_epochs(self, idx: IntArray, epochs: IntArray, w: IntArray
+                       ) -> tuple[IntArray, IntArray, IntArray]:
+        """:meth:`locate`'s pieces for indices of several epochs, or with padding."""
+        parts, tokens = [], np.zeros(len(idx), dtype=np.int64)
+        real = idx >= 0
+        for e in sorted(set(epochs[real].tolist())):
+            rows = np.flatnonzero((epochs == e) & real)
+            row, stored, length, held = _pieces(self.plan(e), w[rows], self.ds.config.seq_len,
+                                                self.doc_starts())
+            parts.append((rows[row], stored, length))
+            tokens[rows] = held
+        if not parts:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, tokens
+        row, stored, length = (np.concatenate(c) for c in zip(*parts, strict=True))
+        by = np.argsort(row, kind="stable")  # pieces back in example order
+        return stored[by], length[by], tokens
+
+    def read(self, indices: list[int]) -> dict[str, npt.NDArray[Any]]:
+        """A sampler's micro-batch (consecutive windows of one epoch) as one span of the
+        shuffled stream; any other (a random sampler's, padding) as its pieces, located
+        for the whole batch at once."""
+        n, count = self.ds.num_windows, len(indices)
+        i0 = int(indices[0]) if count else PAD
+        if i0 >= 0 and i0 % n + count <= n and indices == list(range(i0, i0 + count)):
+            epoch, w = divmod(i0, n)
+            run: DocRun = (self.plan(epoch), 0, w, count)
+            return self.ds._reader.from_doc_runs([run], count, self.doc_starts())
+        return self.ds._reader.from_runs(self.locate(indices))
+
+
+__all__ = ["DocumentShuffle"]

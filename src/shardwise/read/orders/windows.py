@@ -1,0 +1,156 @@
+"""Orders of packed windows: example ``i`` is window ``order_e(i mod n)`` of epoch
+``e = i // n``, and window ``w`` is stored tokens ``[w·L, w·L + L + 1)``.
+
+A window order says only which window each position of an epoch holds
+(:meth:`WindowOrder.window_block`, vectorised); the rest is here once: the window's
+runs of stored tokens (:func:`window_runs`, split at chunk edges), the batches, and a
+bounded cache of order blocks (``ORDER_BLOCK`` consecutive positions each) so that
+
+* a sampler's micro-batch (consecutive positions) costs a list lookup per example, its
+  block computed once (~0.3 us a window) and converted to a list once;
+* random positions cost a lookup each once their blocks are cached: an epoch of up to
+  ``CACHE_WINDOWS`` windows is cached whole as it is touched (int32: 4 bytes a window),
+  so random access runs at the speed of consecutive access; a longer epoch is computed
+  per position (:meth:`WindowOrder.window_at`) where a batch touches a block only
+  sparsely.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shardwise.plan.windows import window_span
+from shardwise.read.orders.base import PAD, IntArray, Order, Runs, check_indices
+
+ORDER_BLOCK = 4096
+CACHE_WINDOWS = 1 << 21
+_MIN_KEPT = 8 * ORDER_BLOCK
+
+
+def window_runs(windows: IntArray, seq_len: int, total: int, cum: IntArray) -> Runs:
+    """Windows (``PAD``: none) as runs of stored tokens, split at chunk edges (``cum``:
+    the chunks' token prefix sums, total last); a short last window is clipped. Every
+    run holds at least one token. The one place a window's tokens are computed (the
+    assembly's per-chunk window views are its fast form: tests/read/test_orders.py)."""
+    real = windows >= 0
+    start, stop = window_span(np.where(real, windows, 0), seq_len, total)
+    start, stop = np.where(real, start, 0), np.where(real, stop, 0)
+    first = np.searchsorted(cum, start, side="right") - 1
+    last = np.maximum(np.searchsorted(cum, np.maximum(stop - 1, start), side="right") - 1,
+                      first)
+    pieces = last - first + 1
+    row = np.repeat(np.arange(len(windows)), pieces)
+    chunk = first[row] + np.arange(len(row)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    lo = np.maximum(cum[chunk], start[row])
+    length = np.minimum(cum[chunk + 1], stop[row]) - lo
+    keep = length > 0  # padding, and empty chunks a window spans
+    return Runs(chunk[keep], (lo - cum[chunk])[keep], length[keep], stop - start)
+
+
+class WindowOrder(Order):
+    """Base of the window orders; subclasses define :meth:`window_block`."""
+
+    def __init__(self, ds: Any) -> None:
+        super().__init__(ds)
+        self.n: int = ds.num_windows
+        self._blocks: OrderedDict[tuple[int, int], npt.NDArray[np.integer]]
+        self._held: int
+        # the block last used as a list, per caller (the reader, and a look-ahead thread
+        # some blocks further on, would otherwise evict each other's)
+        self._lists: dict[str, tuple[int, list[int]]]
+        self.__dict__.update(self.fresh())
+
+    def fresh(self) -> dict[str, Any]:
+        return {"_blocks": OrderedDict(), "_held": 0, "_lists": {}}
+
+    def window_block(self, epoch: int, positions: IntArray) -> IntArray:
+        """The windows at ``positions`` (consecutive, inside one epoch) of ``epoch``."""
+        raise NotImplementedError
+
+    def window_at(self, epoch: int, position: int) -> int:
+        """The window at one position (a faster scalar form may override it)."""
+        return int(self.window_block(epoch, np.asarray([position], dtype=np.int64))[0])
+
+    # -- the cache of order blocks -------------------------------------------------------
+    def _block(self, epoch: int, b: int) -> npt.NDArray[np.integer]:
+        key = (epoch, b)
+        hit = self._blocks.get(key)
+        if hit is not None:
+            with contextlib.suppress(KeyError):  # evicted by a look-ahead thread meanwhile
+                self._blocks.move_to_end(key)
+            return hit
+        start = b * ORDER_BLOCK
+        pos = np.arange(start, min(start + ORDER_BLOCK, self.n), dtype=np.int64)
+        hit = np.asarray(self.window_block(epoch, pos))
+        hit = hit.astype(np.int32 if self.n < 2**31 else np.int64)
+        self._blocks[key] = hit
+        self._held += len(hit)
+        while self._held > max(CACHE_WINDOWS, _MIN_KEPT) and len(self._blocks) > 1:
+            self._held -= len(self._blocks.popitem(last=False)[1])
+        return hit
+
+    def _window_of(self, i: int) -> int:
+        """One example's window (:data:`PAD` stays ``PAD``): from its cached block, else
+        its block computed when the epoch fits the cache, else computed alone."""
+        if i < 0:
+            if i != PAD:
+                raise IndexError(f"example indices must be >= 0 (or {PAD} for padding), "
+                                 f"got {i}")
+            return PAD
+        epoch, p = divmod(i, self.n)
+        b, j = divmod(p, ORDER_BLOCK)
+        hit = self._blocks.get((epoch, b))
+        if hit is None:
+            if self.n > CACHE_WINDOWS:
+                return self.window_at(epoch, p)
+            hit = self._block(epoch, b)
+        return int(hit[j])
+
+    # -- the questions -----------------------------------------------------------------
+    def window_list(self, indices: list[int], slot: str = "read") -> list[int]:
+        """Windows of a micro-batch as a list. Dense positions inside one block (a
+        sampler's batch) read that block's list; others look each up
+        (:meth:`_window_of`)."""
+        if not indices:
+            return []
+        lo, hi = min(indices), max(indices)
+        if lo >= 0 and len(indices) > 1 and hi - lo < 2 * len(indices):  # dense: a sampler's
+            epoch, p = divmod(lo, self.n)
+            b = p // ORDER_BLOCK
+            base = epoch * self.n + b * ORDER_BLOCK
+            if hi < base + ORDER_BLOCK and hi < (epoch + 1) * self.n:
+                key, block = self._lists.get(slot, (-1, []))
+                if key != base:
+                    block = self._block(epoch, b).tolist()
+                    self._lists[slot] = base, block
+                return [block[i - base] for i in indices]
+        return [self._window_of(int(i)) for i in indices]
+
+    def windows(self, indices: npt.ArrayLike) -> IntArray:
+        """Global example indices (``>= 0``) → their windows, vectorised."""
+        idx = np.asarray(indices, dtype=np.int64)
+        epochs, pos = np.divmod(idx, self.n)
+        blocks = pos // ORDER_BLOCK
+        out = np.empty_like(pos)
+        for e, b in set(zip(epochs.reshape(-1).tolist(), blocks.reshape(-1).tolist(),
+                            strict=True)):
+            sel = (epochs == e) & (blocks == b)
+            out[sel] = self._block(e, b)[pos[sel] - b * ORDER_BLOCK]
+        return out
+
+    def locate(self, indices: npt.ArrayLike) -> Runs:
+        idx = check_indices(indices)
+        w = np.where(idx >= 0, self.windows(np.maximum(idx, 0)), PAD)
+        cache = self.ds.cache
+        return window_runs(w, self.ds.config.seq_len, cache.num_tokens, cache.cum_tokens)
+
+    def read(self, indices: list[int]) -> dict[str, npt.NDArray[Any]]:
+        return self.ds._reader.from_windows(self.window_list(indices))
+
+
+__all__ = ["CACHE_WINDOWS", "ORDER_BLOCK", "WindowOrder", "window_runs"]
