@@ -75,7 +75,7 @@ def _stream(d: Data, train: bool) -> Any:
                             epochs=None if train else 1)
 
 
-def _sft(d: Data, train: bool, **kwargs: Any) -> Any:
+def packed_sft(d: Data, train: bool, **kwargs: Any) -> Any:
     return sw.PackedSFT(CacheRecords(d["cache0"]), seq_len=SFT_LEN, group_size=GROUP,
                         seed=SEED, epochs=None if train else 1, **kwargs)
 
@@ -88,11 +88,11 @@ READERS: dict[str, Reader] = {
         "blend": {"sources": {"a": d["cache0"], "b": d["cache1"]},
                   "weights": {"a": 0.6, "b": 0.4}},
         "reader": "tokens", "seq_len": SEQ_LEN, "seed": SEED, **_layout()},
-        iterable=False, eval=False),
+        iterable=False),
     "StreamDataset": Reader(_stream, lambda d: {
         "cache": d["cache0"], "reader": "stream", "streams": STREAMS, "seq_len": SEQ_LEN,
         "seed": SEED, **_layout()}, iterable=True, eval=False),
-    "PackedSFT": Reader(_sft, lambda d: {
+    "PackedSFT": Reader(packed_sft, lambda d: {
         "cache": d["cache0"], "reader": "sft", "group_size": GROUP, "seq_len": SFT_LEN,
         "seed": SEED, **_layout()}, iterable=True),
 }

@@ -19,9 +19,19 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _placement import ACCUMULATION, EVAL_MICRO, GLOBAL, MICRO, READERS, SFT_LEN, STEPS, VOCAB
+from _placement import (
+    ACCUMULATION,
+    EVAL_MICRO,
+    GLOBAL,
+    MICRO,
+    READERS,
+    SFT_LEN,
+    STEPS,
+    VOCAB,
+    packed_sft,
+)
 
-import shardwise as sw  # noqa: E402,F401  (the readers' package, imported before torch use)
+import shardwise as sw  # noqa: E402
 from shardwise.torch import collate  # noqa: E402
 
 
@@ -127,6 +137,15 @@ def trainer(spec: dict[str, Any]) -> dict[str, np.ndarray]:
                 out[f"{name}.metrics"] = evaluated
                 out[f"{name}.predict"] = np.asarray(pred.predictions)
                 out[f"{name}.predict_labels"] = np.asarray(pred.label_ids)
+    # a reader made for another world than the Trainer's is refused, naming the fix
+    try:
+        Recording(model=_model(), args=args,
+                  train_dataset=packed_sft(spec["data"], True, world=sw.World.single())
+                  ).get_train_dataloader()
+        refused = "not refused"
+    except sw.ConfigError as e:
+        refused = str(e)
+    Path(spec["record"], f"refused.r{rank}.txt").write_text(refused)
     return out
 
 

@@ -138,3 +138,7 @@ def test_every_reader_is_placed(integration: str, data: Data, tmp_path: Path) ->
         _check_against_trace(record, name, data)
         if integration == "trainer" and READERS[name].eval:
             _check_eval(record, name, data)
+    if integration == "trainer":  # a reader made for one rank, under two: refused
+        for r in range(WORLD):
+            message = (record / f"refused.r{r}.txt").read_text()
+            assert "World.detect()" in message and "2 processes" in message, message
