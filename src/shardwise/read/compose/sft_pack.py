@@ -72,7 +72,7 @@ from shardwise.world import World
 
 Example = dict[str, npt.NDArray[Any]]
 Position = tuple[int, int, int]  # (epoch, packing group, bin) of a row
-PLANS_KEPT = 3
+PLANS_KEPT, BINS_KEPT = 3, 4096
 
 
 def source_identity(source: Any) -> str:
@@ -133,9 +133,12 @@ class PackedSFT(Resumable):
         self.num_groups = num_pack_groups(len(records), group_size)
         self._epoch = self._group = self._bin = self._consumed = 0
         self.pads_served = 0  # padding rows yielded (a finite run's aligned end)
-        # the last plans made: a rank's next row and the state's position can be in two
-        # neighbouring groups (PLANS_KEPT of them, so neither evicts the other)
+        # the last plans made (a rank's next row and the state's position may lie in
+        # neighbouring groups), and the rows of the groups crossed lately: with many ranks
+        # one step of R rows spans several groups, which are counted, not re-planned
         self._plans: dict[tuple[int, int], tuple[PackPlan, list[dict[str, Any]]]] = {}
+        self._bins: dict[tuple[int, int], int] = {}
+        self._counted = (-1, -1)  # the furthest group whose drops are in ``stats``
         self.stats = {"groups": 0, "dropped": 0, "truncated": 0, "truncated_tokens": 0}
 
     def __repr__(self) -> str:
@@ -197,13 +200,22 @@ class PackedSFT(Resumable):
         plan = pack_group(lengths, self.seq_len, seed=seed, group_index=g,
                           overlong=self.overlong)
         self._plans[(epoch, g)] = (plan, recs)
-        if len(self._plans) > PLANS_KEPT:
-            del self._plans[next(iter(self._plans))]
-        self.stats["groups"] += 1
-        self.stats["dropped"] += len(plan.dropped)
-        self.stats["truncated"] += len(plan.truncated)
-        self.stats["truncated_tokens"] += int((lengths[plan.truncated] - self.seq_len).sum())
+        _keep(self._plans, PLANS_KEPT)
+        self._bins[(epoch, g)] = plan.num_bins
+        _keep(self._bins, BINS_KEPT)
+        if (epoch, g) > self._counted:  # each group once, in the order they are read
+            self._counted = (epoch, g)
+            self.stats["groups"] += 1
+            self.stats["dropped"] += len(plan.dropped)
+            self.stats["truncated"] += len(plan.truncated)
+            self.stats["truncated_tokens"] += int((lengths[plan.truncated]
+                                                   - self.seq_len).sum())
         return plan, recs
+
+    def num_bins(self, epoch: int, g: int) -> int:
+        """The rows of group ``g`` of ``epoch`` (planned once while it is remembered)."""
+        n = self._bins.get((epoch, g))
+        return self.plan(epoch, g)[0].num_bins if n is None else n
 
     @staticmethod
     def _length(rec: Any, index: int) -> int:
@@ -253,7 +265,7 @@ class PackedSFT(Resumable):
         e, g, b = at
         empty = 0
         while self.epochs is None or e < self.epochs:
-            bins = self.plan(e, g)[0].num_bins
+            bins = self.num_bins(e, g)
             if b + k < bins:
                 return e, g, b + k
             k -= max(bins - b, 0)
@@ -315,6 +327,12 @@ class PackedSFT(Resumable):
             if b > bins:
                 raise StateError(f"{where} is past the end of that packing group ({bins} rows); "
                                  "the state was edited or saved from other records")
+
+
+def _keep(d: dict[Any, Any], n: int) -> None:
+    """Forget the oldest entries of ``d`` beyond ``n``."""
+    while len(d) > n:
+        del d[next(iter(d))]
 
 
 __all__ = ["IGNORE_INDEX", "PackedSFT", "source_identity"]
