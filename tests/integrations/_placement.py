@@ -8,6 +8,7 @@ reader's global order in one process (the reference a rank's rows are looked up 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,11 @@ def make_data(root: Path) -> Data:
     from cachefactory import make_cache, sample_docs
 
     out = {}
+    records = root / "records.jsonl"  # token records of one length (a record reader's rows)
+    rng = np.random.default_rng(13)
+    records.write_text("".join(json.dumps({"input_ids": rng.integers(1, VOCAB, SEQ_LEN)
+                                           .tolist()}) + "\n" for _ in range(60)))
+    out["records"] = str(records)
     for k, (n, seed) in enumerate([(47, 11), (30, 12)]):
         docs = [d[:20] or [1] for d in sample_docs(n, seed=seed, vocab_size=VOCAB)]
         out[f"cache{k}"] = str(make_cache(root / f"cache{k}", [docs], chunk_docs=5,
@@ -51,8 +57,8 @@ class Reader:
     ``iterable``: it places its own examples (no sampler)."""
 
     make: Callable[[Data, bool], Any]
-    config: Callable[[Data], dict[str, Any]]
-    iterable: bool
+    config: Callable[[Data], dict[str, Any]] | None  # None: trace reads caches only, so
+    iterable: bool  # the check applies the stream rule (rank r's j-th is global j·R + r)
     eval: bool = True  # evaluated under the Trainer (item 6: pads never reach metrics)
 
 
@@ -80,6 +86,17 @@ def packed_sft(d: Data, train: bool, **kwargs: Any) -> Any:
                         seed=SEED, epochs=None if train else 1, **kwargs)
 
 
+def _records(d: Data, train: bool) -> Any:
+    return sw.RecordStream([d["records"]], seed=SEED, streams=STREAMS, range_bytes=512,
+                           map_fn=_as_arrays)
+
+
+def _as_arrays(record: dict[str, Any]) -> dict[str, Any]:
+    """A record as model inputs (HF's per-token labels: a record reader's convention)."""
+    ids = np.asarray(record["input_ids"], dtype=np.int64)
+    return {"input_ids": ids, "labels": ids}
+
+
 READERS: dict[str, Reader] = {
     "TokenDataset": Reader(_tokens, lambda d: {"cache": d["cache0"], "reader": "tokens",
                                               "seq_len": SEQ_LEN, "seed": SEED, **_layout()},
@@ -95,6 +112,8 @@ READERS: dict[str, Reader] = {
     "PackedSFT": Reader(packed_sft, lambda d: {
         "cache": d["cache0"], "reader": "sft", "group_size": GROUP, "seq_len": SFT_LEN,
         "seed": SEED, **_layout()}, iterable=True),
+    # a record reader (stream placement, no cache to trace); its eval pass is not padded
+    "RecordStream": Reader(_records, None, iterable=True, eval=False),
 }
 
 

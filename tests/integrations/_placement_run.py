@@ -81,7 +81,10 @@ def read(spec: dict[str, Any], integration: str) -> dict[str, np.ndarray]:
     for name, reader in READERS.items():
         rows = []
         ds = reader.make(spec["data"], True)
-        for batch in _micro_batches(name, ds, integration, collate_fn):
+        fn = collate_fn
+        if acc is not None and getattr(ds, "label_convention", None) != "next_token":
+            from transformers import default_data_collator as fn  # records: HF's labels
+        for batch in _micro_batches(name, ds, integration, fn):
             rows.append(batch["input_ids"].numpy().copy())
             if acc is not None:
                 with acc.accumulate(model):
