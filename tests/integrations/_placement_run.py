@@ -1,10 +1,11 @@
 """One rank of the placement matrix under torchrun (gloo, CPU), for test_placement_matrix.py.
 
-argv: spec.json, naming one integration. Every reader of ``_placement.READERS`` is read
-through it as a user would, ``world=`` left out; the rank records the ``input_ids`` of each
-micro-batch it trained on (``<reader>.r<rank>.npy``: micro-steps × micro batch × seq_len).
-Under the Trainer it also evaluates each reader's eval form and records, on rank 0, the
-rows ``compute_metrics`` and ``predict`` received.
+argv: spec.json, naming the integrations (all of them run in this one launch). Every
+reader of ``_placement.READERS`` is read through each as a user would, ``world=`` left
+out; the rank records the ``input_ids`` of each micro-batch it trained on
+(``<integration>/<reader>.r<rank>.npy``: micro-steps × micro batch × seq_len). Under the
+Trainer it also evaluates each reader's eval form and records, on rank 0, the rows
+``compute_metrics`` and ``predict`` received.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -152,13 +154,25 @@ def trainer(spec: dict[str, Any]) -> dict[str, np.ndarray]:
     return out
 
 
-if __name__ == "__main__":
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    integration = spec["integration"]
-    seen = trainer(spec) if integration == "trainer" else read(spec, integration)
+def main(spec: dict[str, Any]) -> None:
+    """Every integration of the spec in turn, each recording into its own directory; one
+    that raises records its traceback there and the next one still runs."""
     rank = int(os.environ["RANK"])
-    for key, rows in seen.items():
-        np.save(Path(spec["record"]) / f"{key}.r{rank}.npy", rows)
+    for integration in spec["integrations"]:
+        record = Path(spec["record"]) / integration
+        record.mkdir(exist_ok=True)
+        one = {**spec, "record": str(record)}
+        try:
+            seen = trainer(one) if integration == "trainer" else read(one, integration)
+        except Exception:
+            (record / f"error.r{rank}.txt").write_text(traceback.format_exc())
+            continue
+        for key, rows in seen.items():
+            np.save(record / f"{key}.r{rank}.npy", rows)
+
+
+if __name__ == "__main__":
+    main(json.loads(Path(sys.argv[1]).read_text()))
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()

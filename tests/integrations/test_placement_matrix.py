@@ -1,12 +1,12 @@
 """Every reader is placed, in every integration (issue 20, items 1 and 6).
 
 A matrix of readers (``_placement.READERS``) × integrations (``INTEGRATIONS``), in real
-2-process runs (torchrun, gloo, CPU): each integration is ONE launch that reads every
-reader, ``world=`` left out as a user would. For each optimizer step, the rows every rank
-trained on, micro-step by micro-step, must be the examples ``shardwise trace`` names for
-that rank and micro-step — so no row is read on two ranks and none is missing. Under the
-Trainer, ``compute_metrics`` and ``predict`` must see each real eval row exactly once: no
-duplicate from another rank, no padding row (eval sets that do not divide 2 × 4).
+2-process runs (torchrun, gloo, CPU): ONE launch runs every integration in turn, each
+reading every reader, ``world=`` left out as a user would. For each optimizer step, the
+rows every rank trained on, micro-step by micro-step, must be the examples ``shardwise
+trace`` names for that rank and micro-step: no row is read on two ranks, none is missing.
+Under the Trainer, ``compute_metrics`` and ``predict`` must see each real eval row exactly
+once: no duplicate from another rank, no padding row (eval sets that do not divide 2 × 4).
 
 A reader (an example reader of shardwise) or an integration (a module of
 ``shardwise.integrations``) without a row here fails
@@ -142,10 +142,20 @@ def _check_eval(record: Path, name: str, data: Data) -> None:
         f"{name}: predict returned {len(predictions)} rows for {len(real)} real examples")
 
 
+@pytest.fixture(scope="module")
+def runs(data: Data, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ONE 2-process launch running every integration (imports paid once)."""
+    return torchrun(tmp_path_factory.mktemp("matrix"), "runs", WORLD,
+                    {"integrations": sorted(INTEGRATIONS), "data": data}, script=RUN)
+
+
 @pytest.mark.parametrize("integration", sorted(INTEGRATIONS))
-def test_every_reader_is_placed(integration: str, data: Data, tmp_path: Path) -> None:
-    record = torchrun(tmp_path, integration, WORLD, {"integration": integration,
-                                                      "data": data}, script=RUN)
+def test_every_reader_is_placed(integration: str, data: Data, runs: Path) -> None:
+    record = runs / integration
+    for r in range(WORLD):
+        error = record / f"error.r{r}.txt"
+        if error.exists():
+            pytest.fail(f"{integration} raised on rank {r}:\n{error.read_text()}")
     for name in READERS:
         _check_against_trace(record, name, data)
         if integration == "trainer" and READERS[name].eval:
