@@ -144,3 +144,12 @@ def test_layout_errors(ds: sw.TokenDataset) -> None:
         loader(ds, global_batch_size=10, micro_batch_size=4, world=sw.World(0, 2))
     with pytest.raises(ConfigError, match="sampler must be one of"):
         loader(ds, global_batch_size=8, micro_batch_size=4, sampler="random")
+
+
+def test_an_iterable_reader_is_refused_naming_its_loader(cache_dir: Path) -> None:
+    """loader() places map-style datasets; an iterable reader places itself (issue 20)."""
+    packed = sw.PackedSFT([{"input_ids": [1, 2, 3]}] * 4, seq_len=8)
+    stream = sw.StreamDataset(cache_dir, seq_len=16, streams=2)
+    for reader in (packed, stream):
+        with pytest.raises(ConfigError, match=r"is iterable and places itself.*DataLoader"):
+            loader(reader, global_batch_size=4, micro_batch_size=2)

@@ -153,3 +153,70 @@ def test_window_is_the_deprecated_name_of_group_size() -> None:
     assert old.state_dict() == new.state_dict()  # the fingerprint did not change
     with pytest.raises(ConfigError, match="pass only group_size="):
         PackedSFT(recs, seq_len=16, group_size=4, window=8)
+
+
+# -- placement (issue 20): rank r of R serves rows p ≡ r (mod R) ------------------------------
+def _key(row: dict[str, np.ndarray]) -> bytes:
+    return bytes(row["input_ids"].tobytes())
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_share_the_rows_once_and_end_together(world: int) -> None:
+    """Every row of the one global order on exactly one rank, rank r's j-th being row
+    j·R + r; a finite run ends every rank at the same count, the short ones padded."""
+    from shardwise.world import World
+
+    recs = make_records(90, seed=3)
+    rows = list(PackedSFT(recs, seq_len=64, group_size=16, seed=5, epochs=1))
+    ranks = [list(PackedSFT(recs, seq_len=64, group_size=16, seed=5, epochs=1,
+                            world=World(r, world))) for r in range(world)]
+    assert {len(x) for x in ranks} == {-(-len(rows) // world)}
+    for r, got in enumerate(ranks):
+        for j, row in enumerate(got):
+            p = j * world + r
+            if p < len(rows):
+                assert _key(row) == _key(rows[p]), f"rank {r} row {j} is not row {p}"
+            else:  # padding: masked, no target
+                assert not row["input_ids"].any() and not row["loss_mask"].any()
+
+
+def test_a_state_resumes_on_another_number_of_ranks() -> None:
+    """A state saved by 2 ranks (the same on both) continues on 1 and on 3 ranks at the
+    same global row: each rank at its first row at or after the saved position."""
+    from shardwise.world import World
+
+    recs = make_records(90, seed=4)
+    rows = list(PackedSFT(recs, seq_len=64, group_size=16, seed=5, epochs=1))
+    two = [PackedSFT(recs, seq_len=64, group_size=16, seed=5, epochs=1, world=World(r, 2))
+           for r in range(2)]
+    for ds in two:
+        take(ds, 7)
+    states = [ds.state_dict() for ds in two]
+    assert states[0] == states[1] and states[0]["consumed"] == 14
+    for size in (1, 3):
+        for r in range(size):
+            ds = PackedSFT(recs, seq_len=64, group_size=16, seed=5, epochs=1,
+                           world=World(r, size))
+            ds.load_state_dict(states[0])
+            first = next(p for p in range(14, 14 + size) if p % size == r)  # its first >= 14
+            assert _key(next(iter(ds))) == _key(rows[first])
+
+
+def test_a_one_rank_world_inside_a_job_and_workers_are_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardwise.world import World
+
+    recs = make_records(10)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert PackedSFT(recs, seq_len=64).world == World(1, 2)  # the default is the job's
+    with pytest.raises(ConfigError, match="every rank would read all the data"):
+        PackedSFT(recs, seq_len=64, world=World(0, 1))
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    import torch
+
+    dl = torch.utils.data.DataLoader(PackedSFT(recs, seq_len=64), batch_size=2,
+                                     num_workers=1)
+    with pytest.raises(ConfigError, match="DataLoader worker"):
+        next(iter(dl))

@@ -271,11 +271,11 @@ def test_packed_sft_over_a_record_cache(tmp_path: Path) -> None:
     cfg = ReadConfig.from_dict({"cache": str(cache), "reader": "sft", "seq_len": 128,
                                 "seed": 5, "group_size": 16, "global_batch_size": 4,
                                 "micro_batch_size": 2, "world_size": 2})
-    ds, _ = cfg.build()
-    rows = list(itertools.islice(iter(ds), 12))
+    ranks = [list(itertools.islice(iter(cfg.build(rank=r)[0]), 6)) for r in range(2)]
     lines = src.read_text().splitlines()
-    for e in Tracer(cfg).step(2).examples:
-        ids = rows[e.position]["input_ids"].tolist()
+    for e in Tracer(cfg).step(2).examples:  # rank r's j-th row is row 2j + r
+        assert e.position % 2 == e.rank
+        ids = ranks[e.rank][e.position // 2]["input_ids"].tolist()
         assert e.pieces
         for p in e.pieces:
             want = _sft_record(json.loads(lines[p.where.line - 1]))

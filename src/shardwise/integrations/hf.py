@@ -36,9 +36,17 @@ take any shardwise dataset as ``train_dataset`` / ``eval_dataset``, under torchr
 * **Records** (a RecordStream's, a producer directory's, a foreign dataset's: anything
   without ``label_convention = "next_token"``) keep HF's own per-token labels and go to
   ``default_data_collator`` unchanged.
-* **Iterable readers** (StreamDataset, RecordStream, a ProducerDirDataset's ``stream()``)
-  are already per-rank: they get a plain per-rank DataLoader, never accelerate's
-  dispatcher; their own ``state_dict()`` is saved per rank (``shardwise_rank{r}.json``).
+* **Iterable readers** (StreamDataset, PackedSFT, RecordStream, a ProducerDirDataset's
+  ``stream()``) place themselves (``world=``, default ``World.detect()``): they get a plain
+  per-rank DataLoader, never accelerate's dispatcher; one made for another world than the
+  Trainer's (``World.single()`` under 2 processes) is refused. Their own ``state_dict()``
+  is saved per rank (``shardwise_rank{r}.json``).
+* **Evaluation and prediction** see each real example once: the eval loader pads the last
+  step with masked rows (the ``eval`` sampler's index -1, a finite PackedSFT's aligned
+  end), marks them in each batch (``shardwise_pad``, removed before the model runs), and
+  the rows gathered for ``compute_metrics``, ``predict()``'s arrays and ``num_samples``
+  leave them out (``eval_loss`` still averages the batches' losses, to which padding adds
+  no token).
 
 Without the mixin, a stock Trainer or ``accelerator.prepare`` that would shard a shardwise
 loader or stream again (or dispatch it from rank 0) is refused when it starts iterating
@@ -49,7 +57,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -72,6 +80,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 STATE_FILE = "shardwise_loader.json"
 IGNORE_INDEX = -100
 MODEL_KEYS = ("input_ids", "labels", "shift_labels", "position_ids", "attention_mask")
+PAD_KEY = "shardwise_pad"  # an eval batch's padding rows (bool per row); never reaches a model
 
 
 def collate(data: Any) -> dict[str, torch.Tensor]:
@@ -128,6 +137,46 @@ class _Epochs:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.loader.load_state_dict(state)
+
+
+class _EvalBatches:
+    """An eval loader whose dict batches carry ``PAD_KEY``: which rows are padding.
+    ``pads()`` yields, batch by batch, how many rows are padding; padding rows are always
+    a rank's last rows (the ``eval`` sampler's index -1 past the data; a finite
+    PackedSFT's aligned end), so they are the batch's last ones."""
+
+    def __init__(self, dl: Any, pads: Callable[[], Iterator[int]]) -> None:
+        self.loader, self.dataset, self.pads = dl, dl.dataset, pads
+        self.batch_size = getattr(dl, "batch_size", None)
+
+    def __len__(self) -> int:  # a TypeError without one, as for the loader itself
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        counts = self.pads()
+        for batch in self.loader:
+            k = next(counts)
+            if isinstance(batch, dict) and isinstance(batch.get("input_ids"), torch.Tensor):
+                n = len(batch["input_ids"])
+                batch[PAD_KEY] = torch.arange(n) >= n - k
+            yield batch
+
+
+def _sampler_pads(dl: ShardwiseLoader) -> Callable[[], Iterator[int]]:
+    """Padding rows per micro-batch of an ``eval`` loader: its indices -1 (a pure sampler,
+    iterated beside the loader)."""
+    return lambda: (sum(1 for i in idx if i < 0) for idx in dl._indices.sampler)
+
+
+def _served_pads(ds: Any) -> Callable[[], Iterator[int]]:
+    """Padding rows per batch of an iterable reader that counts them (``pads_served``)."""
+    def counts() -> Iterator[int]:
+        before = ds.pads_served
+        while True:  # read after the batch arrived (num_workers=0: the same object)
+            after = ds.pads_served
+            yield after - before
+            before = after
+    return counts
 
 
 class ShardwiseTrainerMixin:
@@ -213,7 +262,13 @@ class ShardwiseTrainerMixin:
         return _Epochs(dl, per_epoch)
 
     def _iterable_loader(self, ds: Any, batch_size: int) -> DataLoader:  # type: ignore[type-arg]
-        """A per-rank DataLoader over a reader that is already this rank's share."""
+        """A per-rank DataLoader over a reader that places itself, for this world."""
+        world, mine = getattr(ds, "world", None), self._sw_world()
+        if isinstance(world, World) and world.size != mine.size:
+            raise ConfigError(f"{type(ds).__name__} was made for {world}, but this Trainer "
+                              f"runs {mine.size} processes: each would read "
+                              f"{'all' if world.size == 1 else 'a wrong share'} of the data; "
+                              "make it with world= left out (World.detect()) inside the job")
         return DataLoader(ds, batch_size=batch_size, collate_fn=self._sw_collate_for(ds),
                           num_workers=0)
 
@@ -225,10 +280,39 @@ class ShardwiseTrainerMixin:
             raise ValueError("Trainer: evaluation requires an eval_dataset.")
         m = self.args.eval_batch_size  # type: ignore[attr-defined]
         if _is_iterable(ds):
-            return self._iterable_loader(ds, m)
+            dl = self._iterable_loader(ds, m)
+            return _EvalBatches(dl, _served_pads(ds)) if hasattr(ds, "pads_served") else dl
         world = World.single() if getattr(ds, "is_sharded", False) else self._sw_world()
-        return loader(ds, global_batch_size=m * world.size, micro_batch_size=m,
-                      world=world, sampler="eval", collate_fn=self._sw_collate_for(ds))
+        dl = loader(ds, global_batch_size=m * world.size, micro_batch_size=m,
+                    world=world, sampler="eval", collate_fn=self._sw_collate_for(ds))
+        return _EvalBatches(dl, _sampler_pads(dl))
+
+    def get_test_dataloader(self, test_dataset: Any) -> Any:
+        """``predict()``'s loader: the eval loader's placement and padding marks."""
+        return self.get_eval_dataloader(test_dataset)
+
+    # -- evaluation: real rows only ------------------------------------------------------
+    gather_function: Any  # Trainer's: the eval loop's gathers (see prediction_step)
+
+    def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
+        self._sw_real: int | None = None
+        self._sw_gather = self.gather_function  # Trainer's own
+        out = super().evaluation_loop(*args, **kwargs)  # type: ignore[misc]
+        if self._sw_real is not None:  # the batches marked their padding: count real rows
+            out = out._replace(num_samples=self._sw_real)
+        return out
+
+    def prediction_step(self, model: Any, inputs: dict[str, Any], *args: Any,
+                        **kwargs: Any) -> Any:
+        """Take the padding marks out of the batch; gather them (every rank evaluates
+        in step) so the loop's gathers for metrics keep only the real rows."""
+        pad = inputs.pop(PAD_KEY, None) if isinstance(inputs, dict) else None
+        if pad is not None:
+            acc = self.accelerator  # type: ignore[attr-defined]
+            real = acc.gather(pad.to(torch.int64).to(acc.device)).cpu() == 0
+            self._sw_real = (self._sw_real or 0) + int(real.sum())
+            self.gather_function = _real_rows(self._sw_gather, real)
+        return super().prediction_step(model, inputs, *args, **kwargs)  # type: ignore[misc]
 
     # -- checkpoints ---------------------------------------------------------------------
     def _inner_training_loop(self, *args: Any, **kwargs: Any) -> Any:
@@ -286,6 +370,18 @@ class ShardwiseTrainerMixin:
                              f"{B} = {step * B}; resume with the global batch size the run was "
                              "saved with (per_device_train_batch_size × world size × "
                              "gradient_accumulation_steps)")
+
+
+def _real_rows(gather: Callable[[Any], Any], real: torch.Tensor) -> Callable[[Any], Any]:
+    """``gather`` (Trainer's: accelerate's ``gather_for_metrics``), then only the rows of
+    ``real`` (gathered in rank order, as ``gather`` concatenates) of a tensor with one row
+    each."""
+    def gather_real(data: Any) -> Any:
+        out = gather(data)
+        if isinstance(out, torch.Tensor) and out.dim() and len(out) == len(real):
+            return out[real.to(out.device)]
+        return out
+    return gather_real
 
 
 class ShardwiseTrainer(ShardwiseTrainerMixin, Trainer):

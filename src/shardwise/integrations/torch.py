@@ -321,6 +321,17 @@ def _check_eval(dataset: Any, sampler: BatchSampler) -> None:
                           f"divides its {sampler.n} examples")
 
 
+def _map_style_len(dataset: Any) -> int:
+    """``len(dataset)``: the loader places a map-style dataset; an iterable reader places
+    its own examples (``world=``) and has no ``len`` to plan steps over."""
+    if not hasattr(dataset, "__len__"):
+        raise ConfigError(f"shardwise.torch.loader walks map-style datasets; "
+                          f"{type(dataset).__name__} is iterable and places itself "
+                          "(world=, default World.detect()): iterate it, or use "
+                          "torch.utils.data.DataLoader(reader, batch_size=micro_batch_size)")
+    return len(dataset)
+
+
 def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
            world: World | None = None, num_workers: int = 0, sampler: str = "single",
            seed: int = 0, data_sharding: bool = True, epochs: int | None = None,
@@ -350,15 +361,15 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
     >>> dl = loader(ds, global_batch_size=64, micro_batch_size=8,  # doctest: +SKIP
     ...             world=World(0, 2))
     """
-    kind = SamplerKind.parse(sampler)
+    kind, n = SamplerKind.parse(sampler), _map_style_len(dataset)
     if look_ahead is not None:
         look_ahead = as_count(look_ahead, "look_ahead", error=ConfigError)
     world = World.resolve(world, reader="shardwise.torch.loader")
     if epochs is not None and total_samples is not None:
         raise ConfigError("give epochs or total_samples, not both")
     total = (total_samples if epochs is None
-             else as_count(epochs, "epochs", minimum=1, error=ConfigError) * len(dataset))
-    batches = BatchSampler(len(dataset), global_batch_size, micro_batch_size, world, kind,
+             else as_count(epochs, "epochs", minimum=1, error=ConfigError) * n)
+    batches = BatchSampler(n, global_batch_size, micro_batch_size, world, kind,
                            seed, data_sharding, as_count(consumed, "consumed"), total,
                            skip_from_steps(skip_steps, global_batch_size))
     if kind is SamplerKind.EVAL:

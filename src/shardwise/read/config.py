@@ -128,7 +128,8 @@ class ReadConfig:
     def build(self, rank: int = 0, *, caches: Mapping[str, Any] | None = None
               ) -> tuple[Any, BatchSampler | None]:
         """The dataset rank ``rank`` reads and its BatchSampler (global placement; ``None``
-        for stream and sft, whose readers place examples themselves). ``caches``: caches
+        for stream and sft, whose readers place examples themselves: rank ``r``'s ``j``-th
+        is global ``j·R + r``). ``caches``: caches
         already open, by their path in this config (opening a large cache reads its
         whole ledger)."""
         world = World(rank, self.world_size)
@@ -141,7 +142,7 @@ class ReadConfig:
             from shardwise.read.compose.records import CacheRecords
 
             records = CacheRecords(opened.get(self._path(), self._path()))
-            return self._call(_packed_sft(), records), None
+            return self._call(_packed_sft(), records, world=world), None
         ds = (self._blend(opened) if self.blend is not None
               else self._tokens(opened.get(self._path(), self._path())))
         return ds, self.sampler(len(ds), world)

@@ -25,12 +25,24 @@ without ``labels`` trains on every token (or on ``loss_mask`` when it has one).
 With ``seed``, records are read in a keyed random order per epoch and each group's bins
 are shuffled; without it, in source order with bins in first-fit-decreasing order.
 
+**Placement** (``world=``, default :meth:`World.detect`): the rows form one global order,
+whatever the number of ranks; rank ``r`` of ``R`` serves the rows ``p`` with ``p % R == r``
+(:meth:`World.owns`: its ``j``-th row is global row ``j·R + r``, the stream rule with one
+stream, which ``shardwise trace`` applies). Every rank plans every packing group (record
+lengths only) and reads the tokens of its own rows only. A finite run (``epochs=E``) gives
+every rank the same number of rows: a rank whose share ends first serves masked *padding
+rows* (``pad_id``, labels -100, ``loss_mask`` 0; counted in ``pads_served``) until the
+others finish, so data-parallel steps stay aligned and no row is repeated::
+
+    37 rows, R = 2:  rank 0 rows 0 2 … 36,  rank 1 rows 1 3 … 35 + one padding row
+
 State keys (a :class:`~shardwise.checkpoint.LoaderState`, kind ``sft_pack``): ``consumed``
-(rows yielded) and ``extra = {"epoch", "window", "bin"}`` — the next row is bin ``bin``
-of packing group ``window`` of epoch ``epoch`` (the key keeps the groups' first name,
-packing windows, so saved states load; ``window=`` is the deprecated name of
-``group_size=``). Resuming re-plans that one group: O(group_size), never a replay of
-consumed data.
+(rows of the global order received by all ranks together — ``start + received × R``, the
+same on every rank) and ``extra = {"epoch", "window", "bin"}`` — row ``consumed`` is bin
+``bin`` of packing group ``window`` of epoch ``epoch`` (the key keeps the groups' first
+name, packing windows, so saved states load; ``window=`` is the deprecated name of
+``group_size=``). Resuming under any ``R``, rank ``r`` continues at its first row ``>=
+consumed``; it re-plans that one group: O(group_size), never a replay of consumed data.
 """
 
 from __future__ import annotations
@@ -55,8 +67,12 @@ from shardwise.plan.sft_packing import (
 from shardwise.read.deprecated import renamed
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.examples import IGNORE_INDEX, NEXT_TOKEN
+from shardwise.read.guard import refuse_framework_sharding, register_with_torch, torch_worker
+from shardwise.world import World
 
 Example = dict[str, npt.NDArray[Any]]
+Position = tuple[int, int, int]  # (epoch, packing group, bin) of a row
+PLANS_KEPT, BINS_KEPT = 3, 4096
 
 
 def source_identity(source: Any) -> str:
@@ -95,7 +111,7 @@ class PackedSFT(Resumable):
     def __init__(self, records: Sequence[dict[str, Any]], *, seq_len: int,
                  group_size: int = 1024, seed: int | None = None, epochs: int | None = 1,
                  overlong: str | Overlong = Overlong.ERROR, pad_id: int = 0,
-                 window: int | None = None) -> None:
+                 window: int | None = None, world: World | None = None) -> None:
         group_size = renamed("window", window, "group_size", group_size, "PackedSFT",
                              default=1024)
         seq_len = as_count(seq_len, "seq_len", minimum=1, error=ConfigError)
@@ -109,18 +125,27 @@ class PackedSFT(Resumable):
             raise ConfigError(str(e)) from None
         if len(records) == 0:
             raise ConfigError("PackedSFT needs at least one record")
+        self.world = World.resolve(world, reader="PackedSFT")
+        register_with_torch(PackedSFT)  # an IterableDataset, if torch is imported
         self.records = records
         self.seq_len, self.group_size, self.seed, self.epochs = seq_len, group_size, seed, epochs
         self.pad_id = pad_id
         self.num_groups = num_pack_groups(len(records), group_size)
         self._epoch = self._group = self._bin = self._consumed = 0
-        self._cached: tuple[tuple[int, int], PackPlan, list[dict[str, Any]]] | None = None
+        self.pads_served = 0  # padding rows yielded (a finite run's aligned end)
+        # the last plans made (a rank's next row and the state's position may lie in
+        # neighbouring groups), and the rows of the groups crossed lately: with many ranks
+        # one step of R rows spans several groups, which are counted, not re-planned
+        self._plans: dict[tuple[int, int], tuple[PackPlan, list[dict[str, Any]]]] = {}
+        self._bins: dict[tuple[int, int], int] = {}
+        self._counted = (-1, -1)  # the furthest group whose drops are in ``stats``
         self.stats = {"groups": 0, "dropped": 0, "truncated": 0, "truncated_tokens": 0}
 
     def __repr__(self) -> str:
         return (f"PackedSFT({len(self.records):,} records, seq_len={self.seq_len}, "
                 f"group_size={self.group_size}, seed={self.seed}, epochs={self.epochs}, "
-                f"overlong={self.overlong.value!r}, {describe_drops(self.drops())})")
+                f"overlong={self.overlong.value!r}, {self.world}, "
+                f"{describe_drops(self.drops())})")
 
     def drops(self) -> list[Drop]:
         """Records left out and tokens cut in the groups packed so far (``stats``):
@@ -157,8 +182,9 @@ class PackedSFT(Resumable):
 
     def plan(self, epoch: int, g: int) -> tuple[PackPlan, list[dict[str, Any]]]:
         """The packing plan of group ``g`` of ``epoch`` and that group's records."""
-        if self._cached is not None and self._cached[0] == (epoch, g):
-            return self._cached[1], self._cached[2]
+        hit = self._plans.get((epoch, g))
+        if hit is not None:
+            return hit
         positions = self._positions(epoch, g)
         recs = [self.records[int(i)] for i in positions]
         lengths = np.fromiter((self._length(r, int(i)) for r, i in zip(recs, positions,
@@ -173,12 +199,23 @@ class PackedSFT(Resumable):
         seed = None if self.seed is None else derive_seed(self.seed, "sft_pack.bins", epoch)
         plan = pack_group(lengths, self.seq_len, seed=seed, group_index=g,
                           overlong=self.overlong)
-        self._cached = ((epoch, g), plan, recs)
-        self.stats["groups"] += 1
-        self.stats["dropped"] += len(plan.dropped)
-        self.stats["truncated"] += len(plan.truncated)
-        self.stats["truncated_tokens"] += int((lengths[plan.truncated] - self.seq_len).sum())
+        self._plans[(epoch, g)] = (plan, recs)
+        _keep(self._plans, PLANS_KEPT)
+        self._bins[(epoch, g)] = plan.num_bins
+        _keep(self._bins, BINS_KEPT)
+        if (epoch, g) > self._counted:  # each group once, in the order they are read
+            self._counted = (epoch, g)
+            self.stats["groups"] += 1
+            self.stats["dropped"] += len(plan.dropped)
+            self.stats["truncated"] += len(plan.truncated)
+            self.stats["truncated_tokens"] += int((lengths[plan.truncated]
+                                                   - self.seq_len).sum())
         return plan, recs
+
+    def num_bins(self, epoch: int, g: int) -> int:
+        """The rows of group ``g`` of ``epoch`` (planned once while it is remembered)."""
+        n = self._bins.get((epoch, g))
+        return self.plan(epoch, g)[0].num_bins if n is None else n
 
     @staticmethod
     def _length(rec: Any, index: int) -> int:
@@ -212,24 +249,56 @@ class PackedSFT(Resumable):
                 "loss_mask": (labels != IGNORE_INDEX).astype(np.float32),
                 "position_ids": positions, "cu_seqlens": cu}
 
-    def __iter__(self) -> Iterator[Example]:
-        """Continue from the current position (a fresh object starts at row 0)."""
-        empty_groups = 0
-        while self.epochs is None or self._epoch < self.epochs:
-            plan, recs = self.plan(self._epoch, self._group)
-            if self._bin < plan.num_bins:
-                example = self.row(plan, recs, self._bin)
-                self._bin += 1
-                self._consumed += 1
-                empty_groups = 0
-                yield example
-                continue
-            empty_groups += 1
-            if empty_groups > self.num_groups:
+    def pad_row(self) -> Example:
+        """A masked padding row: ``pad_id`` tokens, no target, one segment."""
+        L = self.seq_len
+        return {"input_ids": np.full(L, self.pad_id, dtype=np.int64),
+                "labels": np.full(L, IGNORE_INDEX, dtype=np.int64),
+                "loss_mask": np.zeros(L, dtype=np.float32),
+                "position_ids": np.arange(L, dtype=np.int64),
+                "cu_seqlens": np.asarray([0, L], dtype=np.int32)}
+
+    def advance(self, at: Position, k: int) -> Position | None:
+        """The row ``k`` rows after the row at ``at`` (``k = 0``: ``at`` itself, or the
+        first row after it when ``at`` is past its group's bins); ``None`` past the end of
+        a finite run. Plans the groups it crosses (record lengths only)."""
+        e, g, b = at
+        empty = 0
+        while self.epochs is None or e < self.epochs:
+            bins = self.num_bins(e, g)
+            if b + k < bins:
+                return e, g, b + k
+            k -= max(bins - b, 0)
+            empty = 0 if bins else empty + 1
+            if empty > self.num_groups:
                 raise ConfigError("every record was dropped: there is nothing to pack")
-            self._group, self._bin = self._group + 1, 0
-            if self._group == self.num_groups:
-                self._epoch, self._group = self._epoch + 1, 0
+            e, g, b = (e + 1, 0, 0) if g + 1 == self.num_groups else (e, g + 1, 0)
+        return None
+
+    def __iter__(self) -> Iterator[Example]:
+        """Continue from the current position (a fresh object starts at row 0): this
+        rank's rows of the global order (see the module docs)."""
+        if torch_worker() is not None:
+            raise ConfigError("PackedSFT cannot run in a DataLoader worker process: each "
+                              "worker would serve this rank's rows again and state_dict() "
+                              "could not see their position; use num_workers=0")
+        refuse_framework_sharding("PackedSFT")
+        size = self.world.size
+        while True:
+            mark = self.advance((self._epoch, self._group, self._bin), 0)
+            if mark is None:  # every rank has served the run's last row
+                self._epoch, self._group, self._bin = self.epochs or 0, 0, 0
+                return
+            c = self._consumed  # this rank's row: the first at or after c that it owns
+            mine = self.advance(mark, next(p for p in range(c, c + size)
+                                           if self.world.owns(p)) - c)
+            example = self.pad_row() if mine is None else self.row(
+                *self.plan(*mine[:2]), mine[2])
+            self.pads_served += mine is None
+            after = self.advance(mark, size)
+            self._epoch, self._group, self._bin = after or (self.epochs or 0, 0, 0)
+            self._consumed += size
+            yield example
 
     # -- state --------------------------------------------------------------------------------
     def _position(self) -> tuple[int, dict[str, Any]]:
@@ -258,6 +327,12 @@ class PackedSFT(Resumable):
             if b > bins:
                 raise StateError(f"{where} is past the end of that packing group ({bins} rows); "
                                  "the state was edited or saved from other records")
+
+
+def _keep(d: dict[Any, Any], n: int) -> None:
+    """Forget the oldest entries of ``d`` beyond ``n``."""
+    while len(d) > n:
+        del d[next(iter(d))]
 
 
 __all__ = ["IGNORE_INDEX", "PackedSFT", "source_identity"]

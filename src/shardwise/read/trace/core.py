@@ -7,7 +7,7 @@ is found in O(1)-ish from its position — no replay of the run:
 1. *placement*: which positions of the global order step ``s`` reads, and where —
    the BatchSampler's own ``micro_batch(k)`` for each rank and accumulation step (global
    placement, skip ranges included), the stream rule "rank ``r``'s ``j``-th example is
-   global ``j·R + r``" (stream placement);
+   global ``j·R + r``" (stream placement, and PackedSFT's rows);
 2. *example*: a position → runs of a cache's stored token stream
    (:mod:`~shardwise.read.trace.examples`);
 3. *documents*: runs → pieces (document, offset, tokens) → source file and line
@@ -153,12 +153,12 @@ class Tracer:
         """Rank ``rank``'s micro-batch (``a``-th of its step) of the micro-step at
         position ``q``. Global placement: the BatchSampler's own ``micro_batch`` from
         ``q``; a micro-step its skip list leaves out lists the positions it would have
-        read, status ``skipped``. Stream placement: rank ``r``'s ``j``-th example is
-        global ``j·R + r`` (:func:`~shardwise.plan.stream.rank_example_to_global`); its
-        skip ranges are whole global steps, so a micro-step is skipped whole or not."""
+        read, status ``skipped``. Stream placement and PackedSFT: rank ``r``'s ``j``-th
+        example is global ``j·R + r`` (:func:`~shardwise.plan.stream.rank_example_to_global`);
+        its skip ranges are whole global steps, so a micro-step is skipped whole or not."""
         c = self.config
         m, W = c.micro_batch_size, c.world_size
-        if c.reader is ReaderKind.STREAM:
+        if c.reader in (ReaderKind.STREAM, ReaderKind.SFT):  # readers that place themselves
             j0 = q // W
             status = "skipped" if skipped_in(c.skip_examples(), q, q + m * W) else "data"
             return [(int(rank_example_to_global(j0 + row, rank, W)), rank, a, row, status)

@@ -1,0 +1,178 @@
+"""One rank of the placement matrix under torchrun (gloo, CPU), for test_placement_matrix.py.
+
+argv: spec.json, naming the integrations (all of them run in this one launch). Every
+reader of ``_placement.READERS`` is read through each as a user would, ``world=`` left
+out; the rank records the ``input_ids`` of each micro-batch it trained on
+(``<integration>/<reader>.r<rank>.npy``: micro-steps × micro batch × seq_len). Under the
+Trainer it also evaluates each reader's eval form and records, on rank 0, the rows
+``compute_metrics`` and ``predict`` received.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _placement import (
+    ACCUMULATION,
+    EVAL_MICRO,
+    GLOBAL,
+    MICRO,
+    READERS,
+    SFT_LEN,
+    STEPS,
+    VOCAB,
+    packed_sft,
+)
+
+import shardwise as sw  # noqa: E402
+from shardwise.torch import collate  # noqa: E402
+
+
+def _model() -> Any:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=SFT_LEN, n_embd=16,
+                                      n_layer=2, n_head=2))
+
+
+def _micro_batches(name: str, ds: Any, integration: str, collate: Any = collate) -> Any:
+    """The loader a user writes for ``integration`` (accelerate: the torch one, iterated
+    outside ``prepare``, as the README says)."""
+    from torch.utils.data import DataLoader
+
+    if integration == "torchdata":
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        from shardwise.torchdata import batch_sampler
+        if READERS[name].iterable:
+            return StatefulDataLoader(ds, batch_size=MICRO, collate_fn=collate)
+        bs = batch_sampler(ds, global_batch_size=GLOBAL, micro_batch_size=MICRO)
+        return StatefulDataLoader(ds, batch_sampler=bs, collate_fn=collate)
+    if READERS[name].iterable:
+        return DataLoader(ds, batch_size=MICRO, collate_fn=collate)
+    from shardwise.torch import loader
+    return loader(ds, global_batch_size=GLOBAL, micro_batch_size=MICRO, collate_fn=collate)
+
+
+def read(spec: dict[str, Any], integration: str) -> dict[str, np.ndarray]:
+    """torch / torchdata / accelerate: ``STEPS × ACCUMULATION`` micro-batches per reader
+    (accelerate: each trains a micro-step under ``accelerator.accumulate``)."""
+    acc = model = opt = None
+    collate_fn = collate
+    if integration == "accelerate":
+        from accelerate import Accelerator
+
+        from shardwise.hf import collate as collate_fn
+        acc = Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATION)
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        model, opt = acc.prepare(model, opt)
+    elif not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo")
+    seen = {}
+    for name, reader in READERS.items():
+        rows = []
+        ds = reader.make(spec["data"], True)
+        fn = collate_fn
+        if acc is not None and getattr(ds, "label_convention", None) != "next_token":
+            from transformers import default_data_collator as fn  # records: HF's labels
+        for batch in _micro_batches(name, ds, integration, fn):
+            rows.append(batch["input_ids"].numpy().copy())
+            if acc is not None:
+                with acc.accumulate(model):
+                    acc.backward(model(**batch).loss)
+                    opt.step()
+                    opt.zero_grad()
+            if len(rows) == STEPS * ACCUMULATION:
+                break
+        seen[name] = np.stack(rows)
+    return seen
+
+
+def trainer(spec: dict[str, Any]) -> dict[str, np.ndarray]:
+    """ShardwiseTrainer: train ``STEPS`` steps on each reader, then evaluate and predict
+    its eval form; rank 0 records what compute_metrics and predict received."""
+    from transformers import TrainingArguments
+
+    from shardwise.hf import ShardwiseTrainer
+
+    class Recording(ShardwiseTrainer):
+        def compute_loss(self, model: Any, inputs: dict[str, Any], **kwargs: Any) -> Any:
+            self.seen.append(inputs["input_ids"].numpy().copy())
+            return super().compute_loss(model, inputs, **kwargs)
+
+    metric_rows: list[np.ndarray] = []
+
+    def metrics(p: Any) -> dict[str, float]:
+        metric_rows.append(np.asarray(p.inputs))
+        assert len(p.inputs) == len(p.label_ids) == len(p.predictions)
+        return {"rows": float(len(p.inputs))}
+
+    out, rank = {}, int(os.environ["RANK"])
+    for name, reader in READERS.items():
+        args = TrainingArguments(
+            output_dir=str(Path(spec["record"]) / f"out-{name}"),
+            per_device_train_batch_size=MICRO, gradient_accumulation_steps=ACCUMULATION,
+            per_device_eval_batch_size=EVAL_MICRO, max_steps=STEPS, save_strategy="no",
+            learning_rate=1e-3, report_to=[], use_cpu=True, ddp_backend="gloo",
+            disable_tqdm=True, dataloader_num_workers=0, include_for_metrics=["inputs"],
+            logging_strategy="no", seed=0)
+        t = Recording(model=_model(), args=args, train_dataset=reader.make(spec["data"], True),
+                      compute_metrics=metrics,
+                      preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1))
+        t.seen = []
+        t.train()
+        out[name] = np.stack(t.seen)
+        if reader.eval:
+            metric_rows.clear()
+            t.evaluate(reader.make(spec["data"], False))
+            evaluated = np.concatenate(metric_rows)
+            pred = t.predict(reader.make(spec["data"], False))
+            if rank == 0:
+                out[f"{name}.metrics"] = evaluated
+                out[f"{name}.predict"] = np.asarray(pred.predictions)
+                out[f"{name}.predict_labels"] = np.asarray(pred.label_ids)
+    # a reader made for another world than the Trainer's is refused, naming the fix
+    try:
+        Recording(model=_model(), args=args,
+                  train_dataset=packed_sft(spec["data"], True, world=sw.World.single())
+                  ).get_train_dataloader()
+        refused = "not refused"
+    except Exception as e:  # the test names what was raised, if not the refusal
+        refused = f"{type(e).__name__}: {e}"
+    Path(spec["record"], f"refused.r{rank}.txt").write_text(refused)
+    return out
+
+
+def main(spec: dict[str, Any]) -> None:
+    """Every integration of the spec in turn, each recording into its own directory; one
+    that raises records its traceback there and the next one still runs."""
+    rank = int(os.environ["RANK"])
+    for integration in spec["integrations"]:
+        record = Path(spec["record"]) / integration
+        record.mkdir(exist_ok=True)
+        one = {**spec, "record": str(record)}
+        try:
+            seen = trainer(one) if integration == "trainer" else read(one, integration)
+        except Exception:
+            (record / f"error.r{rank}.txt").write_text(traceback.format_exc())
+            continue
+        for key, rows in seen.items():
+            np.save(record / f"{key}.r{rank}.npy", rows)
+
+
+if __name__ == "__main__":
+    main(json.loads(Path(sys.argv[1]).read_text()))
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
