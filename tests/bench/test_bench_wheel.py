@@ -29,6 +29,7 @@ def venv_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
                    check=True)
     python = tmp / "venv" / "bin" / "python"
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                    "--ignore-installed",
                     str(wheel)], check=True)
     return python
 
