@@ -94,13 +94,24 @@ def hf(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> dict[s
     return out
 
 
+def _row_order(out: Path) -> list[list[int]]:
+    """A cache's documents in the order of their rows: source by source (the cache
+    itself takes the sources' chunks round robin)."""
+    cache = sw.open_cache(out)
+    docs = iter(cache_documents(cache))
+    by_source: dict[int, list[list[int]]] = {}
+    for chunk in cache.chunks:
+        by_source.setdefault(chunk.source, []).extend(next(docs) for _ in range(chunk.documents))
+    return [d for s in sorted(by_source) for d in by_source[s]]
+
+
 def _docs(hf: dict[str, Any], sources: Any, out: Path, **kw: Any) -> list[list[int]]:
     build(sources, out, tokenizer=hf["tok"], **{**ARGS, **kw})
-    return cache_documents(out)
+    return _row_order(out)
 
 
 def _arrow_files(hf: dict[str, Any]) -> list[Path]:
-    files = sorted(hf["saved"].glob("*.arrow"))
+    files = sorted(hf["saved"].glob("data-*.arrow"))
     assert len(files) > 1  # save_to_disk really sharded it
     return files
 
@@ -112,8 +123,8 @@ def test_a_save_to_disk_folder_builds_the_rows(hf: dict[str, Any], tmp_path: Pat
 
 
 def test_arrow_files_and_a_glob_of_them(hf: dict[str, Any], tmp_path: Path) -> None:
-    assert _docs(hf, _arrow_files(hf), tmp_path / "files") == hf["ref"]
-    assert _docs(hf, str(hf["saved"] / "*.arrow"), tmp_path / "glob") == hf["ref"]
+    assert _docs(hf, _arrow_files(hf), tmp_path / "files", workers=2) == hf["ref"]
+    assert _docs(hf, str(hf["saved"] / "data-*.arrow"), tmp_path / "glob") == hf["ref"]
     ledger = json.loads((tmp_path / "files" / "ledger.json").read_bytes())
     assert sum(len(s["segments"]) for s in ledger["sources"]) > len(_arrow_files(hf))
 
@@ -127,8 +138,14 @@ def test_a_datasets_object(hf: dict[str, Any], tmp_path: Path) -> None:
     in_memory = datasets.Dataset.from_dict({"text": hf["texts"]})
     with pytest.raises(ConfigError, match="save_to_disk"):
         build(in_memory, tmp_path / "m", tokenizer=hf["tok"], **ARGS)
+    extra = datasets.Dataset.from_dict({"text": ["x"], "meta": [{"body": "b", "n": 0}]},
+                                       features=loaded.features)
+    partly = datasets.concatenate_datasets([loaded, extra])  # a row only in memory
+    with pytest.raises(ConfigError, match=r"61 rows.*hold 60"):
+        build(partly, tmp_path / "p", tokenizer=hf["tok"], **ARGS)
     with pytest.raises(ConfigError, match="flatten_indices"):
-        build(loaded.shuffle(seed=1), tmp_path / "s", tokenizer=hf["tok"], **ARGS)
+        build(loaded.shuffle(seed=1, keep_in_memory=True), tmp_path / "s",
+              tokenizer=hf["tok"], **ARGS)
 
 
 def test_the_datasets_cache_folder(hf: dict[str, Any], tmp_path: Path) -> None:
@@ -160,7 +177,7 @@ def test_the_cli_builds_a_saved_folder_with_a_dotted_key(hf: dict[str, Any], tmp
                          hf["tok"], "--text-key", "meta.body", "--chunk-docs", "8",
                          "--append-eod", "--workers", "1", "--no-progress")
     assert code == 0, err
-    assert cache_documents(tmp_path / "c") == hf["body_ref"]
+    assert _row_order(tmp_path / "c") == hf["body_ref"]
 
 
 def test_dotted_keys_reach_nested_json_and_parquet_structs(hf: dict[str, Any],
@@ -211,11 +228,12 @@ def test_an_interrupted_arrow_build_resumes_to_the_same_bytes(hf: dict[str, Any]
     """What a killed build leaves: every segment's ledger entry stops after its first
     chunk (the chunks after it were published or not); the rerun reads each Arrow file
     from the row the ledger names."""
+    args = {**ARGS, "chunk_docs": 3, "segment_bytes": 1 << 20}  # a segment per file
     full = tmp_path / "full"
-    build(hf["saved"], full, tokenizer=hf["tok"], **ARGS)
+    build(hf["saved"], full, tokenizer=hf["tok"], **args)
     part = tmp_path / "part"
     shutil.copytree(full, part)
-    ledger = Ledger.load(str(part))
+    ledger = Ledger.load(part)
     cache = sw.open_cache(part)
     cut = 0
     for src in ledger.sources:
@@ -226,9 +244,10 @@ def test_an_interrupted_arrow_build_resumes_to_the_same_bytes(hf: dict[str, Any]
                 seg.chunks, seg.finished = seg.chunks[:1], False
                 cut += 1
     assert cut > 1
-    ledger.save(str(part))
+    ledger.save(part)
     (part / "ledger.index").unlink(missing_ok=True)
-    build(hf["saved"], part, tokenizer=hf["tok"], **ARGS)
+    summary = build(hf["saved"], part, tokenizer=hf["tok"], **args)
+    assert summary.new_chunks > cut
     assert_same_cache(full, part)
 
 
