@@ -251,16 +251,16 @@ def test_an_interrupted_arrow_build_resumes_to_the_same_bytes(hf: dict[str, Any]
     assert_same_cache(full, part)
 
 
-def test_trace_names_an_arrow_row(hf: dict[str, Any], tmp_path: Path) -> None:
+def test_trace_names_an_arrow_row(hf: dict[str, Any], tmp_path: Path, cli: Any) -> None:
     from tokenizers import Tokenizer
 
     from shardwise.read.config import ReadConfig
     from shardwise.read.trace import Tracer
 
     build(hf["saved"], tmp_path / "c", tokenizer=hf["tok"], **ARGS)
-    cfg = ReadConfig.from_dict({"cache": str(tmp_path / "c"), "seq_len": 24, "seed": 3,
-                                "global_batch_size": 4, "micro_batch_size": 2,
-                                "world_size": 2})
+    raw = {"cache": str(tmp_path / "c"), "seq_len": 24, "seed": 3, "global_batch_size": 4,
+           "micro_batch_size": 2, "world_size": 2}
+    cfg = ReadConfig.from_dict(raw)
     tok = Tokenizer.from_file(str(hf["tok"]))
     eod = sw.open_cache(tmp_path / "c").eod_id
     rows = {f.name: pa.ipc.open_stream(f.read_bytes()).read_all().column("text").to_pylist()
@@ -277,3 +277,7 @@ def test_trace_names_an_arrow_row(hf: dict[str, Any], tmp_path: Path) -> None:
                 assert p.ids == doc[p.doc_offset: p.doc_offset + p.tokens]
                 named += 1
     assert named > 0
+    (tmp_path / "read.json").write_text(json.dumps(raw))
+    code, out, err = cli("trace", tmp_path / "read.json", "--step", "1")
+    assert code == 0, err
+    assert f"{hf['saved']}/data-0000" in out and ".arrow row " in out

@@ -92,7 +92,7 @@ def _folder(p: Path) -> list[str]:
     if laid_out is not None:
         return laid_out
     files = [f for f in sorted(p.rglob("*")) if f.is_file()]
-    nested = hf.nested_folders(files)
+    nested = [n for n in hf.nested_folders(files) if n != str(p)]
     if nested:
         raise ConfigError(f"{p}: holds Hugging Face dataset folders {nested[:5]}; pass one "
                           "of them (a build reads one dataset split)")

@@ -29,9 +29,9 @@ import orjson
 
 from shardwise.errors import ConfigError
 
-METADATA = frozenset({"dataset_info.json", "dataset_infos.json", "state.json",
-                      "dataset_dict.json"})
-"""JSON files of ``datasets``' own, never data (a pretty-printed one is not JSON lines)."""
+METADATA = frozenset({"dataset_info.json", "dataset_infos.json", "dataset_dict.json"})
+"""JSON files of ``datasets``' own, never data (a pretty-printed one is not JSON lines);
+``state.json`` is one only beside ``dataset_info.json`` (a save_to_disk folder)."""
 
 SPLIT_WORDS = {"train": ("train", "training"),
                "validation": ("validation", "valid", "val", "dev"),
@@ -43,7 +43,7 @@ def folder_files(folder: Path) -> list[str] | None:
     """The data files of a Hugging Face folder in row order, or None if it is none."""
     if (folder / "dataset_dict.json").is_file():
         raise ConfigError(_dataset_dict_message(folder))
-    if (folder / "state.json").is_file():
+    if (folder / "state.json").is_file() and (folder / "dataset_info.json").is_file():
         return _saved_files(folder)
     if (folder / "dataset_info.json").is_file() and any(folder.glob("*.arrow")):
         return _split_files(folder, _cache_splits(folder))
@@ -154,7 +154,7 @@ def nested_folders(files: Iterable[Path]) -> list[str]:
     holding their metadata, and hub cache entries), for an error that names them."""
     out: set[str] = set()
     for f in files:
-        if f.name in METADATA:
+        if f.name in ("dataset_info.json", "dataset_dict.json"):
             out.add(str(f.parent))
         hub = next((p for p in f.parents if p.name.startswith("datasets--")), None)
         if hub is not None:
@@ -201,6 +201,7 @@ def describe_folder(folder: Path, files: list[Path]) -> str:
     for f in files:
         compressed = len(f.suffixes) > 1 and f.suffix.lower() in (".gz", ".zst", ".bz2", ".xz")
         key = ("".join(f.suffixes[-2:]) if compressed else f.suffix).lower() or "(no suffix)"
+        key = f"{key} ({f.name}, datasets' metadata)" if f.name in METADATA else key
         counts[key] = counts.get(key, 0) + 1
     held = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "nothing"
     return f"{folder}: holds {held} files and no source shardwise reads; accepted: {ACCEPTED}"
