@@ -86,6 +86,8 @@ def hf(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> dict[s
     out["hub2"] = _hub_repo(d / "hub2", {"data/train-00000-of-00001.parquet": parquet,
                                          "data/test-00000-of-00001.parquet":
                                              (d / "test.parquet").read_bytes()})
+    out["hub_arrow"] = _hub_repo(d / "hub3", {
+        f"train/{f.name}": f.read_bytes() for f in sorted((d / "saved").glob("data-*.arrow"))})
     build([write_jsonl(d / "ref.jsonl", texts)], d / "ref", tokenizer=tokenizer_path, **ARGS)
     build([write_jsonl(d / "body.jsonl", bodies)], d / "body", tokenizer=tokenizer_path,
           **ARGS)
@@ -166,6 +168,7 @@ def test_a_cache_root_names_the_dataset_folder_inside(hf: dict[str, Any],
 def test_a_hub_cache_snapshot(hf: dict[str, Any], tmp_path: Path) -> None:
     assert _docs(hf, hf["hub"], tmp_path / "repo") == hf["ref"]
     assert _docs(hf, hf["hub"] / "snapshots" / SHA, tmp_path / "snap") == hf["ref"]
+    assert _docs(hf, hf["hub_arrow"], tmp_path / "arrow") == hf["ref"]
     with pytest.raises(ConfigError, match=r"(?s)train.*test|test.*train") as e:
         build(hf["hub2"], tmp_path / "two", tokenizer=hf["tok"], **ARGS)
     assert "train-00000-of-00001.parquet" in str(e.value)
