@@ -284,3 +284,18 @@ def test_trace_names_an_arrow_row(hf: dict[str, Any], tmp_path: Path, cli: Any) 
     code, out, err = cli("trace", tmp_path / "read.json", "--step", "1")
     assert code == 0, err
     assert f"{hf['saved']}/data-0000" in out and ".arrow row " in out
+
+
+@pytest.mark.parametrize(("start", "stop"), [(0, -1), (2999, 3001), (4095, 9000), (9999, -1),
+                                             (10_000, -1), (0, 0), (5000, 9097)])
+def test_arrow_rows_from_any_position(tmp_path: Path, start: int, stop: int) -> None:
+    """Rows [start, stop) of a file of batches of 3000 (sliced 4096 at a time)."""
+    from shardwise.sources.arrow import arrow_rows, iter_arrow
+
+    table = pa.table({"i": list(range(10_000))})
+    with pa.ipc.new_stream(str(tmp_path / "x.arrow"), table.schema) as w:
+        w.write_table(table, max_chunksize=3000)
+    got = list(iter_arrow(str(tmp_path / "x.arrow"), start, stop))
+    assert [r for _, r in got] == list(range(start, 10_000 if stop < 0 else stop))
+    assert all(rec == {"i": r} for rec, r in got)
+    assert arrow_rows(str(tmp_path / "x.arrow")) == 10_000

@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+SLICE_ROWS = 4096
+"""Rows turned into Python objects at once (Parquet's reader reads 4096 at a time too)."""
+
 
 def arrow_batches(path: str, columns: list[str] | None = None) -> Iterator[Any]:
     """The record batches of one Arrow IPC file (stream or file format), in order;
@@ -59,9 +62,10 @@ def iter_arrow(path: str, position: int, stop: int = -1, columns: list[str] | No
             continue
         if 0 <= stop <= row:
             return
-        skip = max(0, position - row)
-        take = n - skip if stop < 0 else min(n, stop - row) - skip
-        for rec in batch.slice(skip, take).to_pylist():
-            yield rec, row + skip
-            skip += 1
+        at = max(0, position - row)
+        end = n if stop < 0 else min(n, stop - row)
+        while at < end:  # a few thousand rows at a time: one batch may hold a whole file
+            for rec in batch.slice(at, min(SLICE_ROWS, end - at)).to_pylist():
+                yield rec, row + at
+                at += 1
         row += n
