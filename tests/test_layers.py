@@ -6,6 +6,7 @@
     format  world  checkpoint  choice  concurrency   (bytes; the world; the protocol; option enums;
     chart                                             background threads, processes, polling;
                                                       text and SVG charts)
+    remote                                           (the object-store client, its fault policy)
     storage  sources  plan                           (where caches live; source files; pure plans)
     writer   read                                    (sources -> cache; cache -> examples)
     integrations  compat  testing                    (frameworks; seed systems' names; contracts)
@@ -33,6 +34,7 @@ import shardwise
 LAYERS = [
     {"errors", "_version"},
     {"format", "world", "checkpoint", "choice", "concurrency", "chart"},
+    {"remote"},
     {"storage", "sources", "plan"},
     {"writer", "read"},
     {"integrations", "compat", "testing"},

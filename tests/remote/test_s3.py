@@ -362,7 +362,7 @@ def test_a_chunk_and_its_metadata_come_in_one_round_trip(built: tuple[str, Path]
                                                          ) -> None:
     """A .bin whose metadata this process has not read yet is asked for together with it
     (one request batch, no request of its own), and equals the local chunk."""
-    from shardwise.storage.remote import RemoteStore
+    from shardwise.remote.client import RemoteStore
 
     url, local = built
     calls: list[list[str]] = []
@@ -407,3 +407,17 @@ def test_reader_names_damaged_or_missing_metadata(built: tuple[str, Path],
     assert cache.downloads is not None
     assert not list(cache.downloads.dir.rglob("*.bin"))  # nothing published locally
     cache.close()
+
+
+def test_gather_from_a_bucket_equals_gather_from_a_directory(built: tuple[str, Path],
+                                                              tmp_path: Path) -> None:
+    url, local = built
+    here = sw.open_cache(local)
+    there = sw.open_cache(url, local_dir=tmp_path / "dl")
+    rng = np.random.default_rng(4)
+    tokens = here.chunks.columns.tokens
+    chunk = rng.integers(0, len(tokens), 50)
+    offset = rng.integers(0, tokens[chunk])
+    runs = (chunk, offset, rng.integers(0, tokens[chunk] - offset + 1))
+    np.testing.assert_array_equal(there.gather(runs), here.gather(runs))
+    assert set(there.opened) == set(here.opened)

@@ -36,8 +36,8 @@ def check_counts(args: argparse.Namespace, **minimums: int) -> None:
 
 def add_inputs(p: argparse.ArgumentParser, *, corpus: str, tokenizer: str = "tokenizer.json"
                ) -> None:
-    """``--corpus`` and ``--tokenizer``, defaulting to the repository's bundled sample."""
+    """``--corpus`` and ``--tokenizer``, defaulting to the bundled sample (package data)."""
     p.add_argument("--corpus", default=None, metavar="FILE",
-                   help=f"{corpus} (default: the repository's sample/corpus.jsonl)")
+                   help=f"{corpus} (default: the bundled sample corpus)")
     p.add_argument("--tokenizer", default=None, metavar="FILE",
-                   help=f"{tokenizer} (default: the repository's sample/tokenizer.json)")
+                   help=f"{tokenizer} (default: the bundled sample tokenizer)")

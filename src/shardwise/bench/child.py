@@ -5,11 +5,23 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from shardwise.errors import ConfigError
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This environment plus ``extra``, with the directory this ``shardwise`` package was
+    imported from first on ``PYTHONPATH``: a child measures the same code as its parent
+    (a checkout's ``src/``, a worktree's, or an installed wheel's site-packages)."""
+    here = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, **extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    return env
 
 
 def run_child(code: str, *argv: object, env: dict[str, str] | None = None,
@@ -49,4 +61,4 @@ def memory_mb() -> dict[str, float]:
 MEMORY_CODE = inspect.getsource(memory_mb).replace(" -> dict[str, float]", "")
 """:func:`memory_mb` as source, for the code of a child that must not import shardwise."""
 
-__all__ = ["MEMORY_CODE", "memory_mb", "run_child"]
+__all__ = ["MEMORY_CODE", "child_env", "memory_mb", "run_child"]

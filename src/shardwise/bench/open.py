@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 
 from shardwise.bench import add_common
-from shardwise.bench.child import memory_mb, run_child
+from shardwise.bench.child import child_env, memory_mb, run_child
 from shardwise.errors import ConfigError
 
 PROBES = ("token", "stream", "inspect", "verify")
@@ -94,11 +94,8 @@ def _child_main(spec: dict[str, Any]) -> None:
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     code = ("import sys, json; from shardwise.bench.open import _child_main; "
             "_child_main(json.loads(sys.argv[1]))")
-    package_parent = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH"))
-                                        if p)
-    return run_child(code, json.dumps(spec), env=env, what=f"the {spec['probe']} run")
+    return run_child(code, json.dumps(spec), env=child_env(OMP_NUM_THREADS="1"),
+                     what=f"the {spec['probe']} run")
 
 
 def synthesise(root: Path, chunks: int, log: Any) -> dict[str, Any]:

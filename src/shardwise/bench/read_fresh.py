@@ -10,14 +10,13 @@ helps.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from shardwise.bench.child import MEMORY_CODE, run_child
+from shardwise.bench.child import MEMORY_CODE, child_env, run_child
 
 CLOCKS = {"wall": "perf_counter", "cpu": "process_time"}
 
@@ -111,10 +110,7 @@ print(json.dumps({**memory_mb(), "after_import": before}))
 def probe(code: str, *argv: object, clock: str = "wall") -> dict[str, Any]:
     """Run ``code`` in a fresh interpreter; its last line of output, parsed as JSON."""
     code = code.replace("time.perf_counter()", f"time.{CLOCKS[clock]}()")
-    package_parent = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-    return run_child(code, *argv, env=env)
+    return run_child(code, *argv, env=child_env())
 
 
 def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -222,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
     source = Path(args.corpus) if args.corpus else (sample / "corpus.jsonl" if sample else None)
     if source is None or not source.is_file():
         raise ConfigError("pass --corpus FILE (a JSONL file with 'id' and 'text' fields): "
-                          "the bundled sample is not found next to this install")
+                          "the bundled sample is missing from this install")
     with_hf = not args.no_hf and importlib.util.find_spec("datasets") is not None
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
     with tempfile.TemporaryDirectory(prefix="shardwise-bench-", dir=args.tmp_dir) as tmp:

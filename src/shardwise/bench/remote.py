@@ -151,7 +151,7 @@ def store_bandwidth(url: str, port: int, rounds: int) -> float:
     """Bytes/s the server alone (no proxy, no loader) serves the cache's chunk files, four
     GETs at once (the best of ``rounds`` reads of all of them): the most any remote path
     of this machine can reach, whatever the loader does."""
-    from shardwise.storage.remote import RemoteStore
+    from shardwise.remote.client import RemoteStore
 
     store = RemoteStore(url, _store_options(port))
     keys = [k for k in store.list_keys() if k.endswith(".bin")]

@@ -27,11 +27,9 @@ class Corpus:
 
 
 def sample_dir() -> Path | None:
-    """``sample/`` of the source tree this package runs from (an editable install), if any."""
-    import shardwise
-
-    repo = Path(shardwise.__file__).resolve().parents[2]  # src/shardwise/__init__.py
-    d = repo / "sample"
+    """The bundled sample (``shardwise/bench/sample/``: package data, so a wheel has it; the
+    repository's ``sample/`` is a link to it), if this install has it."""
+    d = Path(__file__).resolve().parent / "sample"
     return d if (d / "corpus.jsonl").is_file() and (d / "tokenizer.json").is_file() else None
 
 
@@ -41,10 +39,9 @@ def resolve_inputs(corpus: str | None, tokenizer: str | None) -> tuple[Path, Pat
     if sample is None and (corpus is None or tokenizer is None):
         missing = " and ".join(f"--{n} FILE" for n, v in (("corpus", corpus),
                                                            ("tokenizer", tokenizer)) if v is None)
-        raise ConfigError("the bundled sample (sample/corpus.jsonl, sample/tokenizer.json in "
-                          "the shardwise source tree) is not found: this install has no "
-                          f"repository next to it; pass {missing} (a JSONL file with a "
-                          "'text' field, a tokenizer.json)")
+        raise ConfigError("the bundled sample (shardwise/bench/sample/corpus.jsonl and "
+                          "tokenizer.json, package data) is missing from this install; pass "
+                          f"{missing} (a JSONL file with a 'text' field, a tokenizer.json)")
     paths = (Path(corpus) if corpus else Path(sample or ".", "corpus.jsonl"),
              Path(tokenizer) if tokenizer else Path(sample or ".", "tokenizer.json"))
     for what, p in zip(("corpus", "tokenizer"), paths, strict=True):

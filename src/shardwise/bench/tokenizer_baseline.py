@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shardwise.bench.child import child_env
 from shardwise.bench.text_corpus import Corpus
 from shardwise.errors import ShardwiseError
 
@@ -53,9 +54,7 @@ def _child_main(corpus: str, tokenizer: str, part: int, parts: int) -> None:
 
 def _tokenizer_processes(corpus: Corpus, tokenizer: Path, parts: int) -> list[Any]:
     """Start ``parts`` baseline processes and wait until each has loaded its texts."""
-    package_parent = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, **_SINGLE_THREAD_ENV)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    env = child_env(**_SINGLE_THREAD_ENV)
     code = ("import sys; from shardwise.bench.tokenizer_baseline import _child_main; "
             "_child_main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(corpus.path), str(tokenizer),

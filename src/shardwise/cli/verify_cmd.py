@@ -17,7 +17,7 @@ import orjson
 from shardwise.errors import ConfigError, ManifestError
 from shardwise.format.ledger_index import INDEX_NAME
 from shardwise.format.manifest import MANIFEST_NAME, Manifest
-from shardwise.storage.remote import is_url, open_root
+from shardwise.remote.client import is_url, open_root
 from shardwise.storage.verify import VerifyReport, verify_cache, verify_megatron, verify_remote
 from shardwise.storage.verify_quick import verify_quick
 from shardwise.writer.convert import IMPORT_KIND

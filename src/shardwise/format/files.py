@@ -3,7 +3,7 @@ interface, so this layer never imports fsspec.
 
 A local directory keeps the exact publication protocol of :mod:`shardwise.format.atomic`
 (temp name, fsync, rename). Anything else is an :class:`ObjectStore` (implemented by
-:class:`shardwise.storage.remote.RemoteStore`): whole objects, one PUT each. Keys named by a
+:class:`shardwise.remote.client.RemoteStore`): whole objects, one PUT each. Keys named by a
 cache are relative and never leave it (:func:`check_key`).
 """
 

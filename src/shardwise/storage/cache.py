@@ -43,12 +43,13 @@ from shardwise.format.ledger_index import ChunkColumns, SourceTotals
 from shardwise.format.manifest import Manifest
 from shardwise.format.megatron import MegatronIndex, open_bin, read_idx
 from shardwise.format.paths import safe_join
+from shardwise.remote.client import RemoteStore
 from shardwise.storage import chunk_fetch, open_maps
 from shardwise.storage.chunk_table import ChunkInfo, ChunkTable
 from shardwise.storage.download import DownloadDir
 from shardwise.storage.integrity import CacheChecks
 from shardwise.storage.prefetch import Prefetcher
-from shardwise.storage.remote import RemoteStore
+from shardwise.storage.store import Runs, gather_runs
 
 _T = TypeVar("_T")
 
@@ -347,6 +348,17 @@ class Cache:
         d["_threads"], d["_ahead"] = None, None
         d["_maps"], d["_indexes"] = OrderedDict(), OrderedDict()
         return d
+
+    def gather(self, runs: Runs | tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike]
+               ) -> npt.NDArray[np.generic]:
+        """The tokens of ``runs`` (columns ``chunk, offset, length``: see
+        :mod:`shardwise.storage.store`) concatenated in order, in the cache's dtype, their
+        ids checked against the vocabulary: the one call a reader makes per batch."""
+        runs = Runs.of(runs)
+        runs.check(self.chunks.columns.tokens, self.location)
+        out = gather_runs(self.tokens, runs, self.dtype)
+        self.checks.batch_ids(out, runs.stream_offset(self.cum_tokens))
+        return out
 
     def doc_lengths(self, i: int) -> npt.NDArray[np.integer]:
         return self.index(i).document_lengths

@@ -29,7 +29,7 @@ from shardwise.format.chunk import DATA_SUFFIXES, META_SUFFIX, ChunkKind, ChunkM
 from shardwise.format.ledger import ChunkEntry
 from shardwise.format.megatron import MegatronIndex, check_index, first_bad_id, open_bin, read_idx
 from shardwise.format.paths import safe_join
-from shardwise.storage.remote import RemoteStore
+from shardwise.remote.client import RemoteStore
 from shardwise.storage.verify_report import Problem, VerifyReport, strip_advice
 from shardwise.storage.verify_report import with_suffix as _with
 

@@ -47,7 +47,7 @@ from shardwise.concurrency.poll import check_wait_args, wait_until
 from shardwise.errors import CacheError, ConfigError, CorruptChunkError
 from shardwise.format.atomic import TMP_PREFIX, temp_path
 from shardwise.format.files import check_key
-from shardwise.storage.remote import SMALL_END, RemoteStore
+from shardwise.remote.client import SMALL_END, RemoteStore
 
 CLAIM_PREFIX = ".claim-"
 LOCK_NAME = ".lock"

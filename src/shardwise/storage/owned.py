@@ -24,7 +24,7 @@ from shardwise.errors import ConfigError
 from shardwise.format.ledger import LEDGER_NAME
 from shardwise.format.ledger_index import INDEX_NAME
 from shardwise.format.manifest import MANIFEST_NAME
-from shardwise.storage.remote import RemoteStore
+from shardwise.remote.client import RemoteStore
 
 PLANS_DIR = ".shardwise-plans"
 _TEMP = r"(?:\.tmp-|\.claim-)[^/]*"

@@ -25,11 +25,11 @@ from shardwise.format.manifest import (
     TokenizerInfo,
 )
 from shardwise.format.megatron import token_dtype
+from shardwise.remote.client import open_root
 from shardwise.sources.discovery import describe, discover
 from shardwise.sources.on_error import OnError
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES
 from shardwise.storage.chunk_check import CheckDepth
-from shardwise.storage.remote import open_root
 from shardwise.writer.config import ChunkPolicy
 from shardwise.writer.executor import LocalExecutor
 from shardwise.writer.processors import (
@@ -196,7 +196,7 @@ def build(sources: Sequence[str | os.PathLike[str] | Any] | Any, out: str | os.P
     ``address``, or a local Ray: :mod:`shardwise.writer.ray_executor`), or an executor
     object, which the caller closes. ``out`` may be a URL (``s3://bucket/prefix``, anything
     fsspec speaks): chunks are uploaded whole before the ledger names them
-    (:mod:`shardwise.storage.remote`), with credentials from the environment or
+    (:mod:`shardwise.remote.client`), with credentials from the environment or
     ``storage_options`` (never stored). An object store has no lock: run **one build per
     cache URL at a time** (a local directory is locked against a second build).
 

@@ -24,10 +24,10 @@ from shardwise.format.chunk import (
 )
 from shardwise.format.ledger import ChunkEntry, Segment
 from shardwise.format.manifest import SourceInfo
+from shardwise.remote.client import open_root
 from shardwise.sources.discovery import SourceFormat
 from shardwise.sources.on_error import OnError
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES, Located, iter_records, relocate
-from shardwise.storage.remote import open_root
 from shardwise.writer.config import ChunkPolicy
 from shardwise.writer.processors import Processor
 

@@ -1,0 +1,9 @@
+"""Object stores (``s3://``, ``gs://``, ``az://``, ``memory://``…): the one client every
+layer above reaches them through — the cache's storage, bucket sources, the build's
+writers — with one fault policy (timeouts, bounded retries). Its own layer, between
+``format`` (whose small ``ObjectStore`` interface it implements) and ``storage`` /
+``sources``."""
+
+from shardwise.remote.client import RemoteStore, is_url, open_root
+
+__all__ = ["RemoteStore", "is_url", "open_root"]

@@ -1,0 +1,79 @@
+"""``Cache.gather(runs)``: the tokens of runs ``(chunk, offset, length)`` concatenated —
+the one call a reader makes per batch (storage/store.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests.cachefactory import make_cache, sample_docs
+
+import shardwise as sw
+from shardwise.errors import ConfigError, CorruptChunkError
+from shardwise.storage.store import FEW_RUNS, Runs
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_cache(tmp_path_factory.mktemp("gather") / "cache",
+                      [sample_docs(60, seed=5, vocab_size=500)], chunk_docs=6,
+                      vocab_size=500)
+
+
+def _random_runs(cache: sw.Cache, n: int, seed: int) -> Runs:
+    rng = np.random.default_rng(seed)
+    tokens = cache.chunks.columns.tokens
+    chunk = rng.integers(0, len(tokens), n)
+    offset = rng.integers(0, tokens[chunk])
+    length = rng.integers(0, tokens[chunk] - offset + 1)
+    return Runs.of((chunk, offset, length))
+
+
+def _expected(cache: sw.Cache, runs: Runs) -> np.ndarray:
+    parts = [cache.read_tokens(int(cache.cum_tokens[c]) + a, int(cache.cum_tokens[c]) + a + k)
+             for c, a, k in zip(runs.chunk, runs.offset, runs.length, strict=True)]
+    return np.concatenate(parts) if parts else np.zeros(0, cache.dtype)
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, FEW_RUNS + 1, 400])
+def test_gather_is_the_runs_concatenated(cache_dir: Path, n: int) -> None:
+    cache = sw.open_cache(cache_dir)
+    runs = _random_runs(cache, n, seed=n)
+    got = cache.gather(runs)
+    assert got.dtype == cache.dtype
+    np.testing.assert_array_equal(got, _expected(cache, runs))
+    # plain arrays in a tuple are runs too
+    np.testing.assert_array_equal(cache.gather(tuple(runs)), got)
+
+
+def test_gather_opens_only_the_chunks_it_reads(cache_dir: Path) -> None:
+    cache = sw.open_cache(cache_dir)
+    runs = Runs.of(([2] * 40 + [5], [1] * 40 + [0], [3] * 40 + [0]))  # chunk 5: nothing
+    cache.gather(runs)
+    assert set(cache.opened) == {cache.chunks[2].stem}
+
+
+def test_a_run_outside_its_chunk_is_refused_by_name(cache_dir: Path) -> None:
+    cache = sw.open_cache(cache_dir)
+    held = int(cache.chunks.columns.tokens[1])
+    with pytest.raises(ConfigError, match=rf"run 1 asks for tokens \[{held - 1}, {held + 1}\) "
+                                          rf"of chunk 1;.*holds {held} tokens"):
+        cache.gather(([0, 1], [0, held - 1], [1, 2]))
+    with pytest.raises(ConfigError, match="run 0 asks for tokens .* of chunk 99; the cache "
+                                          "has 10 chunks"):
+        cache.gather(([99], [0], [1]))
+    with pytest.raises(ConfigError, match="equal-length columns"):
+        cache.gather(([0, 1], [0], [1]))
+
+
+def test_gather_names_an_id_outside_the_vocabulary(tmp_path: Path) -> None:
+    root = make_cache(tmp_path / "c", [sample_docs(20, seed=3, vocab_size=1000)],
+                      chunk_docs=5, vocab_size=100)
+    cache = sw.open_cache(root)
+    tokens = cache.tokens(2)
+    k = int(np.flatnonzero(tokens >= 100)[0])
+    with pytest.raises(CorruptChunkError,
+                       match=rf"{cache.chunks[2].stem}.bin: token id {int(tokens[k])} at "
+                             rf"token {k} of the chunk, outside the vocabulary of 100"):
+        cache.gather(([2], [k], [1]))
