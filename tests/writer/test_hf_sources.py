@@ -127,6 +127,8 @@ def test_a_save_to_disk_folder_builds_the_rows(hf: dict[str, Any], tmp_path: Pat
 def test_arrow_files_and_a_glob_of_them(hf: dict[str, Any], tmp_path: Path) -> None:
     assert _docs(hf, _arrow_files(hf), tmp_path / "files", workers=2) == hf["ref"]
     assert _docs(hf, str(hf["saved"] / "data-*.arrow"), tmp_path / "glob") == hf["ref"]
+    everything = str(hf["saved"] / "*")  # dataset_info.json and state.json are no data
+    assert _docs(hf, everything, tmp_path / "all") == hf["ref"]
     ledger = json.loads((tmp_path / "files" / "ledger.json").read_bytes())
     assert sum(len(s["segments"]) for s in ledger["sources"]) > len(_arrow_files(hf))
 
@@ -151,6 +153,11 @@ def test_a_datasets_object(hf: dict[str, Any], tmp_path: Path) -> None:
 
 
 def test_the_datasets_cache_folder(hf: dict[str, Any], tmp_path: Path) -> None:
+    import datasets
+
+    train = datasets.Dataset.from_file(str(hf["cache1"] / "parquet-train.arrow"))
+    train.map(lambda r: {"text": r["text"].upper()})  # writes cache-….arrow beside it
+    assert list(hf["cache1"].glob("cache-*.arrow"))
     assert _docs(hf, hf["cache1"], tmp_path / "c") == hf["ref"]
     with pytest.raises(ConfigError, match=r"(?s)train.*test|test.*train") as e:
         build(hf["cache2"], tmp_path / "two", tokenizer=hf["tok"], **ARGS)

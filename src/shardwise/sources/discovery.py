@@ -77,7 +77,8 @@ def _expand(pattern: str) -> list[str]:
     matches = sorted(m for m in glob.glob(pattern, recursive=True) if Path(m).is_file())
     if not matches:
         raise ConfigError(f"{pattern}: no such file, directory or glob match")
-    return [m for m in matches if source_format(m)] or _no_supported(pattern)
+    return ([m for m in matches if source_format(m) and not hf.is_metadata(Path(m))]
+            or _no_supported(pattern))
 
 
 def _no_supported(pattern: str) -> list[str]:
@@ -96,7 +97,7 @@ def _folder(p: Path) -> list[str]:
     if nested:
         raise ConfigError(f"{p}: holds Hugging Face dataset folders {nested[:5]}; pass one "
                           "of them (a build reads one dataset split)")
-    found = [str(f) for f in files if f.name not in hf.METADATA and source_format(str(f))]
+    found = [str(f) for f in files if source_format(str(f)) and not hf.is_metadata(f)]
     if not found:
         raise ConfigError(hf.describe_folder(p, files))
     return found

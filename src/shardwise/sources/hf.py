@@ -33,6 +33,14 @@ METADATA = frozenset({"dataset_info.json", "dataset_infos.json", "dataset_dict.j
 """JSON files of ``datasets``' own, never data (a pretty-printed one is not JSON lines);
 ``state.json`` is one only beside ``dataset_info.json`` (a save_to_disk folder)."""
 
+
+
+def is_metadata(path: Path) -> bool:
+    """A JSON file of ``datasets``' own (:data:`METADATA`, or a save_to_disk state.json)."""
+    return path.name in METADATA or (path.name == "state.json"
+                                      and (path.parent / "dataset_info.json").is_file())
+
+
 SPLIT_WORDS = {"train": ("train", "training"),
                "validation": ("validation", "valid", "val", "dev"),
                "test": ("test", "testing", "eval", "evaluation")}
@@ -89,8 +97,9 @@ def _dataset_dict_message(folder: Path) -> str:
 
 def _cache_splits(folder: Path) -> dict[str, list[str]]:
     """A datasets cache folder's ``.arrow`` files by split: ``<name>-<split>.arrow`` or
-    ``<name>-<split>-0000N-of-0000M.arrow``, the splits named in dataset_info.json."""
-    files = sorted(str(f) for f in folder.glob("*.arrow"))
+    ``<name>-<split>-0000N-of-0000M.arrow``, the splits named in dataset_info.json
+    (``cache-*.arrow``, what ``map`` or ``shuffle`` wrote beside them, is no split's)."""
+    files = sorted(str(f) for f in folder.glob("*.arrow") if not f.name.startswith("cache-"))
     try:
         info = orjson.loads((folder / "dataset_info.json").read_bytes())
         splits = list(info.get("splits") or {})

@@ -41,7 +41,6 @@ from shardwise.sources.records import iter_lines, iter_parquet
 
 MIN_RANGE_BYTES = 1 << 10
 RANGES_PER_STREAM = 4
-ARROW_FORMAT = SourceFormat.ARROW.value
 ALIGN_BLOCK = 4 << 10
 
 Payload = bytes | dict[str, Any] | InputError
