@@ -34,7 +34,6 @@ METADATA = frozenset({"dataset_info.json", "dataset_infos.json", "dataset_dict.j
 ``state.json`` is one only beside ``dataset_info.json`` (a save_to_disk folder)."""
 
 
-
 def is_metadata(path: Path) -> bool:
     """A JSON file of ``datasets``' own (:data:`METADATA`, or a save_to_disk state.json)."""
     return path.name in METADATA or (path.name == "state.json"
