@@ -164,6 +164,13 @@ def test_the_datasets_cache_folder(hf: dict[str, Any], tmp_path: Path) -> None:
     assert "parquet-train.arrow" in str(e.value)  # what to pass instead
     one = hf["cache2"] / "parquet-train.arrow"
     assert _docs(hf, one, tmp_path / "one") == hf["ref"]
+    short = tmp_path / "short"  # dataset_info.json counts a row the files do not hold
+    shutil.copytree(hf["cache1"], short)
+    info = json.loads((short / "dataset_info.json").read_bytes())
+    info["splits"]["train"]["num_examples"] += 1
+    (short / "dataset_info.json").write_text(json.dumps(info))
+    with pytest.raises(ConfigError, match=r"hold 60 rows, dataset_info.json counts 61"):
+        build(short, tmp_path / "s", tokenizer=hf["tok"], **ARGS)
 
 
 def test_a_cache_root_names_the_dataset_folder_inside(hf: dict[str, Any],

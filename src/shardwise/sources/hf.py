@@ -53,14 +53,16 @@ def folder_files(folder: Path) -> list[str] | None:
     if (folder / "state.json").is_file() and (folder / "dataset_info.json").is_file():
         return _saved_files(folder)
     if (folder / "dataset_info.json").is_file() and any(folder.glob("*.arrow")):
-        return _split_files(folder, _cache_splits(folder))
+        split, files = _one_split(folder, _cache_splits(folder))
+        _check_cache_rows(folder, split, files)
+        return files
     snapshot = hub_snapshot(folder)
     if snapshot is not None:
         from shardwise.sources.discovery import source_format
 
         files = [str(f) for f in sorted(snapshot.rglob("*"))
                  if f.is_file() and f.name not in METADATA and source_format(str(f))]
-        return _split_files(folder, _path_splits(snapshot, files)) if files else None
+        return _one_split(folder, _path_splits(snapshot, files))[1] if files else None
     return None
 
 
@@ -126,12 +128,28 @@ def _path_splits(root: Path, files: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def _split_files(folder: Path, splits: dict[str, list[str]]) -> list[str]:
+def _one_split(folder: Path, splits: dict[str, list[str]]) -> tuple[str, list[str]]:
+    """The only split's name and files; more than one is refused, naming each."""
     if len(splits) == 1:
-        return next(iter(splits.values()))
+        return next(iter(splits.items()))
     listed = "; ".join(f"{s}: {', '.join(_short(fs))}" for s, fs in splits.items())
     raise ConfigError(f"{folder}: holds {len(splits)} splits ({listed}); a build reads one "
                       "split: pass its files (or a glob of them) instead of the folder")
+
+
+def _check_cache_rows(folder: Path, split: str, files: list[str]) -> None:
+    """The split's files hold the rows dataset_info.json counts (a shard deleted or cut
+    short would lose rows without a word)."""
+    from shardwise.sources.arrow import arrow_rows
+
+    info = orjson.loads((folder / "dataset_info.json").read_bytes())
+    want = ((info.get("splits") or {}).get(split) or {}).get("num_examples")
+    held = sum(arrow_rows(f) for f in files)
+    if want is not None and held != want:
+        raise ConfigError(f"{folder}: the {split} split's files {_short(files)} hold {held} "
+                          f"rows, dataset_info.json counts {want}: the cache is incomplete "
+                          "or changed; load_dataset it again with "
+                          "download_mode='force_redownload'")
 
 
 def _short(files: list[str], keep: int = 3) -> list[str]:
