@@ -61,7 +61,7 @@ def folder_files(folder: Path) -> list[str] | None:
         from shardwise.sources.discovery import source_format
 
         files = [str(f) for f in sorted(snapshot.rglob("*"))
-                 if f.is_file() and f.name not in METADATA and source_format(str(f))]
+                 if f.is_file() and not is_metadata(f) and source_format(str(f))]
         return _one_split(folder, _path_splits(snapshot, files))[1] if files else None
     return None
 
@@ -132,6 +132,9 @@ def _one_split(folder: Path, splits: dict[str, list[str]]) -> tuple[str, list[st
     """The only split's name and files; more than one is refused, naming each."""
     if len(splits) == 1:
         return next(iter(splits.items()))
+    if not splits:
+        raise ConfigError(f"{folder}: dataset_info.json beside .arrow files, but none of "
+                          "them is a split's (only cache-*.arrow); pass the files to build")
     listed = "; ".join(f"{s}: {', '.join(_short(fs))}" for s, fs in splits.items())
     raise ConfigError(f"{folder}: holds {len(splits)} splits ({listed}); a build reads one "
                       "split: pass its files (or a glob of them) instead of the folder")
