@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from shardwise.errors import ConfigError, InputError, MissingExtraError, StateError
+from shardwise.errors import ConfigError, InputError, StateError
 from shardwise.read.records.ranges import iter_range, plan_ranges, resolve_files
 from shardwise.read.records.stream import RecordStream, Reject, is_pad, merge_states
 from shardwise.read.records.streams import StreamOrder
@@ -548,16 +548,19 @@ def test_hf_dataset_through_its_arrow_files(tmp_path: Path) -> None:
         RecordStream(loaded.select([3, 1, 2]), streams=1)
 
 
-def test_saved_dataset_without_datasets_names_the_install(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch
-                                                          ) -> None:
-    saved = tmp_path / "saved"
-    saved.mkdir()
-    (saved / "state.json").write_text("{}")
-    (saved / "dataset_info.json").write_text("{}")
+def test_a_saved_dataset_reads_without_datasets(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save_to_disk folder is read through its state.json: the library is not needed."""
+    import datasets
+
+    ds = datasets.Dataset.from_dict({"id": list(range(40)), "text": ["t"] * 40})
+    ds.save_to_disk(str(tmp_path / "saved"), max_shard_size="1KB")
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
-    with pytest.raises(MissingExtraError, match=r"pip install .shardwise\[hf\]."):
-        RecordStream(str(saved))
+    rs = RecordStream(str(tmp_path / "saved"), streams=2, epochs=1)
+    assert sorted(i for i in ids(list(rs)) if i is not None) == list(range(40))
+    (tmp_path / "saved" / "state.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"state\.json.*_data_files"):
+        RecordStream(str(tmp_path / "saved"))
 
 
 def test_bind_sets_the_world_before_the_first_read(corpus: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
-        "build", help="tokenize JSONL / Parquet sources into a cache",
+        "build", help="tokenize JSONL / Parquet / Arrow sources into a cache",
         description="Tokenize sources into a chunked, checksummed cache. Running the same "
                     "command again continues from the ledger after an interruption, and "
                     "first checks every chunk an earlier run published (size and xxh3 of "
@@ -17,12 +17,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                     "byte-identical; running it with other arguments against an existing "
                     "cache is refused.")
     p.add_argument("sources", nargs="+", metavar="SOURCE",
-                   help="files, directories or globs of .jsonl, .jsonl.gz, .jsonl.zst, .parquet")
+                   help="files, directories or globs of .jsonl, .jsonl.gz, .jsonl.zst, "
+                        ".parquet, .arrow; a Hugging Face datasets folder (save_to_disk, "
+                        "the datasets cache of one split, a hub cache entry)")
     p.add_argument("--out", required=True, metavar="DIR", help="cache directory")
     p.add_argument("--tokenizer", required=True, metavar="FILE",
                    help="a tokenizer.json saved by the tokenizers library (its truncation and "
                         "padding, if on, are switched off: a build keeps every token)")
-    p.add_argument("--text-key", default="text", help="field holding the text (default: text)")
+    p.add_argument("--text-key", default="text",
+                   help="field holding the text (default: text); meta.body: a nested "
+                        "field (JSON object, Parquet or Arrow struct)")
     p.add_argument("--workers", type=int, default=None,
                    help="worker processes (default: all cores); with --executor ray, tasks "
                         "at once (default: every CPU of the cluster)")

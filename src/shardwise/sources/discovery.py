@@ -2,7 +2,8 @@
 
 A **segment** is the unit of build work: a newline-aligned byte range of an uncompressed
 JSONL file (a segment owns every line that *starts* inside it), one row group of a Parquet
-file, or a whole compressed file. Segment boundaries depend only on the file (its size
+file, a range of rows of an Arrow file (Hugging Face ``datasets``' files), or a whole
+compressed file. Segment boundaries depend only on the file (its size
 and bytes), never on the number of workers, so the chunks of a cache are the same
 whatever the parallelism.
 """
@@ -14,13 +15,14 @@ import os
 from collections.abc import Iterable, Sequence
 from enum import Enum
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import xxhash
 
 from shardwise.errors import ConfigError
 from shardwise.format.ledger import Segment
 from shardwise.format.manifest import SourceInfo
+from shardwise.sources import hf
 
 MIN_SEGMENT_BYTES = 4 << 20
 MAX_SEGMENTS_PER_FILE = 256
@@ -32,14 +34,28 @@ class SourceFormat(str, Enum):
     JSONL_GZ = "jsonl.gz"
     JSONL_ZST = "jsonl.zst"
     PARQUET = "parquet"
+    ARROW = "arrow"
+
+    @property
+    def by_rows(self) -> bool:
+        """Positions in the file are rows (Parquet, Arrow), not bytes (JSONL)."""
+        return self in (SourceFormat.PARQUET, SourceFormat.ARROW)
+
+    @property
+    def unit(self) -> str:
+        return "row" if self.by_rows else "byte"
 
 
 _SUFFIXES = {
     ".jsonl": SourceFormat.JSONL, ".json": SourceFormat.JSONL, ".ndjson": SourceFormat.JSONL,
     ".jsonl.gz": SourceFormat.JSONL_GZ, ".json.gz": SourceFormat.JSONL_GZ,
     ".jsonl.zst": SourceFormat.JSONL_ZST, ".json.zst": SourceFormat.JSONL_ZST,
-    ".parquet": SourceFormat.PARQUET,
+    ".parquet": SourceFormat.PARQUET, ".arrow": SourceFormat.ARROW,
 }
+ACCEPTED = (".jsonl, .json, .ndjson (also .gz, .zst), .parquet and .arrow files; a folder "
+            "of them; a folder saved by datasets' save_to_disk; a datasets cache folder "
+            "(dataset_info.json beside .arrow files); a hub cache folder "
+            "(datasets--owner--name, or one of its snapshots); a datasets.Dataset")
 
 
 def source_format(path: str) -> SourceFormat | None:
@@ -53,20 +69,16 @@ def source_format(path: str) -> SourceFormat | None:
 def _expand(pattern: str) -> list[str]:
     p = Path(pattern)
     if p.is_dir():
-        found = [str(f) for f in sorted(p.rglob("*")) if f.is_file() and source_format(str(f))]
-        if not found:
-            raise ConfigError(f"{pattern}: directory holds no .jsonl, .jsonl.gz, .jsonl.zst or "
-                              ".parquet files")
-        return found
+        return _folder(p)
     if p.is_file():
         if source_format(pattern) is None:
-            raise ConfigError(f"{pattern}: unsupported source type; expected one of "
-                              f"{sorted(_SUFFIXES)}")
+            raise ConfigError(f"{pattern}: unsupported source type; accepted: {ACCEPTED}")
         return [pattern]
     matches = sorted(m for m in glob.glob(pattern, recursive=True) if Path(m).is_file())
     if not matches:
         raise ConfigError(f"{pattern}: no such file, directory or glob match")
-    return [m for m in matches if source_format(m)] or _no_supported(pattern)
+    return ([m for m in matches if source_format(m) and not hf.is_metadata(Path(m))]
+            or _no_supported(pattern))
 
 
 def _no_supported(pattern: str) -> list[str]:
@@ -74,15 +86,46 @@ def _no_supported(pattern: str) -> list[str]:
                       f"({sorted(_SUFFIXES)})")
 
 
-def discover(patterns: Sequence[str | os.PathLike[str]] | str) -> list[str]:
+def _folder(p: Path) -> list[str]:
+    """A folder's sources: a Hugging Face folder's data files (:mod:`.hf`), else every
+    source file in its tree (sorted), never ``datasets``' own metadata JSON."""
+    laid_out = hf.folder_files(p)
+    if laid_out is not None:
+        return laid_out
+    files = [f for f in sorted(p.rglob("*")) if f.is_file()]
+    nested = [n for n in hf.nested_folders(files) if n != str(p)]
+    if nested:
+        raise ConfigError(f"{p}: holds Hugging Face dataset folders {nested[:5]}; pass one "
+                          "of them (a build reads one dataset split)")
+    found = [str(f) for f in files if source_format(str(f)) and not hf.is_metadata(f)]
+    if not found:
+        raise ConfigError(hf.describe_folder(p, files))
+    return found
+
+
+def _objects(item: object) -> list[str]:
+    """The files of a source given as an object: a ``datasets.Dataset``'s Arrow files."""
+    files = hf.dataset_files(item)
+    if files is None:
+        raise ConfigError(f"a source is a path, a glob or a datasets.Dataset, got "
+                          f"{type(item).__name__}")
+    hf.check_rows(item, files)
+    return files
+
+
+def discover(patterns: Sequence[str | os.PathLike[str] | Any] | str | Any) -> list[str]:
     """Files named by paths, directories (recursive) and globs, in the order given,
-    each directory or glob sorted; duplicates keep their first place."""
-    if isinstance(patterns, (str, os.PathLike)):
+    each directory or glob sorted (a Hugging Face folder in its own order, see
+    :mod:`.hf`), and the Arrow files of ``datasets.Dataset`` objects; duplicates keep
+    their first place."""
+    if isinstance(patterns, (str, os.PathLike)) or not isinstance(patterns, Sequence):
         patterns = [patterns]
     out: list[str] = []
     seen: set[str] = set()
     for pattern in patterns:
-        for f in _expand(os.fspath(pattern)):
+        files = (_expand(os.fspath(pattern)) if isinstance(pattern, (str, os.PathLike))
+                 else _objects(pattern))
+        for f in files:
             key = os.path.realpath(f)
             if key not in seen:
                 seen.add(key)
@@ -162,6 +205,8 @@ def plan_segments(info: SourceInfo, segment_bytes: int | None = None) -> list[Se
             segs.append(Segment(start=row, stop=row + n, position=row))
             row += n
         return segs or [Segment(start=0, stop=0, position=0)]
+    if fmt is SourceFormat.ARROW:
+        return arrow_segments(info, segment_bytes)
     if fmt is not SourceFormat.JSONL:
         return [Segment(start=0, stop=-1, position=0)]
     size = info.size
@@ -175,4 +220,16 @@ def plan_segments(info: SourceInfo, segment_bytes: int | None = None) -> list[Se
                 bounds.append(b)
             nominal = max(nominal + step, b)
     bounds.append(size)
+    return [Segment(start=a, stop=b, position=a) for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def arrow_segments(info: SourceInfo, segment_bytes: int | None = None) -> list[Segment]:
+    """An Arrow file cut into row ranges of about :func:`segment_size` bytes each (rows
+    in proportion to the file's size): a function of the file alone."""
+    from shardwise.sources.arrow import arrow_rows
+
+    rows = arrow_rows(info.path)
+    pieces = max(1, -(-info.size // segment_size(info.size, segment_bytes)))
+    step = max(1, -(-rows // pieces))
+    bounds = [*range(0, rows, step), rows] if rows else [0, 0]
     return [Segment(start=a, stop=b, position=a) for a, b in zip(bounds, bounds[1:], strict=False)]

@@ -1,8 +1,9 @@
 """Reading the records of one segment, with the position after each one.
 
 Every record comes with ``end`` (where the next record starts: a byte offset of the
-uncompressed stream, or a row number) and ``line`` (0-based, counted from the segment's
-start), so a worker can publish a chunk with the exact position to resume from. Bad input
+uncompressed stream, or a row number of a Parquet or Arrow file) and ``line`` (0-based,
+counted from the segment's start), so a worker can publish a chunk with the exact
+position to resume from. Bad input
 comes back as an :class:`~shardwise.errors.InputError` *value* in place of the record, so
 the caller decides whether to raise or count it.
 """
@@ -20,7 +21,9 @@ import orjson
 from shardwise.errors import InputError
 from shardwise.format.ledger import Segment
 from shardwise.format.manifest import SourceInfo
+from shardwise.sources.arrow import arrow_schema_names, iter_arrow
 from shardwise.sources.discovery import SourceFormat
+from shardwise.sources.fields import top_columns
 
 BLOCK = 4 << 20
 DEFAULT_MAX_RECORD_BYTES = 256 << 20
@@ -270,20 +273,45 @@ def iter_parquet(info: SourceInfo, seg: Segment, position: int, columns: list[st
     pf = pq.ParquetFile(info.path)
     group = _row_group_of(pf, seg.start)
     row = seg.start
-    if columns is not None:
-        missing = [c for c in columns if c not in pf.schema_arrow.names]
-        if missing:
-            err = InputError(f"{info.path}: Parquet file has no column {missing[0]!r}; "
-                             f"columns are {pf.schema_arrow.names}", path=info.path,
-                             reason="missing_field")
-            for r in range(position, seg.stop):
-                yield Located(err, r + 1, r - seg.start)
-            return
-    for batch in pf.iter_batches(batch_size=4096, row_groups=[group], columns=columns):
+    selected = _select(info, seg, position, columns, pf.schema_arrow.names)
+    if isinstance(selected, InputError):
+        yield from _every_row(selected, seg, position)
+        return
+    for batch in pf.iter_batches(batch_size=4096, row_groups=[group], columns=selected):
         for rec in batch.to_pylist():
             if row >= position:
                 yield Located(rec, row + 1, row - seg.start)
             row += 1
+
+
+def iter_arrow_rows(info: SourceInfo, seg: Segment, position: int, columns: list[str] | None
+                    ) -> Iterator[Located]:
+    """Rows ``[position, seg.stop)`` of an Arrow IPC file, as dicts."""
+    selected = _select(info, seg, position, columns, arrow_schema_names(info.path))
+    if isinstance(selected, InputError):
+        yield from _every_row(selected, seg, position)
+        return
+    for rec, row in iter_arrow(info.path, position, seg.stop, selected):
+        yield Located(rec, row + 1, row - seg.start)
+
+
+def _select(info: SourceInfo, seg: Segment, position: int, columns: list[str] | None,
+            names: list[str]) -> list[str] | None | InputError:
+    """The top-level columns holding ``columns`` (dotted keys reach into structs: see
+    :mod:`~shardwise.sources.fields`), or the error that one is in no column."""
+    if columns is None:
+        return None
+    selected, missing = top_columns(names, columns)
+    if not missing:
+        return selected
+    kind = SourceFormat(info.format).name.capitalize()
+    return InputError(f"{info.path}: {kind} file has no column {missing[0]!r}; columns are "
+                      f"{names}", path=info.path, reason="missing_field")
+
+
+def _every_row(err: InputError, seg: Segment, position: int) -> Iterator[Located]:
+    for r in range(position, seg.stop):
+        yield Located(err, r + 1, r - seg.start)
 
 
 def _row_group_of(pf: Any, start_row: int) -> int:
@@ -299,8 +327,12 @@ def iter_records(info: SourceInfo, seg: Segment, position: int, line: int, *,
                  columns: list[str] | None = None,
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Iterator[Located]:
     """Every record of a segment from ``position``, parsed, with errors as values."""
-    if SourceFormat(info.format) is SourceFormat.PARQUET:
+    fmt = SourceFormat(info.format)
+    if fmt is SourceFormat.PARQUET:
         yield from iter_parquet(info, seg, position, columns)
+        return
+    if fmt is SourceFormat.ARROW:
+        yield from iter_arrow_rows(info, seg, position, columns)
         return
     for raw, end, ln in iter_lines(info, seg, position, line, max_record_bytes):
         if isinstance(raw, InputError):
@@ -318,7 +350,7 @@ def relocate(err: InputError, info: SourceInfo, seg_start: int, ln: int) -> Inpu
     if seg_start <= 0:
         return err
     path = info.path
-    if SourceFormat(info.format) is SourceFormat.PARQUET:
+    if SourceFormat(info.format).by_rows:
         abs_line = seg_start + ln + 1
     else:
         abs_line = absolute_line(path, seg_start, ln)

@@ -186,7 +186,7 @@ class _Coordinator:
             self.saved_at, self.dirty = now, False
 
 
-def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLike[str], *,
+def build(sources: Sequence[str | os.PathLike[str] | Any] | Any, out: str | os.PathLike[str], *,
           tokenizer: str | os.PathLike[str] | Tokenizer | None = None,
           processor: Callable[[dict[str, Any]], Any] | Processor | None = None,
           vocab_size: int | None = None, text_key: str = "text", workers: int | None = None,
@@ -198,10 +198,11 @@ def build(sources: Sequence[str | os.PathLike[str]] | str, out: str | os.PathLik
           progress: bool | None = None, executor: str | ExecutorKind | Executor | None = None,
           address: str | None = None, storage_options: dict[str, Any] | None = None,
           verify: bool = True) -> BuildSummary:
-    """Tokenize ``sources`` into the cache directory ``out``; resume it if it exists.
+    """Tokenize ``sources`` (paths, globs, Hugging Face folders, ``datasets.Dataset``:
+    :func:`~shardwise.sources.discovery.discover`) into ``out``; resume it if it exists.
 
-    ``tokenizer``: a tokenizer.json path or a ``tokenizers.Tokenizer`` (its truncation and
-    padding are switched off: a build stores every token; the summary notes it).
+    ``text_key="meta.body"``: a nested field. ``tokenizer``: a tokenizer.json path or a
+    ``tokenizers.Tokenizer`` (truncation and padding switched off; the summary notes it).
     ``executor``: ``"local"`` (processes here, the default), ``"ray"`` (the Ray cluster at
     ``address``, or a local Ray: :mod:`shardwise.writer.ray_executor`), or an executor
     object, which the caller closes. ``out`` may be a URL (``s3://bucket/prefix``, anything

@@ -29,6 +29,7 @@ import numpy.typing as npt
 import xxhash
 
 from shardwise.errors import ConfigError, InputError
+from shardwise.sources.fields import MISSING, lookup
 from shardwise.writer import long_text
 
 Document = npt.NDArray[np.integer[Any]] | dict[str, Any]
@@ -47,17 +48,18 @@ class Processor(Protocol):
     def process(self, records: Sequence[dict[str, Any]]) -> list[Document | InputError]: ...
 
 
-def _field_error(rec: dict[str, Any], key: str) -> InputError | None:
-    """Why ``rec[key]`` is not a text, or None. An empty text is a text: it becomes a
-    document of zero tokens (Megatron's preprocessing keeps it too)."""
-    if key not in rec or rec[key] is None:
-        return InputError(f"missing field {key!r} (fields: {sorted(rec)[:10]})",
-                          reason="missing_field")
-    value = rec[key]
+def _text(rec: dict[str, Any], key: str) -> str | InputError:
+    """``rec``'s text at ``key`` (``meta.body``: a nested field, :mod:`~shardwise.sources.
+    fields`), or why there is none. An empty text is a text: it becomes a document of zero
+    tokens (Megatron's preprocessing keeps it too)."""
+    value, why = lookup(rec, key)
+    if value is MISSING or value is None:
+        why = why or f"fields: {sorted(rec)[:10]}"
+        return InputError(f"missing field {key!r} ({why})", reason="missing_field")
     if not isinstance(value, str):
         return InputError(f"field {key!r} is {type(value).__name__}, expected a string",
                           reason="not_string")
-    return None
+    return value
 
 
 @dataclass(frozen=True)
@@ -209,11 +211,10 @@ class TokenizerProcessor:
         slots: list[int] = []
         chars = 0
         for i, rec in enumerate(records):
-            err = _field_error(rec, self.text_key)
-            if err is not None:
-                out[i] = err
+            text = _text(rec, self.text_key)
+            if isinstance(text, InputError):
+                out[i] = text
                 continue
-            text: str = rec[self.text_key]
             if len(text) > long_text.SPLIT_CHARS:
                 ids = long_text.encode_long(self.tokenizer, text,
                                             add_special_tokens=self.add_special_tokens)

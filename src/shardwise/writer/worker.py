@@ -24,6 +24,7 @@ from shardwise.format.chunk import (
 )
 from shardwise.format.ledger import ChunkEntry, Segment
 from shardwise.format.manifest import SourceInfo
+from shardwise.sources.discovery import SourceFormat
 from shardwise.sources.on_error import OnError
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES, Located, iter_records, relocate
 from shardwise.storage.opening import open_store
@@ -197,7 +198,7 @@ class SegmentBuilder:
             return
         t = self.t
         stem = chunk_stem(t.source, t.seg_index, self.next_index)
-        unit = "row" if t.info.format == "parquet" else "byte"
+        unit = SourceFormat(t.info.format).unit
         fields = {"source": t.source, "source_path": t.info.path, "segment": t.seg_index,
                   "index": self.next_index,
                   "range": SourceRange(unit, p.start, end, p.line_start, line)}

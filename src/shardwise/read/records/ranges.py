@@ -27,21 +27,20 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from shardwise.errors import ConfigError, InputError, MissingExtraError
+from shardwise.errors import ConfigError, InputError
 from shardwise.format.ledger import Segment
 from shardwise.format.manifest import SourceInfo
 from shardwise.plan._checks import IntArray
+from shardwise.sources.arrow import iter_arrow
 from shardwise.sources.discovery import SourceFormat, discover, next_line_start, source_format
 from shardwise.sources.records import iter_lines, iter_parquet
 
 MIN_RANGE_BYTES = 1 << 10
 RANGES_PER_STREAM = 4
-ARROW_FORMAT = "arrow"
 ALIGN_BLOCK = 4 << 10
 
 Payload = bytes | dict[str, Any] | InputError
@@ -58,12 +57,13 @@ class RangeKind(str, Enum):
 
 
 _KIND = {SourceFormat.JSONL: RangeKind.LINES, SourceFormat.JSONL_GZ: RangeKind.STREAM,
-         SourceFormat.JSONL_ZST: RangeKind.STREAM, SourceFormat.PARQUET: RangeKind.ROW_GROUP}
+         SourceFormat.JSONL_ZST: RangeKind.STREAM, SourceFormat.PARQUET: RangeKind.ROW_GROUP,
+         SourceFormat.ARROW: RangeKind.ARROW}
 
 
 @dataclass(frozen=True)
 class RecordFile:
-    """One input file; ``format`` is a :class:`SourceFormat` value or ``"arrow"``."""
+    """One input file; ``format`` is a :class:`SourceFormat` value."""
 
     path: str
     size: int
@@ -71,77 +71,18 @@ class RecordFile:
 
     @property
     def kind(self) -> RangeKind:
-        if self.format == ARROW_FORMAT:
-            return RangeKind.ARROW
         return _KIND[SourceFormat(self.format)]
 
     def info(self) -> SourceInfo:
         return SourceInfo(path=self.path, size=self.size, fingerprint="", format=self.format)
 
 
-def _hf_dataset_files(obj: Any) -> list[str] | None:
-    """The Arrow cache files of a ``datasets.Dataset``; None for anything else."""
-    if not type(obj).__module__.startswith("datasets"):
-        return None
-    name = type(obj).__name__
-    if name != "Dataset":
-        hint = " (pass one split, e.g. ds['train'])" if name == "DatasetDict" else ""
-        raise ConfigError(f"a Hugging Face {name} cannot be read through its Arrow files"
-                          f"{hint}; pass a datasets.Dataset")
-    if getattr(obj, "_indices", None) is not None:
-        raise ConfigError("this Dataset has an indices mapping (from select, shuffle, filter "
-                          "or train_test_split); call ds = ds.flatten_indices() first")
-    files = [c["filename"] for c in getattr(obj, "cache_files", [])]
-    if not files:
-        raise ConfigError("this Dataset lives in memory and has no Arrow cache files; "
-                          "save_to_disk() and load_from_disk() it, or pass its source files")
-    return files
-
-
-def _load_from_disk(path: str) -> list[str]:
-    try:
-        import datasets
-    except ImportError:
-        raise MissingExtraError(f"{path} was saved by Hugging Face datasets; reading it needs "
-                                "datasets: pip install 'shardwise[hf]'") from None
-    files = _hf_dataset_files(datasets.load_from_disk(path))
-    return files or []
-
-
-def _is_saved_dataset(path: str) -> bool:
-    p = Path(path)
-    return p.is_dir() and (p / "state.json").is_file() and (p / "dataset_info.json").is_file()
-
-
 def resolve_files(sources: Any) -> list[RecordFile]:
-    """Files from paths, directories, globs (see :func:`~shardwise.sources.discovery.discover`),
-    ``.arrow`` files, a ``datasets.Dataset`` or a directory saved by ``save_to_disk``;
-    in the order given, duplicates dropped. Only ``os.stat`` touches the files."""
-    items = [sources] if isinstance(sources, (str, os.PathLike)) or not isinstance(
-        sources, Sequence) else list(sources)
-    paths: list[tuple[str, str]] = []
-    for item in items:
-        hf = _hf_dataset_files(item)
-        if hf is not None:
-            paths += [(p, ARROW_FORMAT) for p in hf]
-        elif not isinstance(item, (str, os.PathLike)):
-            raise ConfigError(f"a source is a path, a glob or a datasets.Dataset, got "
-                              f"{type(item).__name__}")
-        elif _is_saved_dataset(os.fspath(item)):
-            paths += [(p, ARROW_FORMAT) for p in _load_from_disk(os.fspath(item))]
-        elif os.fspath(item).endswith(".arrow") and Path(item).is_file():
-            paths.append((os.fspath(item), ARROW_FORMAT))
-        else:
-            paths += [(p, _format_of(p)) for p in discover([item])]
-    out, seen = [], set()
-    for p, fmt in paths:
-        key = os.path.realpath(p)
-        if key not in seen:
-            seen.add(key)
-            out.append(RecordFile(path=p, size=os.path.getsize(p), format=fmt))
-    if not out:
-        raise ConfigError("no sources given")
-    return out
+    """Files from paths, directories, globs, ``.arrow`` files, Hugging Face folders and
+    ``datasets.Dataset`` objects (see :func:`~shardwise.sources.discovery.discover`), in
+    the order given, duplicates dropped. Only ``os.stat`` touches JSONL and Parquet files."""
+    return [RecordFile(path=p, size=os.path.getsize(p), format=_format_of(p))
+            for p in discover(sources)]
 
 
 def _format_of(path: str) -> str:
@@ -250,37 +191,11 @@ def _iter_byte_range(f: RecordFile, a: int, b: int, pos: int | None, line: int
             start = end
 
 
-def _arrow_batches(path: str) -> Iterator[Any]:
-    import pyarrow as pa
-
-    with pa.memory_map(path, "r") as source:
-        try:
-            reader = pa.ipc.open_stream(source)  # the format datasets writes
-        except pa.ArrowInvalid:
-            source.seek(0)
-            file_reader = pa.ipc.open_file(source)
-            for i in range(file_reader.num_record_batches):
-                yield file_reader.get_batch(i)
-            return
-        yield from reader
-
-
 def _iter_arrow(path: str, pos: int, line: int) -> Iterator[Raw]:
-    """Rows from ``pos``; whole batches before it are skipped by their row counts (the
-    file is memory-mapped, so skipping reads no column data)."""
-    row = 0
-    for batch in _arrow_batches(path):
-        n = batch.num_rows
-        if row + n <= pos:
-            row += n
-            continue
-        skip = max(0, pos - row)
-        for rec in batch.slice(skip).to_pylist():
-            r = row + skip
-            yield rec, r, line, r + 1
-            line += 1
-            skip += 1
-        row += n
+    """Rows from ``pos`` (:func:`~shardwise.sources.arrow.iter_arrow`)."""
+    for rec, r in iter_arrow(path, pos):
+        yield rec, r, line, r + 1
+        line += 1
 
 
 def fetch(plan: RangePlan, where: Sequence[tuple[int, int, int]]) -> list[Payload]:

@@ -35,6 +35,7 @@ import numpy.typing as npt
 from shardwise.errors import CorruptChunkError
 from shardwise.format.ledger import Ledger
 from shardwise.format.megatron import read_idx
+from shardwise.sources.discovery import SourceFormat
 from shardwise.storage.cache import Cache
 
 KEEP = 256
@@ -43,7 +44,7 @@ KEEP = 256
 @dataclass(frozen=True)
 class Where:
     """Where a document came from: the file, its 1-based ``line`` (JSONL; ``None`` when
-    the cache cannot say, with ``note`` why) or ``row`` (Parquet, 0-based), its chunk,
+    the cache cannot say, with ``note`` why) or ``row`` (Parquet, Arrow; 0-based), its chunk,
     and the source range of the chunk's segment (``unit`` byte or row)."""
 
     source_path: str
@@ -181,7 +182,7 @@ class Documents:
             return Where(f"{info.base}.bin", info.stem, "document", k, k + 1,
                          note="a Megatron dataset records no source lines")
         seg = self._segments()[info.stem]
-        unit = "row" if m.sources[info.source].format == "parquet" else "byte"
+        unit = SourceFormat(m.sources[info.source].format).unit
         here = Where(m.sources[info.source].path, info.stem, unit, seg.start, seg.stop)
         if seg.clean:  # every line of the segment is a document: no chunk metadata needed
             x: int | None = seg.docs_before + k
