@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from shardwise.concurrency import flock
 from shardwise.concurrency.poll import wait_until
@@ -28,10 +29,10 @@ from shardwise.format.manifest import (
     describe_differences,
     manifest_checksum,
 )
+from shardwise.remote.client import RemoteStore
 from shardwise.sources.discovery import plan_segments
 from shardwise.storage.chunk_check import CheckDepth
 from shardwise.storage.owned import clear_cache, foreign_names
-from shardwise.remote.client import RemoteStore
 from shardwise.writer.config import ChunkPolicy
 from shardwise.writer.repair import Damage, find_damaged
 
@@ -121,9 +122,11 @@ class Check:
 
 
 def start_ledger(root: Path | RemoteStore, manifest: Manifest, policy: ChunkPolicy, overwrite: bool,
-           depth: CheckDepth) -> tuple[Ledger, Check]:
+           depth: CheckDepth, storage_options: dict[str, Any] | None = None
+           ) -> tuple[Ledger, Check]:
     """The ledger to continue (a new one for a new cache), and the check of the chunks it
-    already names: a rerun rebuilds those that are damaged."""
+    already names: a rerun rebuilds those that are damaged. (``storage_options``: for
+    sources in a bucket, whose segments are planned here.)"""
     ledger = (_prepare_remote(root, manifest, overwrite) if isinstance(root, RemoteStore)
               else _prepare_root(root, manifest, overwrite))
     if ledger is None or Manifest.load(root).on_error != manifest.on_error:
@@ -136,7 +139,7 @@ def start_ledger(root: Path | RemoteStore, manifest: Manifest, policy: ChunkPoli
         started = time.monotonic()
         damaged, checked = find_damaged(root, ledger, manifest, depth)
         return ledger, Check(depth, checked, time.monotonic() - started, damaged)
-    ledger = Ledger([SourceProgress(plan_segments(i, policy.segment_bytes))
+    ledger = Ledger([SourceProgress(plan_segments(i, policy.segment_bytes, storage_options))
                      for i in manifest.sources])
     ledger.manifest_xxh3 = manifest_checksum(root)  # the ledger covers the manifest
     ledger.save(root)

@@ -24,9 +24,9 @@ from shardwise.format.chunk import (
 )
 from shardwise.format.ledger import ChunkEntry, Segment
 from shardwise.format.manifest import SourceInfo
+from shardwise.remote.client import open_root
 from shardwise.sources.on_error import OnError
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES, Located, iter_records, relocate
-from shardwise.remote.client import open_root
 from shardwise.writer.config import ChunkPolicy
 from shardwise.writer.processors import Processor
 
@@ -180,7 +180,8 @@ class SegmentBuilder:
     def count(self, err: InputError, located: Located) -> None:
         if self.job.on_error is OnError.RAISE:
             self.publish_if_full()  # the work before a bad record is kept
-            err = relocate(err, self.t.info, self.t.segment.start, located.line)
+            err = relocate(err, self.t.info, self.t.segment.start, located.line,
+                           self.job.storage_options)
             raise err
         self.errors[err.reason] = self.errors.get(err.reason, 0) + 1
 
@@ -273,7 +274,8 @@ def _add_records(builder: SegmentBuilder) -> None:
     batch_start = task.segment.position
     for located in iter_records(task.info, task.segment, task.segment.position,
                                 task.segment.line, columns=job.processor.columns(),
-                                max_record_bytes=job.max_record_bytes):
+                                max_record_bytes=job.max_record_bytes,
+                                storage_options=job.storage_options):
         batch.append(located)
         if len(batch) >= BATCH_RECORDS or located.end - batch_start >= BATCH_BYTES:
             _flush(builder, batch)
