@@ -53,9 +53,9 @@ def weed_s3(bucket: str, data_dir: Path) -> Iterator[dict[str, str]]:
         _wait_ready(env, bucket, proc)
         yield env
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
+        proc.terminate()  # with clients' connections still open it may linger: the
+        try:              # data is a throwaway temporary directory, so do not wait long
+            proc.wait(2)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

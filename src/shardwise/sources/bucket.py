@@ -34,8 +34,8 @@ Options = dict[str, Any] | None
 READ_BUFFER = 4 << 20  # one GET per 4 MiB read sequentially
 _WILDCARDS = re.compile(r"[*?\[]")
 
-__all__ = ["RangedFile", "expand_url", "is_url", "line_probes", "object_size", "open_source",
-           "parquet_input", "read_samples"]
+__all__ = ["RangedFile", "expand_url", "is_url", "line_probes", "object_exists", "object_size",
+           "open_source", "parquet_input", "read_samples"]
 
 
 def _locate(url: str, options: Options) -> tuple[RemoteStore, str]:
@@ -79,19 +79,21 @@ class RangedFile(io.RawIOBase):
         return len(data)
 
 
-def open_source(path: str, options: Options = None, *, buffer: int = READ_BUFFER
-                ) -> BinaryIO:
+def open_source(path: str, options: Options = None, *, buffer: int = READ_BUFFER,
+                size: int | None = None) -> BinaryIO:
     """A local file opened for reading, or an object as a buffered :class:`RangedFile`
-    (``buffer``: bytes per GET when read in small pieces; larger reads go in one GET)."""
+    (``buffer``: bytes per GET when read in small pieces; larger reads go in one GET;
+    ``size``: the object's, when known, saves a HEAD)."""
     if not is_url(path):
         return open(path, "rb")  # noqa: SIM115 - the caller closes it
     store, key = _locate(path, options)
-    raw = RangedFile(store, key, store.size(key))
+    raw = RangedFile(store, key, store.size(key) if size is None else size)
     return io.BufferedReader(raw, buffer_size=buffer)  # type: ignore[return-value]
 
 
 @contextmanager
-def parquet_input(path: str, options: Options = None) -> Iterator[Any]:
+def parquet_input(path: str, options: Options = None, size: int | None = None
+                  ) -> Iterator[Any]:
     """A ``pyarrow.parquet.ParquetFile`` of a local file, or of an object read by ranged
     GETs (its footer, then the column chunks a reader asks for)."""
     import pyarrow.parquet as pq
@@ -99,7 +101,7 @@ def parquet_input(path: str, options: Options = None) -> Iterator[Any]:
     if not is_url(path):
         yield pq.ParquetFile(path)
         return
-    with open_source(path, options, buffer=64 << 10) as f:
+    with open_source(path, options, buffer=64 << 10, size=size) as f:
         yield pq.ParquetFile(f)
 
 
@@ -148,9 +150,16 @@ def line_probes(path: str, positions: Sequence[int], options: Options = None,
     return out
 
 
+def object_exists(url: str, options: Options = None) -> bool:
+    store, key = _locate(url, options)
+    return store.exists(key)
+
+
 def expand_url(pattern: str, options: Options = None) -> list[str]:
     """The object URLs a URL names: itself, every object under it (a directory), or
-    the objects its wildcards match; sorted for a directory or a glob; [] when none."""
+    the objects its wildcards match; sorted for a directory or a glob; [] when none.
+    (A name with a source's suffix is better checked with :func:`object_exists`: one
+    HEAD, where listing under a file's name can be slow on some stores.)"""
     wild = _WILDCARDS.search(pattern)
     if wild is None:
         store = RemoteStore(pattern.rstrip("/"), options)

@@ -26,6 +26,7 @@ from shardwise.sources.bucket import (
     expand_url,
     is_url,
     line_probes,
+    object_exists,
     object_size,
     open_source,
     read_samples,
@@ -80,6 +81,10 @@ def _expand(pattern: str) -> list[str]:
 
 def _expand_url(pattern: str, options: Options) -> list[str]:
     """:func:`_expand` for a URL: the same rules, over the bucket's listing."""
+    if source_format(pattern) and not any(c in pattern for c in "*?["):
+        if object_exists(pattern, options):
+            return [pattern]
+        raise ConfigError(f"{pattern}: no such file, directory or glob match")
     found = expand_url(pattern, options)
     if not found:
         raise ConfigError(f"{pattern}: no such file, directory or glob match")
@@ -185,7 +190,7 @@ def plan_segments(info: SourceInfo, segment_bytes: int | None = None,
     if fmt is SourceFormat.PARQUET:
         from shardwise.sources.bucket import parquet_input
 
-        with parquet_input(info.path, storage_options) as pf:
+        with parquet_input(info.path, storage_options, info.size) as pf:
             meta = pf.metadata
         segs, row = [], 0
         for g in range(meta.num_row_groups):
@@ -199,7 +204,7 @@ def plan_segments(info: SourceInfo, segment_bytes: int | None = None,
     step = segment_size(size, segment_bytes)
     bounds = [0]
     probed = line_probes(info.path, range(step, size, step), storage_options)
-    with open_source(info.path, storage_options, buffer=64 << 10) as f:
+    with open_source(info.path, storage_options, buffer=64 << 10, size=size) as f:
         nominal = step
         while nominal < size:
             b = probed.get(nominal) or next_line_start(f, nominal, size)

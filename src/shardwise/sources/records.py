@@ -56,7 +56,8 @@ def absolute_line(path: str, segment_start: int, line_in_segment: int,
 
 def _open_stream(info: SourceInfo, storage_options: Options = None) -> BinaryIO:
     fmt = SourceFormat(info.format)
-    raw = open_source(info.path, storage_options)  # closed by the wrapper or the caller
+    # closed by the wrapper or the caller
+    raw = open_source(info.path, storage_options, size=info.size)
     if fmt is SourceFormat.JSONL_GZ:
         gz = gzip.GzipFile(fileobj=raw, mode="rb")
         gz.myfileobj = raw  # type: ignore[assignment]  # closing gz then closes the file
@@ -268,7 +269,7 @@ def parse_line(raw: bytes, *, path: str, line_for_error: int,
 def iter_parquet(info: SourceInfo, seg: Segment, position: int, columns: list[str] | None,
                  storage_options: Options = None) -> Iterator[Located]:
     """Rows ``[position, seg.stop)`` of one row group, as dicts."""
-    with parquet_input(info.path, storage_options) as pf:
+    with parquet_input(info.path, storage_options, info.size) as pf:
         yield from _parquet_rows(pf, info, seg, position, columns)
 
 
