@@ -70,6 +70,17 @@ def test_globs_in_a_bucket_build_the_chunks_of_the_local_copies(
     assert len(ledger["sources"][3]["segments"]) == 3  # one per row group
 
 
+def test_the_cli_builds_bucket_to_bucket(raw: dict[str, Path], tokenizer_path: Path,
+                                         cli: Any) -> None:
+    out = f"s3://{BUCKET}/cache-cli"
+    code, stdout, _ = cli("build", f"{RAW}/*.jsonl.zst", f"{RAW}/*.parquet", "--out", out,
+                          "--tokenizer", tokenizer_path, "--no-progress", "--json")
+    assert code == 0 and orjson.loads(stdout)["sources"] == 2
+    manifest = orjson.loads(bucket_files(out)["manifest.json"])
+    assert [s["path"] for s in manifest["sources"]] == [f"{RAW}/b.jsonl.zst",
+                                                         f"{RAW}/d.parquet"]
+
+
 def test_a_bucket_directory_into_a_local_cache(raw: dict[str, Path], tokenizer_path: Path,
                                               tmp_path: Path) -> None:
     d = raw["a.jsonl"].parent

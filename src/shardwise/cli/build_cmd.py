@@ -17,8 +17,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                     "byte-identical; running it with other arguments against an existing "
                     "cache is refused.")
     p.add_argument("sources", nargs="+", metavar="SOURCE",
-                   help="files, directories or globs of .jsonl, .jsonl.gz, .jsonl.zst, .parquet")
-    p.add_argument("--out", required=True, metavar="DIR", help="cache directory")
+                   help="files, directories or globs of .jsonl, .jsonl.gz, .jsonl.zst, .parquet; "
+                        "local, or in a bucket ('s3://b/raw/*.jsonl.zst', gs://, az://)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="cache directory, or a bucket prefix (s3://b/cache)")
     p.add_argument("--tokenizer", required=True, metavar="FILE",
                    help="a tokenizer.json saved by the tokenizers library (its truncation and "
                         "padding, if on, are switched off: a build keeps every token)")
@@ -27,9 +29,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="worker processes (default: all cores); with --executor ray, tasks "
                         "at once (default: every CPU of the cluster)")
     p.add_argument("--executor", choices=["local", "ray"], default="local",
-                   help="run on local processes (default) or on a Ray cluster; Ray workers "
-                        "write to --out directly, so it must be on a filesystem every node "
-                        "mounts at the same path")
+                   help="run on local processes (default) or on a Ray cluster; Ray tasks "
+                        "read the sources and write to --out directly, so local paths must "
+                        "be on a filesystem every node mounts at the same path (URLs need "
+                        "none)")
     p.add_argument("--address", default=None, metavar="ADDR",
                    help="with --executor ray: the cluster to join (host:port, or auto); "
                         "default: start a local Ray with --workers CPUs")
