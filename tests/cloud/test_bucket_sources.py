@@ -25,6 +25,7 @@ from shardwise.errors import ConfigError, InputError
 from shardwise.read.config import ReadConfig
 from shardwise.read.trace import trace
 from shardwise.remote.client import RemoteStore
+from shardwise.sources.bucket import open_source
 from shardwise.sources.discovery import describe, discover, fingerprint
 
 RAW = f"s3://{BUCKET}/raw"
@@ -56,18 +57,36 @@ def _paths(raw: dict[str, Path]) -> dict[str, str]:
 
 
 def test_globs_in_a_bucket_build_the_chunks_of_the_local_copies(
-        raw: dict[str, Path], local_build: Path, tokenizer_path: Path) -> None:
+        raw: dict[str, Path], local_build: Path, tokenizer_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also item 3: the fault policy lives in RemoteStore's methods, so no code of a build
+    (sources, chunk publication, the ledger, a rerun's check and repair) may reach the
+    filesystem object itself (the forked workers inherit the guard)."""
+    real = RemoteStore.fs
+
+    def only_from_the_client(self: RemoteStore) -> Any:
+        caller = sys._getframe(1).f_code.co_filename
+        assert caller.endswith(str(Path("remote", "client.py"))), (
+            f"{caller} reaches the store around RemoteStore")
+        return real.fget(self)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(RemoteStore, "fs", property(only_from_the_client))
     out = f"s3://{BUCKET}/cache-globs"
-    summary = sw.build([f"{RAW}/{p}" for p in PATTERNS], out, tokenizer=tokenizer_path,
-                       **OPTS)
+    sources = [f"{RAW}/{p}" for p in PATTERNS]
+    summary = sw.build(sources, out, tokenizer=tokenizer_path, **OPTS)
     assert summary.sources == 4 and summary.chunks > 20
-    assert_same_files(bucket_files(out), relocated(local_build, _paths(raw)))
+    want = relocated(local_build, _paths(raw))
+    assert_same_files(bucket_files(out), want)
     manifest = orjson.loads(bucket_files(out)["manifest.json"])
     assert [s["path"] for s in manifest["sources"]] == [
         f"{RAW}/{n}" for n in ("a.jsonl", "b.jsonl.zst", "c.jsonl.gz", "d.parquet")]
     ledger = orjson.loads(bucket_files(out)["ledger.json"])
     assert len(ledger["sources"][0]["segments"]) > 5  # ranged segments of one object
     assert len(ledger["sources"][3]["segments"]) == 3  # one per row group
+    s3fs_client().rm_file(f"{out.removeprefix('s3://')}/chunks/00000/00000-00001.bin")
+    again = sw.build(sources, out, tokenizer=tokenizer_path, **OPTS)
+    assert list(again.rebuilt_chunks) == ["chunks/00000/00000-00001"]
+    assert_same_files(bucket_files(out), want)
 
 
 def test_the_cli_builds_bucket_to_bucket(raw: dict[str, Path], tokenizer_path: Path,
@@ -149,28 +168,28 @@ def test_fingerprints_read_samples_not_whole_objects(
     assert fingerprint(str(tmp_path / "big.jsonl")) == info.fingerprint
 
 
-def test_every_store_request_goes_through_the_client(
-        raw: dict[str, Path], local_build: Path, tokenizer_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Item 3: the fault policy lives in RemoteStore's methods, so no code of a build
-    (sources, chunk publication, the ledger, a rerun's check and repair) may reach the
-    filesystem object itself."""
-    real = RemoteStore.fs
+def test_a_front_to_back_reader_gets_each_block_once_read_ahead(
+        s3: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    data = bytes(range(256)) * (10 << 12)  # 10 MiB
+    s3fs_client().pipe_file(f"{BUCKET}/ahead/x.bin", data)
+    url, mib = f"s3://{BUCKET}/ahead/x.bin", 1 << 20
+    calls: list[tuple[int, int]] = []
+    real = RemoteStore.read_range
 
-    def only_from_the_client(self: RemoteStore) -> Any:
-        caller = sys._getframe(1).f_code.co_filename
-        assert caller.endswith(str(Path("remote", "client.py"))), (
-            f"{caller} reaches the store around RemoteStore")
-        return real.fget(self)  # type: ignore[attr-defined]
+    def counted(self: RemoteStore, key: str, start: int, stop: int) -> bytes:
+        calls.append((start, stop))
+        return real(self, key, start, stop)
 
-    monkeypatch.setattr(RemoteStore, "fs", property(only_from_the_client))
-    out = f"s3://{BUCKET}/cache-client"
-    sources = [f"{RAW}/{p}" for p in PATTERNS]
-    sw.build(sources, out, tokenizer=tokenizer_path, **OPTS)
-    s3fs_client().rm_file(f"{out.removeprefix('s3://')}/chunks/00000/00000-00001.bin")
-    again = sw.build(sources, out, tokenizer=tokenizer_path, **OPTS)
-    assert list(again.rebuilt_chunks) == ["chunks/00000/00000-00001"]
-    assert_same_files(bucket_files(out), relocated(local_build, _paths(raw)))
+    monkeypatch.setattr(RemoteStore, "read_range", counted)
+    with open_source(url, buffer=mib, ahead_until=len(data)) as f:
+        assert b"".join(iter(lambda: f.read(mib), b"")) == data
+    assert sorted(calls) == [(i * mib, (i + 1) * mib) for i in range(10)]
+    with open_source(url, buffer=mib, ahead_until=3 * mib) as f:
+        assert f.read(mib) == data[:mib]
+        f.seek(5 * mib)  # the block read ahead is dropped
+        assert f.read(100) == data[5 * mib: 5 * mib + 100]
+        f.seek(mib // 2)
+        assert f.read(3 * mib) == data[mib // 2: 3 * mib + mib // 2]
 
 
 def test_trace_names_objects_and_lines(raw: dict[str, Path], local_build: Path,

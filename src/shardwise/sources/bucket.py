@@ -24,9 +24,11 @@ import io
 import os
 import re
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any, BinaryIO
 
+from shardwise.concurrency.threads import ThreadPool
 from shardwise.errors import ConfigError
 from shardwise.remote.client import RemoteStore, is_url
 
@@ -48,12 +50,21 @@ def _locate(url: str, options: Options) -> tuple[RemoteStore, str]:
 
 class RangedFile(io.RawIOBase):
     """An object of known ``size`` as a raw, seekable file: each ``readinto`` is one
-    ranged GET through the client."""
+    ranged GET through the client.
 
-    def __init__(self, store: RemoteStore, key: str, size: int) -> None:
+    Read ahead (``ahead_until``): after a read of ``n`` bytes at ``p``, the next ``n``
+    bytes (below ``ahead_until``) are fetched on a background thread, so a sequential
+    reader (a segment's lines, a compressed stream) tokenizes one block while the next
+    one travels; a read elsewhere drops it."""
+
+    def __init__(self, store: RemoteStore, key: str, size: int,
+                 ahead_until: int | None = None) -> None:
         super().__init__()
         self.store, self.key, self.size, self.pos = store, key, size, 0
         self.name = store.url_of(key)
+        self.ahead_until = min(size, ahead_until) if ahead_until is not None else 0
+        self._pool: ThreadPool | None = None
+        self._ahead: tuple[int, Future[bytes]] | None = None
 
     def readable(self) -> bool:
         return True
@@ -73,21 +84,46 @@ class RangedFile(io.RawIOBase):
         n = min(len(buffer), self.size - self.pos)
         if n <= 0:
             return 0
-        data = self.store.read_range(self.key, self.pos, self.pos + n)
+        data = self._take(self.pos, n)
         buffer[:len(data)] = data
         self.pos += len(data)
+        start = self.pos
+        if start < self.ahead_until:
+            if self._pool is None:
+                self._pool = ThreadPool(1, name="shardwise-source")
+            stop = min(start + len(buffer), self.ahead_until)
+            self._ahead = (start, self._pool.submit(
+                lambda: self.store.read_range(self.key, start, stop)))
         return len(data)
+
+    def _take(self, start: int, n: int) -> bytes:
+        """Bytes ``[start, start + n)``: from the read ahead when it began there."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == start:
+            data = ahead[1].result()
+            if len(data) >= n or start + len(data) >= self.size:
+                return data[:n]
+        elif ahead is not None:
+            ahead[1].cancel()
+        return self.store.read_range(self.key, start, start + n)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close(wait=False)
+            self._pool = None
+        super().close()
 
 
 def open_source(path: str, options: Options = None, *, buffer: int = READ_BUFFER,
-                size: int | None = None) -> BinaryIO:
+                size: int | None = None, ahead_until: int | None = None) -> BinaryIO:
     """A local file opened for reading, or an object as a buffered :class:`RangedFile`
     (``buffer``: bytes per GET when read in small pieces; larger reads go in one GET;
-    ``size``: the object's, when known, saves a HEAD)."""
+    ``size``: the object's, when known, saves a HEAD; ``ahead_until``: read ahead below
+    this offset, for a reader that goes front to back)."""
     if not is_url(path):
         return open(path, "rb")  # noqa: SIM115 - the caller closes it
     store, key = _locate(path, options)
-    raw = RangedFile(store, key, store.size(key) if size is None else size)
+    raw = RangedFile(store, key, store.size(key) if size is None else size, ahead_until)
     return io.BufferedReader(raw, buffer_size=buffer)  # type: ignore[return-value]
 
 

@@ -54,10 +54,13 @@ def absolute_line(path: str, segment_start: int, line_in_segment: int,
     return newlines + line_in_segment + 1
 
 
-def _open_stream(info: SourceInfo, storage_options: Options = None) -> BinaryIO:
+def _open_stream(info: SourceInfo, storage_options: Options = None,
+                 until: int | None = None) -> BinaryIO:
+    """The (decompressed) stream; an object in a bucket is read ahead below ``until``."""
     fmt = SourceFormat(info.format)
     # closed by the wrapper or the caller
-    raw = open_source(info.path, storage_options, size=info.size)
+    raw = open_source(info.path, storage_options, size=info.size,
+                      ahead_until=info.size if until is None else until)
     if fmt is SourceFormat.JSONL_GZ:
         gz = gzip.GzipFile(fileobj=raw, mode="rb")
         gz.myfileobj = raw  # type: ignore[assignment]  # closing gz then closes the file
@@ -150,7 +153,7 @@ def iter_lines(info: SourceInfo, seg: Segment, position: int, line: int,
     """
     stop = seg.stop
     compressed = SourceFormat(info.format) is not SourceFormat.JSONL
-    with _open_stream(info, storage_options) as f:
+    with _open_stream(info, storage_options, None if stop < 0 else stop) as f:
         pos, damaged = _seek(f, position, compressed)
         if damaged is not None:
             yield _truncated(info, seg, pos, line, damaged), pos, line
