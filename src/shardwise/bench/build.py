@@ -193,6 +193,7 @@ def _versus(runs: dict[int, list[dict[str, Any]]], base: list[dict[str, Any]],
     out = [{"workers": n, **_figures(runs[n], corpus.text_bytes)} for n in sorted(runs)]
     for x, b, t in zip(out, base, parallel, strict=False):
         x.update(vs_local=x["mb_per_s"] / b["mb_per_s"],
+                 vs_local_cpu=b["cpu_seconds"] / x["cpu_seconds"],
                  vs_one_worker=x["mb_per_s"] / out[0]["mb_per_s"],
                  vs_tokenizer=x["mb_per_s"] / tok["mb_per_s"],
                  vs_tokenizer_same_count=x["mb_per_s"] / t["mb_per_s"])

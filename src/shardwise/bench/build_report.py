@@ -57,9 +57,11 @@ def _bucket_lines(report: dict[str, Any], on_ray: bool) -> list[str]:
                   b["vs_tokenizer"], b["vs_tokenizer_same_count"]) + f"{b['vs_local']:>9.2f}x"
              for b in report.get("bucket_builds", [])]
     if lines:
+        cpu = ", ".join(f"{b['vs_local_cpu']:.2f}x" for b in report["bucket_builds"])
         lines.append(f"  bucket: corpus and cache in {report['bucket']} "
                      f"({'on Ray' if on_ray else 'local executor'}); its vs local: its MB/s "
-                     f"/ the {'Ray ' if on_ray else ''}build's from and to disk, same workers")
+                     f"/ the {'Ray ' if on_ray else ''}build's from and to disk, same workers "
+                     f"(by CPU seconds instead: {cpu})")
     return lines
 
 
