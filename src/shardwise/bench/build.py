@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -285,8 +285,9 @@ def run(args: argparse.Namespace) -> int:
             "repeat": args.repeat, "batch": BATCH,
         }
         on_ray = getattr(args, "executor", "local") == "ray"
-        with _ray_session(args.workers, corpus, tokenizer, work) if on_ray else nullcontext(
-                {}) as ray_info, _bucket(getattr(args, "bucket", None), corpus) as bucket:
+        session: AbstractContextManager[dict[str, Any]] = (
+            _ray_session(args.workers, corpus, tokenizer, work) if on_ray else nullcontext({}))
+        with session as ray_info, _bucket(getattr(args, "bucket", None), corpus) as bucket:
             report.update(run_rounds(corpus, tokenizer, args.workers, args.repeat, work, log,
                                      ray=on_ray, bucket=bucket))
         report.update({"ray": ray_info} if on_ray else {},

@@ -25,10 +25,10 @@ from shardwise.format.ledger_index import LedgerView
 from shardwise.format.manifest import MANIFEST_NAME, Manifest
 from shardwise.format.megatron import read_idx
 from shardwise.format.paths import user_cache_dir
+from shardwise.remote.client import RemoteStore, is_url
 from shardwise.storage.cache import Cache
 from shardwise.storage.chunk_table import ChunkInfo, ChunkTable
 from shardwise.storage.download import DownloadDir
-from shardwise.remote.client import RemoteStore, is_url
 
 DEFAULT_LOCAL_BYTES = 8 << 30
 
