@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from shardwise.bench import add_common, add_inputs, check_counts
+from shardwise.bench.build_bucket import add_bucket_argument, token_digest, upload_corpus
 from shardwise.bench.build_report import BUSY_LOAD, format_report, plural, targets
 from shardwise.bench.text_corpus import MB, Corpus, make_corpus, read_texts, resolve_inputs
 from shardwise.bench.tokenizer_baseline import BATCH, measure_tokenizer
@@ -78,8 +79,11 @@ def measure_build(corpus: Corpus, tokenizer: Path, workers: int, out: Path,
     seconds = time.perf_counter() - started
     cpu = _cpu_seconds() - cpu + getattr(executor, "task_cpu_seconds", 0.0)
     digest = cache_digest(out)
+    token_files = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*")
+                   if p.suffix in (".bin", ".idx")}
     shutil.rmtree(out)
-    return {"seconds": seconds, "cpu_seconds": cpu, "tokens": summary.tokens, "digest": digest}
+    return {"seconds": seconds, "cpu_seconds": cpu, "tokens": summary.tokens, "digest": digest,
+            "token_digest": token_digest(token_files)}
 
 
 def _usable_cores() -> int:
@@ -106,33 +110,58 @@ def _figures(runs: list[dict[str, Any]], text_bytes: int) -> dict[str, Any]:
 
 
 def run_rounds(corpus: Corpus, tokenizer: Path, max_workers: int, repeat: int, work: Path,
-               log: Any, ray: bool = False) -> dict[str, Any]:
+               log: Any, ray: bool = False, bucket: tuple[str, str] | None = None
+               ) -> dict[str, Any]:
     """``repeat`` rounds of every measurement (tokenizer with n processes, then the build
-    with n workers (then on Ray, if ``ray``), for n = 1..max_workers); the figures and the
-    identity check."""
+    with n workers (then on Ray, if ``ray``; then from and to ``bucket`` = (corpus URL,
+    prefix), on the same executor), for n = 1..max_workers); the figures and the identity
+    check."""
     counts = range(1, max_workers + 1)
-    tok_runs: dict[int, list[dict[str, Any]]] = {n: [] for n in counts}
-    build_runs: dict[int, list[dict[str, Any]]] = {n: [] for n in counts}
-    ray_runs: dict[int, list[dict[str, Any]]] = {n: [] for n in counts} if ray else {}
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {
+        k: {n: [] for n in counts} for k in ("tok", "build", "ray", "bucket")}
     for r in range(repeat):
         for n in counts:
-            tok_runs[n].append(measure_tokenizer(corpus, tokenizer, n))
-            build_runs[n].append(measure_build(corpus, tokenizer, n, work / f"cache-{r}-{n}"))
-            on_ray = ""
-            if ray:
-                from shardwise.writer.ray_executor import RayExecutor
+            runs["tok"][n].append(measure_tokenizer(corpus, tokenizer, n))
+            runs["build"][n].append(measure_build(corpus, tokenizer, n, work / f"cache-{r}-{n}"))
+            line = (f"  round {r + 1}/{repeat}: tokenizer, {plural(n, 'process')} "
+                    f"{runs['tok'][n][-1]['seconds']:.2f} s; build, {plural(n, 'worker')} "
+                    f"{runs['build'][n][-1]['seconds']:.2f} s")
+            log(line + _more_builds(corpus, tokenizer, n, work, r, ray, bucket, runs))
+    return _report(corpus, runs, ray, bucket is not None)
 
-                ray_runs[n].append(measure_build(corpus, tokenizer, n, work / f"ray-{r}-{n}",
-                                                 RayExecutor(n)))
-                on_ray = f"; on Ray {ray_runs[n][-1]['seconds']:.2f} s"
-            log(f"  round {r + 1}/{repeat}: tokenizer, {plural(n, 'process')} "
-                f"{tok_runs[n][-1]['seconds']:.2f} s; build, {plural(n, 'worker')} "
-                f"{build_runs[n][-1]['seconds']:.2f} s{on_ray}")
-    first = tok_runs[1][0]
-    tok = {**_figures(tok_runs[1], corpus.text_bytes),
+
+def _more_builds(corpus: Corpus, tokenizer: Path, n: int, work: Path, r: int, ray: bool,
+                 bucket: tuple[str, str] | None, runs: dict[str, Any]) -> str:
+    """The Ray build and the bucket build of round ``r`` with ``n`` workers, if asked
+    for; what to add to the round's log line."""
+    from shardwise.bench.build_bucket import measure_bucket_build
+
+    def executor() -> Any:
+        from shardwise.writer.ray_executor import RayExecutor
+
+        return RayExecutor(n) if ray else None
+
+    said = ""
+    if ray:
+        runs["ray"][n].append(measure_build(corpus, tokenizer, n, work / f"ray-{r}-{n}",
+                                            executor()))
+        said += f"; on Ray {runs['ray'][n][-1]['seconds']:.2f} s"
+    if bucket is not None:
+        runs["bucket"][n].append(measure_bucket_build(
+            bucket[0], tokenizer, n, f"{bucket[1]}/cache-{r}-{n}", executor()))
+        said += f"; bucket to bucket {runs['bucket'][n][-1]['seconds']:.2f} s"
+    return said
+
+
+def _report(corpus: Corpus, runs: dict[str, Any], ray: bool, bucket: bool
+            ) -> dict[str, Any]:
+    first = runs["tok"][1][0]
+    counts = sorted(runs["tok"])
+    tok = {**_figures(runs["tok"][1], corpus.text_bytes),
            **{k: first[k] for k in ("vocab_size", "model", "method", "env")}}
-    parallel = [{"processes": n, **_figures(tok_runs[n], corpus.text_bytes)} for n in counts]
-    builds = [{"workers": n, **_figures(build_runs[n], corpus.text_bytes)} for n in counts]
+    parallel = [{"processes": n, **_figures(runs["tok"][n], corpus.text_bytes)}
+                for n in counts]
+    builds = [{"workers": n, **_figures(runs["build"][n], corpus.text_bytes)} for n in counts]
     for t in parallel:
         t["vs_one_thread"] = t["mb_per_s"] / tok["mb_per_s"]
     for b, t in zip(builds, parallel, strict=True):
@@ -140,19 +169,35 @@ def run_rounds(corpus: Corpus, tokenizer: Path, max_workers: int, repeat: int, w
         b["efficiency"] = b["vs_one_worker"] / b["workers"]
         b["vs_tokenizer"] = b["mb_per_s"] / tok["mb_per_s"]
         b["vs_tokenizer_same_count"] = b["mb_per_s"] / t["mb_per_s"]
-    rays = [{"workers": n, **_figures(ray_runs[n], corpus.text_bytes)} for n in ray_runs]
-    for rb, b, t in zip(rays, builds, parallel, strict=False):
-        rb.update(vs_local=rb["mb_per_s"] / b["mb_per_s"],
-                  vs_one_worker=rb["mb_per_s"] / rays[0]["mb_per_s"],
-                  vs_tokenizer=rb["mb_per_s"] / tok["mb_per_s"],
-                  vs_tokenizer_same_count=rb["mb_per_s"] / t["mb_per_s"])
-    all_builds = (*build_runs.values(), *ray_runs.values())
-    digests = {r["digest"] for runs in all_builds for r in runs}
+    rays = _versus(runs["ray"], builds, parallel, tok, corpus) if ray else []
+    buckets = (_versus(runs["bucket"], rays or builds, parallel, tok, corpus)
+               if bucket else [])
+    all_builds = [r for k in ("build", "ray") for rs in runs[k].values() for r in rs]
+    digests = {r["digest"] for r in all_builds}
+    token_digests = {r["token_digest"] for r in all_builds} | {
+        r["digest"] for rs in runs["bucket"].values() for r in rs}
     return {"tokenizer": tok, "tokenizer_parallel": parallel[1:], "builds": builds,
             **({"ray_builds": rays} if ray else {}),
-            "identical": len(digests) == 1, "distinct_caches": len(digests),
-            "tokens_match": all(r["tokens"] == first["tokens"]
-                                for runs in (*tok_runs.values(), *all_builds) for r in runs)}
+            **({"bucket_builds": buckets} if bucket else {}),
+            "identical": len(digests) == 1 and len(token_digests) == 1,
+            "distinct_caches": len(digests),
+            "tokens_match": all(r["tokens"] == first["tokens"] for k in runs
+                                for rs in runs[k].values() for r in rs)}
+
+
+def _versus(runs: dict[int, list[dict[str, Any]]], base: list[dict[str, Any]],
+            parallel: list[dict[str, Any]], tok: dict[str, Any], corpus: Corpus
+            ) -> list[dict[str, Any]]:
+    """Figures of more builds (Ray, bucket) with ``vs_local``: their MB/s over ``base``'s
+    (the builds they are compared with, worker count by worker count)."""
+    out = [{"workers": n, **_figures(runs[n], corpus.text_bytes)} for n in sorted(runs)]
+    for x, b, t in zip(out, base, parallel, strict=False):
+        x.update(vs_local=x["mb_per_s"] / b["mb_per_s"],
+                 vs_local_cpu=b["cpu_seconds"] / x["cpu_seconds"],
+                 vs_one_worker=x["mb_per_s"] / out[0]["mb_per_s"],
+                 vs_tokenizer=x["mb_per_s"] / tok["mb_per_s"],
+                 vs_tokenizer_same_count=x["mb_per_s"] / t["mb_per_s"])
+    return out
 
 
 def add_executor_argument(parser: argparse.ArgumentParser) -> None:
@@ -187,6 +232,21 @@ def _ray_session(workers: int, corpus: Corpus, tokenizer: Path, work: Path
         session.close()
 
 
+@contextmanager
+def _bucket(url: str | None, corpus: Corpus) -> Iterator[tuple[str, str] | None]:
+    """The corpus uploaded to ``url`` (``--bucket``) for the rounds, removed after."""
+    if url is None:
+        yield None
+        return
+    from shardwise.bench.build_bucket import remove_prefix
+
+    prefix = url.rstrip("/")
+    try:
+        yield upload_corpus(corpus.path, prefix), prefix
+    finally:
+        remove_prefix(prefix)
+
+
 def add_subparser(which: Any) -> argparse.ArgumentParser:
     """``build`` under ``shardwise bench``'s subcommands."""
     b = which.add_parser("build", help="tokens/s of the build for 1..N workers vs the "
@@ -198,6 +258,7 @@ def add_subparser(which: Any) -> argparse.ArgumentParser:
                    help="measure 1, 2, ... up to this many workers (default 2)")
     add_common(b, repeat=3, repeat_help="runs of each measurement; the best is reported")
     add_executor_argument(b)
+    add_bucket_argument(b)
     return b
 
 
@@ -226,11 +287,11 @@ def run(args: argparse.Namespace) -> int:
         on_ray = getattr(args, "executor", "local") == "ray"
         session: AbstractContextManager[dict[str, Any]] = (
             _ray_session(args.workers, corpus, tokenizer, work) if on_ray else nullcontext({}))
-        with session as ray_info:
+        with session as ray_info, _bucket(getattr(args, "bucket", None), corpus) as bucket:
             report.update(run_rounds(corpus, tokenizer, args.workers, args.repeat, work, log,
-                                     ray=on_ray))
-        if on_ray:
-            report["ray"] = ray_info
+                                     ray=on_ray, bucket=bucket))
+        report.update({"ray": ray_info} if on_ray else {},
+                      **({"bucket": bucket[1]} if bucket else {}))
         report["machine"]["load_after"] = _load()
     loads = [x for x in (report["machine"]["load_before"], report["machine"]["load_after"])
              if x is not None]

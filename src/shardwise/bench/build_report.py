@@ -14,6 +14,7 @@ from shardwise.bench.tokenizer_baseline import BATCH
 
 TARGET_VS_TOKENIZER = 0.8   # one worker vs the tokenizer alone, one thread
 TARGET_EFFICIENCY = 0.8     # N workers vs N × one worker
+TARGET_BUCKET = 0.8         # corpus and cache in a bucket vs on disk, same workers
 BUSY_LOAD = 1.25            # load average per core above which the figures are suspect
 
 
@@ -24,7 +25,10 @@ def plural(n: int, what: str) -> str:
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The project's acceptance figures, checked against this run."""
     builds = report["builds"]
-    out = [{"what": f"1 worker >= {TARGET_VS_TOKENIZER:.2f}x the tokenizer's single thread",
+    out = [{"what": f"bucket to bucket, {plural(b['workers'], 'worker')} >= "
+                    f"{TARGET_BUCKET:.2f}x from and to disk", "want": TARGET_BUCKET,
+            "got": b["vs_local"]} for b in report.get("bucket_builds", [])[-1:]]
+    out += [{"what": f"1 worker >= {TARGET_VS_TOKENIZER:.2f}x the tokenizer's single thread",
             "want": TARGET_VS_TOKENIZER, "got": builds[0]["vs_tokenizer"]}]
     for b in builds[1:]:
         want = TARGET_EFFICIENCY * b["workers"]
@@ -47,6 +51,20 @@ def _fmt(x: float | None) -> str:
     return "?" if x is None else f"{x:.2f}"
 
 
+def _bucket_lines(report: dict[str, Any], on_ray: bool) -> list[str]:
+    """The rows of ``--bucket``'s builds, and what they were compared with."""
+    lines = [_row(f"bucket, {plural(b['workers'], 'worker')}", b, b["vs_one_worker"],
+                  b["vs_tokenizer"], b["vs_tokenizer_same_count"]) + f"{b['vs_local']:>9.2f}x"
+             for b in report.get("bucket_builds", [])]
+    if lines:
+        cpu = ", ".join(f"{b['vs_local_cpu']:.2f}x" for b in report["bucket_builds"])
+        lines.append(f"  bucket: corpus and cache in {report['bucket']} "
+                     f"({'on Ray' if on_ray else 'local executor'}); its vs local: its MB/s "
+                     f"/ the {'Ray ' if on_ray else ''}build's from and to disk, same workers "
+                     f"(by CPU seconds instead: {cpu})")
+    return lines
+
+
 def format_report(report: dict[str, Any]) -> str:
     c, t, m = report["corpus"], report["tokenizer"], report["machine"]
     rays = report.get("ray_builds", [])
@@ -61,7 +79,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"{report['repeat']} interleaved runs each; MB = 10^6 bytes of text",
         "",
         f"  {'':<24}{'best s':>8}{'cpu s':>8}{'Mtok/s':>8}{'MB/s':>7}{'vs 1 worker':>13}"
-        f"{'vs tokenizer':>14}{'vs tok x N':>12}" + (f"{'vs local':>10}" if rays else ""),
+        f"{'vs tokenizer':>14}{'vs tok x N':>12}"
+        + (f"{'vs local':>10}" if rays or "bucket_builds" in report else ""),
         _row("tokenizer, 1 thread", t, None, 1.0, None),
     ]
     for p in report["tokenizer_parallel"]:
@@ -74,12 +93,14 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(_row(f"ray, {plural(b['workers'], 'worker')}", b, b["vs_one_worker"],
                           b["vs_tokenizer"], b["vs_tokenizer_same_count"])
                      + f"{b['vs_local']:>9.2f}x")
+    lines += _bucket_lines(report, bool(rays))
     if rays:
         r = report["ray"]
         lines.append(f"  ray {r['version']}: a local cluster of {r['cpus']} CPUs, started in "
                      f"{r['start_seconds']:.1f} s and warmed up before timing (not counted); "
                      "vs local: Ray's MB/s / the local build's with as many workers")
-    n_builds = report["repeat"] * (len(report["builds"]) + len(rays))
+    n_builds = report["repeat"] * (len(report["builds"]) + len(rays)
+                                   + len(report.get("bucket_builds", [])))
     lines += ["", f"  identical: {'yes' if report['identical'] else 'no'} "
                   f"({report['distinct_caches']} distinct cache(s) from {n_builds} builds)"]
     if not report["tokens_match"]:

@@ -19,8 +19,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("sources", nargs="+", metavar="SOURCE",
                    help="files, directories or globs of .jsonl, .jsonl.gz, .jsonl.zst, "
                         ".parquet, .arrow; a Hugging Face datasets folder (save_to_disk, "
-                        "the datasets cache of one split, a hub cache entry)")
-    p.add_argument("--out", required=True, metavar="DIR", help="cache directory")
+                        "the datasets cache of one split, a hub cache entry); local, or in a "
+                        "bucket ('s3://b/raw/*.jsonl.zst', gs://, az://)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="cache directory, or a bucket prefix (s3://b/cache)")
     p.add_argument("--tokenizer", required=True, metavar="FILE",
                    help="a tokenizer.json saved by the tokenizers library (its truncation and "
                         "padding, if on, are switched off: a build keeps every token)")
@@ -31,9 +33,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="worker processes (default: all cores); with --executor ray, tasks "
                         "at once (default: every CPU of the cluster)")
     p.add_argument("--executor", choices=["local", "ray"], default="local",
-                   help="run on local processes (default) or on a Ray cluster; Ray workers "
-                        "write to --out directly, so it must be on a filesystem every node "
-                        "mounts at the same path")
+                   help="run on local processes (default) or on a Ray cluster; Ray tasks "
+                        "read the sources and write to --out directly, so local paths must "
+                        "be on a filesystem every node mounts at the same path (URLs need "
+                        "none)")
     p.add_argument("--address", default=None, metavar="ADDR",
                    help="with --executor ray: the cluster to join (host:port, or auto); "
                         "default: start a local Ray with --workers CPUs")

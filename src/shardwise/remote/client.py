@@ -119,6 +119,11 @@ class RemoteStore:
     def size(self, relative: str) -> int:
         return int(self.fs.size(self.key(relative)))
 
+    def download(self, relative: str, dest: str | os.PathLike[str]) -> None:
+        """Copy the object to the local file ``dest``, streamed (a chunk may be large);
+        FileNotFoundError if it does not exist."""
+        self.fs.get_file(self.key(relative), os.fspath(dest))
+
     def open(self, relative: str) -> BinaryIO:
         f: BinaryIO = self.fs.open(self.key(relative), "rb", block_size=8 << 20)
         return f

@@ -23,6 +23,16 @@ from shardwise.errors import ConfigError
 from shardwise.format.ledger import Segment
 from shardwise.format.manifest import SourceInfo
 from shardwise.sources import hf
+from shardwise.sources.bucket import (
+    Options,
+    expand_url,
+    is_url,
+    line_probes,
+    object_exists,
+    object_size,
+    open_source,
+    read_samples,
+)
 
 MIN_SEGMENT_BYTES = 4 << 20
 MAX_SEGMENTS_PER_FILE = 256
@@ -81,6 +91,22 @@ def _expand(pattern: str) -> list[str]:
             or _no_supported(pattern))
 
 
+def _expand_url(pattern: str, options: Options) -> list[str]:
+    """:func:`_expand` for a URL: the same rules, over the bucket's listing."""
+    if source_format(pattern) and not any(c in pattern for c in "*?["):
+        if object_exists(pattern, options):
+            return [pattern]
+        raise ConfigError(f"{pattern}: no such file, directory or glob match")
+    found = expand_url(pattern, options)
+    if not found:
+        raise ConfigError(f"{pattern}: no such file, directory or glob match")
+    supported = [f for f in found if source_format(f)]
+    if len(found) == 1 and found[0] == pattern and not supported:
+        raise ConfigError(f"{pattern}: unsupported source type; expected one of "
+                          f"{sorted(_SUFFIXES)}")
+    return supported or _no_supported(pattern)
+
+
 def _no_supported(pattern: str) -> list[str]:
     raise ConfigError(f"{pattern}: matches files, but none of a supported type "
                       f"({sorted(_SUFFIXES)})")
@@ -113,20 +139,25 @@ def _objects(item: object) -> list[str]:
     return files
 
 
-def discover(patterns: Sequence[str | os.PathLike[str] | Any] | str | Any) -> list[str]:
+def discover(patterns: Sequence[str | os.PathLike[str] | Any] | str | Any,
+             storage_options: Options = None) -> list[str]:
     """Files named by paths, directories (recursive) and globs, in the order given,
     each directory or glob sorted (a Hugging Face folder in its own order, see
     :mod:`.hf`), and the Arrow files of ``datasets.Dataset`` objects; duplicates keep
-    their first place."""
+    their first place. A URL (``s3://b/raw/*.jsonl.zst``) names objects by the same rules
+    (:mod:`.bucket`)."""
     if isinstance(patterns, (str, os.PathLike)) or not isinstance(patterns, Sequence):
         patterns = [patterns]
     out: list[str] = []
     seen: set[str] = set()
     for pattern in patterns:
-        files = (_expand(os.fspath(pattern)) if isinstance(pattern, (str, os.PathLike))
-                 else _objects(pattern))
+        if isinstance(pattern, (str, os.PathLike)):
+            name = os.fspath(pattern)
+            files = _expand_url(name, storage_options) if is_url(name) else _expand(name)
+        else:
+            files = _objects(pattern)
         for f in files:
-            key = os.path.realpath(f)
+            key = f if is_url(f) else os.path.realpath(f)
             if key not in seen:
                 seen.add(key)
                 out.append(f)
@@ -135,28 +166,33 @@ def discover(patterns: Sequence[str | os.PathLike[str] | Any] | str | Any) -> li
     return out
 
 
-def fingerprint(path: str) -> str:
+def fingerprint(path: str, storage_options: Options = None, *, size: int | None = None
+                ) -> str:
     """A content fingerprint from the size and three 1 MiB samples (head, middle, tail):
-    cheap on terabytes, and it changes when a file is replaced, truncated or appended."""
-    size = os.path.getsize(path)
+    cheap on terabytes, and it changes when a file is replaced, truncated or appended.
+    An object's samples are three ranged GETs at once; its fingerprint is its local
+    copy's."""
+    size = object_size(path, storage_options) if size is None else size
     h = xxhash.xxh3_64()
     h.update(str(size).encode())
-    with open(path, "rb") as f:
-        for offset in sorted({0, max(0, size // 2 - _FINGERPRINT_SAMPLE // 2),
-                              max(0, size - _FINGERPRINT_SAMPLE)}):
-            f.seek(offset)
-            h.update(f.read(_FINGERPRINT_SAMPLE))
+    offsets = sorted({0, max(0, size // 2 - _FINGERPRINT_SAMPLE // 2),
+                      max(0, size - _FINGERPRINT_SAMPLE)})
+    for sample in read_samples(path, [(o, o + _FINGERPRINT_SAMPLE) for o in offsets],
+                               storage_options):
+        h.update(sample)
     return h.hexdigest()
 
 
-def describe(paths: Iterable[str]) -> list[SourceInfo]:
+def describe(paths: Iterable[str], storage_options: Options = None) -> list[SourceInfo]:
     out = []
     for p in paths:
         fmt = source_format(p)
         if fmt is None:
             raise ConfigError(f"{p}: unsupported source type")
-        out.append(SourceInfo(path=os.path.abspath(p), size=os.path.getsize(p),
-                              fingerprint=fingerprint(p), format=fmt.value))
+        size = object_size(p, storage_options)
+        out.append(SourceInfo(path=p if is_url(p) else os.path.abspath(p), size=size,
+                              fingerprint=fingerprint(p, storage_options, size=size),
+                              format=fmt.value))
     return out
 
 
@@ -192,13 +228,15 @@ def next_line_start(f: BinaryIO, position: int, size: int, block: int = 64 << 10
 _next_line_start = next_line_start  # the former private name, kept for callers
 
 
-def plan_segments(info: SourceInfo, segment_bytes: int | None = None) -> list[Segment]:
+def plan_segments(info: SourceInfo, segment_bytes: int | None = None,
+                  storage_options: Options = None) -> list[Segment]:
     """The segments of one source (see the module docstring)."""
     fmt = SourceFormat(info.format)
     if fmt is SourceFormat.PARQUET:
-        import pyarrow.parquet as pq
+        from shardwise.sources.bucket import parquet_input
 
-        meta = pq.ParquetFile(info.path).metadata
+        with parquet_input(info.path, storage_options, info.size) as pf:
+            meta = pf.metadata
         segs, row = [], 0
         for g in range(meta.num_row_groups):
             n = meta.row_group(g).num_rows
@@ -212,10 +250,11 @@ def plan_segments(info: SourceInfo, segment_bytes: int | None = None) -> list[Se
     size = info.size
     step = segment_size(size, segment_bytes)
     bounds = [0]
-    with open(info.path, "rb") as f:
+    probed = line_probes(info.path, range(step, size, step), storage_options)
+    with open_source(info.path, storage_options, buffer=64 << 10, size=size) as f:
         nominal = step
         while nominal < size:
-            b = next_line_start(f, nominal, size)
+            b = probed.get(nominal) or next_line_start(f, nominal, size)
             if b > bounds[-1] and b < size:
                 bounds.append(b)
             nominal = max(nominal + step, b)

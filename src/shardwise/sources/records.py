@@ -22,6 +22,7 @@ from shardwise.errors import InputError
 from shardwise.format.ledger import Segment
 from shardwise.format.manifest import SourceInfo
 from shardwise.sources.arrow import arrow_schema_names, iter_arrow
+from shardwise.sources.bucket import Options, open_source, parquet_input
 from shardwise.sources.discovery import SourceFormat
 from shardwise.sources.fields import top_columns
 
@@ -38,13 +39,14 @@ class Located:
     line: int
 
 
-def absolute_line(path: str, segment_start: int, line_in_segment: int) -> int:
+def absolute_line(path: str, segment_start: int, line_in_segment: int,
+                  storage_options: Options = None) -> int:
     """1-based line number in the file; counts newlines before the segment only on demand
     (it is used for error messages, never on the hot path)."""
     if segment_start <= 0:
         return line_in_segment + 1
     newlines = 0
-    with open(path, "rb") as f:
+    with open_source(path, storage_options) as f:
         remaining = segment_start
         while remaining > 0:
             block = f.read(min(BLOCK, remaining))
@@ -55,9 +57,13 @@ def absolute_line(path: str, segment_start: int, line_in_segment: int) -> int:
     return newlines + line_in_segment + 1
 
 
-def _open_stream(info: SourceInfo) -> BinaryIO:
+def _open_stream(info: SourceInfo, storage_options: Options = None,
+                 until: int | None = None) -> BinaryIO:
+    """The (decompressed) stream; an object in a bucket is read ahead below ``until``."""
     fmt = SourceFormat(info.format)
-    raw = open(info.path, "rb")  # noqa: SIM115 - closed by the wrapper or the caller
+    # closed by the wrapper or the caller
+    raw = open_source(info.path, storage_options, size=info.size,
+                      ahead_until=info.size if until is None else until)
     if fmt is SourceFormat.JSONL_GZ:
         gz = gzip.GzipFile(fileobj=raw, mode="rb")
         gz.myfileobj = raw  # type: ignore[assignment]  # closing gz then closes the file
@@ -137,7 +143,8 @@ def _seek(f: Any, position: int, compressed: bool) -> tuple[int, Exception | Non
 
 
 def iter_lines(info: SourceInfo, seg: Segment, position: int, line: int,
-               max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+               max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+               storage_options: Options = None
                ) -> Iterator[tuple[bytes | InputError, int, int]]:
     """``(line_bytes, end, line_no)`` for each line starting in ``[position, seg.stop)``.
 
@@ -149,7 +156,7 @@ def iter_lines(info: SourceInfo, seg: Segment, position: int, line: int,
     """
     stop = seg.stop
     compressed = SourceFormat(info.format) is not SourceFormat.JSONL
-    with _open_stream(info) as f:
+    with _open_stream(info, storage_options, None if stop < 0 else stop) as f:
         pos, damaged = _seek(f, position, compressed)
         if damaged is not None:
             yield _truncated(info, seg, pos, line, damaged), pos, line
@@ -265,12 +272,15 @@ def parse_line(raw: bytes, *, path: str, line_for_error: int,
     return value
 
 
-def iter_parquet(info: SourceInfo, seg: Segment, position: int, columns: list[str] | None
-                 ) -> Iterator[Located]:
+def iter_parquet(info: SourceInfo, seg: Segment, position: int, columns: list[str] | None,
+                 storage_options: Options = None) -> Iterator[Located]:
     """Rows ``[position, seg.stop)`` of one row group, as dicts."""
-    import pyarrow.parquet as pq
+    with parquet_input(info.path, storage_options, info.size) as pf:
+        yield from _parquet_rows(pf, info, seg, position, columns)
 
-    pf = pq.ParquetFile(info.path)
+
+def _parquet_rows(pf: Any, info: SourceInfo, seg: Segment, position: int,
+                  columns: list[str] | None) -> Iterator[Located]:
     group = _row_group_of(pf, seg.start)
     row = seg.start
     selected = _select(info, seg, position, columns, pf.schema_arrow.names)
@@ -325,16 +335,19 @@ def _row_group_of(pf: Any, start_row: int) -> int:
 
 def iter_records(info: SourceInfo, seg: Segment, position: int, line: int, *,
                  columns: list[str] | None = None,
-                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> Iterator[Located]:
-    """Every record of a segment from ``position``, parsed, with errors as values."""
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+                 storage_options: Options = None) -> Iterator[Located]:
+    """Every record of a segment from ``position``, parsed, with errors as values
+    (``storage_options``: for a source in a bucket, see :mod:`.bucket`)."""
     fmt = SourceFormat(info.format)
     if fmt is SourceFormat.PARQUET:
-        yield from iter_parquet(info, seg, position, columns)
+        yield from iter_parquet(info, seg, position, columns, storage_options)
         return
     if fmt is SourceFormat.ARROW:
         yield from iter_arrow_rows(info, seg, position, columns)
         return
-    for raw, end, ln in iter_lines(info, seg, position, line, max_record_bytes):
+    for raw, end, ln in iter_lines(info, seg, position, line, max_record_bytes,
+                                   storage_options):
         if isinstance(raw, InputError):
             yield Located(raw, end, ln)
             continue
@@ -344,7 +357,8 @@ def iter_records(info: SourceInfo, seg: Segment, position: int, line: int, *,
         yield Located(value, end, ln)
 
 
-def relocate(err: InputError, info: SourceInfo, seg_start: int, ln: int) -> InputError:
+def relocate(err: InputError, info: SourceInfo, seg_start: int, ln: int,
+             storage_options: Options = None) -> InputError:
     """Rewrite an error's line number from segment-relative to file-absolute (called only
     when an error is raised: for JSONL it counts the newlines before the segment)."""
     if seg_start <= 0:
@@ -353,6 +367,6 @@ def relocate(err: InputError, info: SourceInfo, seg_start: int, ln: int) -> Inpu
     if SourceFormat(info.format).by_rows:
         abs_line = seg_start + ln + 1
     else:
-        abs_line = absolute_line(path, seg_start, ln)
+        abs_line = absolute_line(path, seg_start, ln, storage_options)
     msg = str(err).replace(f"{path}:{ln + 1}:", f"{path}:{abs_line}:", 1)
     return InputError(msg, path=path, line=abs_line, reason=err.reason)

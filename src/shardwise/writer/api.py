@@ -205,15 +205,15 @@ def build(sources: Sequence[str | os.PathLike[str] | Any] | Any, out: str | os.P
     ``tokenizers.Tokenizer`` (truncation and padding switched off; the summary notes it).
     ``executor``: ``"local"`` (processes here, the default), ``"ray"`` (the Ray cluster at
     ``address``, or a local Ray: :mod:`shardwise.writer.ray_executor`), or an executor
-    object, which the caller closes. ``out`` may be a URL (``s3://bucket/prefix``, anything
-    fsspec speaks): chunks are uploaded whole before the ledger names them
-    (:mod:`shardwise.remote.client`), with credentials from the environment or
-    ``storage_options`` (never stored). An object store has no lock: run **one build per
-    cache URL at a time** (a local directory is locked against a second build).
+    object, which the caller closes. ``sources`` and ``out`` may be URLs (``s3://b/raw/*.zst``,
+    ``s3://b/cache``; anything fsspec speaks): sources are read by ranged GETs
+    (:mod:`shardwise.sources.bucket`), chunks uploaded whole before the ledger names them
+    (:mod:`shardwise.remote.client`); credentials come from the environment or
+    ``storage_options`` (never stored). No lock on a store: one build per URL at a time.
 
     A rerun first checks every chunk an earlier run published (size and xxh3;
-    ``verify=False``: sizes only) and rebuilds the damaged, truncated or missing ones,
-    byte-identical (:mod:`shardwise.writer.repair`); the summary lists them.
+    ``verify=False``: sizes only) and rebuilds the damaged ones, byte-identical (the
+    summary lists them: :mod:`shardwise.writer.repair`).
 
     >>> build(["data/*.jsonl.zst"], "cache/", tokenizer="tokenizer.json",  # doctest: +SKIP
     ...       workers=8)
@@ -226,11 +226,12 @@ def build(sources: Sequence[str | os.PathLike[str] | Any] | Any, out: str | os.P
                            eod_token=eod_token, vocab_size=vocab_size, records=records,
                            processor_version=processor_version)
     runner, release = _make_executor(executor, workers, address)
-    manifest = _manifest(proc, policy, describe(discover(sources)), err_mode, records)
+    manifest = _manifest(proc, policy, describe(discover(sources, storage_options),
+                                                storage_options), err_mode, records)
     root = open_store(out, storage_options)
+    depth = CheckDepth.CHECKSUMS if verify else CheckDepth.SIZES
     with root.locked():
-        ledger, check = start_ledger(root, manifest, policy, overwrite,
-                                     CheckDepth.CHECKSUMS if verify else CheckDepth.SIZES)
+        ledger, check = start_ledger(root, manifest, policy, overwrite, depth, storage_options)
         job = Job(root.location, proc, policy, err_mode, manifest.dtype,
                   manifest.tokenizer.vocab_size, records, max_record_bytes, storage_options)
         coordinator = _run(root, runner, release, job, ledger, check, manifest.sources, progress)

@@ -29,13 +29,18 @@ and fails the task if a replay yields a different number. A killed driver takes 
 tasks with it; running the build again (with either executor) resumes from the ledger,
 as after a local crash.
 
-**Shared filesystem.** Workers open the sources and write chunk files by the driver's
-absolute paths, so every node must see them at the same paths (one machine, NFS, Lustre).
-A worker that cannot see the cache directory stops the build naming its node. Caches on
-object storage are not supported yet.
+**No shared filesystem needed.** Sources and cache in a bucket (``s3://``, ``gs://``,
+``az://``): each task reads its segment from the bucket by ranged GETs
+(:mod:`shardwise.sources.bucket`) and publishes its chunks to it through the one
+object-store client (:class:`~shardwise.remote.RemoteStore`, with its timeouts and
+retries); only the driver writes the ledger. Credentials come from each node's
+environment or from ``storage_options`` (sent with the job, never written). Local
+paths instead are opened by the driver's absolute paths, so every node must see them at
+the same paths (one machine, NFS, Lustre); a worker that cannot see one stops the build
+naming its node.
 
 >>> with RayExecutor(workers=64, address="auto") as ex:        # doctest: +SKIP
-...     build(["data/*.jsonl.zst"], "/shared/cache", tokenizer="tok.json", executor=ex)
+...     build(["s3://b/raw/*.jsonl.zst"], "s3://b/cache", tokenizer="tok.json", executor=ex)
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from shardwise.checkpoint import as_count
 from shardwise.concurrency.pool import WorkerCrashed
 from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import ConfigError, MissingExtraError
+from shardwise.remote.client import is_url
 from shardwise.writer.worker import Job, Task, run_task
 
 DEFAULT_MAX_RETRIES = 3
@@ -78,9 +84,11 @@ class _Finished:
 
 
 def _check_shared_paths(job: Job, task: Task) -> None:
+    """A local cache directory or source must be on this node too (a URL is reached
+    from every node alike)."""
     for what, path, ok in (("cache directory", job.root, os.path.isdir(job.root)),
                            ("source", task.info.path, os.path.exists(task.info.path))):
-        if not ok:
+        if not ok and not is_url(path):
             raise ConfigError(f"{what} {path} does not exist on Ray node "
                               f"{socket.gethostname()}: the Ray executor reads sources and "
                               "writes chunks by the driver's paths, so they must be on a "
@@ -169,7 +177,8 @@ class RayExecutor:
         if not todo:
             return
         ray = self.connect()._ray
-        job_ref = ray.put(replace(job, root=os.path.abspath(job.root)))
+        job_ref = ray.put(job if is_url(job.root)
+                          else replace(job, root=os.path.abspath(job.root)))
         remote = ray.remote(_run_segment).options(
             num_returns="streaming", num_cpus=1, max_retries=self.max_retries,
             retry_exceptions=False)

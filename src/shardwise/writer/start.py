@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from shardwise.errors import CacheMismatchError, ConfigError
 from shardwise.format.ledger import LEDGER_NAME, Ledger, SourceProgress
@@ -66,9 +67,11 @@ class Check:
 
 
 def start_ledger(root: ChunkStore, manifest: Manifest, policy: ChunkPolicy, overwrite: bool,
-           depth: CheckDepth) -> tuple[Ledger, Check]:
+                 depth: CheckDepth, storage_options: dict[str, Any] | None = None
+                 ) -> tuple[Ledger, Check]:
     """The ledger to continue (a new one for a new cache), and the check of the chunks it
-    already names: a rerun rebuilds those that are damaged."""
+    already names: a rerun rebuilds those that are damaged. (``storage_options``: for
+    sources in a bucket, whose segments are planned here.)"""
     ledger = _prepare(root, manifest, overwrite)
     if ledger is None or Manifest.load(root).on_error != manifest.on_error:
         manifest.save(root)
@@ -79,7 +82,7 @@ def start_ledger(root: ChunkStore, manifest: Manifest, policy: ChunkPolicy, over
         started = time.monotonic()
         damaged, checked = find_damaged(root, ledger, manifest, depth)
         return ledger, Check(depth, checked, time.monotonic() - started, damaged)
-    ledger = Ledger([SourceProgress(plan_segments(i, policy.segment_bytes))
+    ledger = Ledger([SourceProgress(plan_segments(i, policy.segment_bytes, storage_options))
                      for i in manifest.sources])
     ledger.manifest_xxh3 = manifest_checksum(root)  # the ledger covers the manifest
     ledger.save(root)

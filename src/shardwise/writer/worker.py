@@ -181,7 +181,8 @@ class SegmentBuilder:
     def count(self, err: InputError, located: Located) -> None:
         if self.job.on_error is OnError.RAISE:
             self.publish_if_full()  # the work before a bad record is kept
-            err = relocate(err, self.t.info, self.t.segment.start, located.line)
+            err = relocate(err, self.t.info, self.t.segment.start, located.line,
+                           self.job.storage_options)
             raise err
         self.errors[err.reason] = self.errors.get(err.reason, 0) + 1
 
@@ -274,7 +275,8 @@ def _add_records(builder: SegmentBuilder) -> None:
     batch_start = task.segment.position
     for located in iter_records(task.info, task.segment, task.segment.position,
                                 task.segment.line, columns=job.processor.columns(),
-                                max_record_bytes=job.max_record_bytes):
+                                max_record_bytes=job.max_record_bytes,
+                                storage_options=job.storage_options):
         batch.append(located)
         if len(batch) >= BATCH_RECORDS or located.end - batch_start >= BATCH_BYTES:
             _flush(builder, batch)

@@ -1,0 +1,61 @@
+"""A real S3 server (SeaweedFS) for the session, its environment set per module, and the
+raw corpora of the cloud-build tests: local copies beside the same files in a bucket."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.cloud.seaweed import environment, weed_s3
+from tests.conftest import sample_texts
+
+BUCKET = "sw-cloud"
+
+
+@pytest.fixture(scope="session")
+def weed_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    with weed_s3(BUCKET, tmp_path_factory.mktemp("weed")) as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def s3(weed_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The server's credentials and endpoint in ``os.environ`` for one module."""
+    with environment(weed_env):
+        yield weed_env
+
+
+def s3fs_client():  # type: ignore[no-untyped-def]
+    import fsspec
+
+    return fsspec.filesystem("s3", skip_instance_cache=True)
+
+
+def write_raw(d: Path, copies: int = 2) -> dict[str, Path]:
+    """JSONL (several segments at 64 kB), .jsonl.zst, .jsonl.gz and a Parquet file of
+    three row groups, plus a stray file no build reads."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    texts = [f"[{k}] {t}" for k in range(copies) for t in sample_texts()]
+    lines = "".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts))
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "a.jsonl").write_text(lines, "utf-8")
+    (d / "b.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(
+        "".join(json.dumps({"text": t[::-1]}) + "\n" for t in texts[:300]).encode()))
+    (d / "c.jsonl.gz").write_bytes(gzip.compress(
+        "".join(json.dumps({"text": t.upper()}) + "\n" for t in texts[:200]).encode()))
+    pq.write_table(pa.table({"id": list(range(250)), "text": [t[:400] for t in texts[:250]]}),
+                   d / "d.parquet", row_group_size=100)
+    (d / "notes.txt").write_text("not a source\n")
+    return {p.name: p for p in sorted(d.iterdir())}
+
+
+def upload(files: dict[str, Path], url: str) -> None:
+    fs = s3fs_client()
+    for name, p in files.items():
+        fs.pipe_file(f"{url.removeprefix('s3://')}/{name}", p.read_bytes())

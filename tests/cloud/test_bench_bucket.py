@@ -1,0 +1,30 @@
+"""``shardwise bench build --bucket``: the same builds with corpus and cache in a bucket
+(a real S3 server), beside the disk builds, with the ratio (issue 23 item 5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+from tests.cloud.conftest import BUCKET, s3fs_client
+
+
+def test_bucket_builds_beside_the_disk_builds(s3: dict[str, str], cli: Any,
+                                              tmp_path: Path) -> None:
+    url = f"s3://{BUCKET}/bench"
+    code, out, _ = cli("bench", "build", "--mb", "0.2", "--repeat", "1", "--workers", "1",
+                       "--bucket", url, "--tmp-dir", tmp_path, "--json")
+    assert code == 0
+    report = orjson.loads(out)
+    (b,) = report["bucket_builds"]
+    assert b["workers"] == 1 and b["vs_local"] > 0 and b["tokens"] == report["builds"][0][
+        "tokens"]
+    assert report["identical"]  # the bucket build's token files are the disk build's
+    assert any(t["what"].startswith("bucket to bucket") for t in report["targets"])
+    left = [k for k in s3fs_client().find(f"{BUCKET}/bench") if k.startswith(f"{BUCKET}/bench/")]
+    assert left == []  # corpus and caches removed
+    s3fs_client().pipe_file(f"{BUCKET}/full/x", b"x")
+    code, _, err = cli("bench", "build", "--mb", "0.2", "--repeat", "1", "--workers", "1",
+                       "--bucket", f"s3://{BUCKET}/full", "--tmp-dir", tmp_path)
+    assert code == 2 and "not empty" in err
