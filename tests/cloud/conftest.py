@@ -1,31 +1,26 @@
-"""A real S3 server (SeaweedFS) for the session, its environment set per module, and the
-raw corpora of the cloud-build tests: local copies beside the same files in a bucket."""
+"""The session's S3 server (SeaweedFS, tests/conftest.py's ``s3_server``) with this
+directory's bucket, and the raw corpora of the cloud-build tests: local copies beside the
+same files in a bucket."""
 
 from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.cloud.seaweed import environment, weed_s3
 from tests.conftest import sample_texts
+from tests.s3server import S3Server
 
 BUCKET = "sw-cloud"
 
 
 @pytest.fixture(scope="session")
-def weed_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    with weed_s3(BUCKET, tmp_path_factory.mktemp("weed")) as env:
-        yield env
-
-
-@pytest.fixture(scope="module")
-def s3(weed_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """The server's credentials and endpoint in ``os.environ`` for one module."""
-    with environment(weed_env):
-        yield weed_env
+def s3(s3_server: S3Server) -> dict[str, str]:
+    """The server's credentials and endpoint (in ``os.environ`` for the session), with
+    ``BUCKET`` made."""
+    s3_server.make_bucket(BUCKET)
+    return s3_server.env
 
 
 def s3fs_client():  # type: ignore[no-untyped-def]
