@@ -37,7 +37,9 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def torchrun(tmp: Path, name: str, nproc: int, spec: dict[str, Any]) -> Path:
+def torchrun(tmp: Path, name: str, nproc: int, spec: dict[str, Any], *,
+             script: Path = RUN) -> Path:
+    """Run ``script spec.json`` on ``nproc`` processes; returns the record directory."""
     record = tmp / name
     record.mkdir()
     spec = {**spec, "record": str(record)}
@@ -48,7 +50,7 @@ def torchrun(tmp: Path, name: str, nproc: int, spec: dict[str, Any]) -> Path:
                PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO / "tests"),
                                            env.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-           "--master-addr=127.0.0.1", f"--master-port={_port()}", str(RUN),
+           "--master-addr=127.0.0.1", f"--master-port={_port()}", str(script),
            str(record / "spec.json")]
     done = subprocess.run(cmd, env=env, capture_output=True, timeout=TIMEOUT)
     assert done.returncode == 0, done.stdout.decode()[-3000:] + done.stderr.decode()[-6000:]
