@@ -19,8 +19,9 @@ import shardwise as sw
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cachefactory import make_cache, sample_docs  # noqa: E402
 from test_hf_trainer import _global_batches, torchrun  # noqa: E402
+
+from cachefactory import make_cache, sample_docs  # noqa: E402
 
 RUN = Path(__file__).resolve().with_name("_trl_run.py")
 SEQ_LEN, SFT_LEN, MICRO, WORLD = 16, 96, 2, 2

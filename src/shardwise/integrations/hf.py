@@ -55,6 +55,7 @@ from typing import Any, cast
 
 from shardwise.errors import ConfigError, MissingExtraError, StateError
 from shardwise.format.atomic import atomic_write_bytes
+from shardwise.integrations.hf_trl import stand_ins
 from shardwise.integrations.torch import ShardwiseLoader, loader
 from shardwise.integrations.torch import collate as torch_collate
 from shardwise.plan.skips import advance
@@ -143,13 +144,28 @@ class ShardwiseTrainerMixin:
                  shardwise_seed: int = 0, shardwise_skip_steps: Any = None,
                  **kwargs: Any) -> None:
         given = kwargs.get("data_collator") or (args[2] if len(args) > 2 else None)
-        super().__init__(*args, **kwargs)
         self._sw_given = given
         self._sw_sampler, self._sw_seed = shardwise_sampler, shardwise_seed
         self._sw_skip = shardwise_skip_steps
         self._sw_resume: str | None = None
         self._sw_train: Any = None
+        init = super().__init__
+        train = kwargs.get("train_dataset", args[3] if len(args) > 3 else None)
+        self._sw_trl = stand_ins(type(self), init, args, kwargs, self._sw_collate_for(train))
+        if self._sw_trl is None:
+            init(*args, **kwargs)
+        else:  # TRL's SFTTrainer: readers skip its dataset preparation (integrations/hf_trl.py)
+            init(**self._sw_trl.kwargs)
+            self._sw_trl.restore(self)
         self.args.ignore_data_skip = True  # type: ignore[attr-defined]  # the state resumes
+
+    def _prepare_dataset(self, dataset: Any, *args: Any, **kwargs: Any) -> Any:
+        """TRL's SFTTrainer hook: a shardwise reader is tokenized, packed and labelled
+        already, and is returned as it is (see :mod:`shardwise.integrations.hf_trl`)."""
+        trl = getattr(self, "_sw_trl", None)
+        if trl is not None and trl.passes(dataset):
+            return dataset
+        return super()._prepare_dataset(dataset, *args, **kwargs)  # type: ignore[misc]
 
     # -- the loaders ---------------------------------------------------------------------
     def _sw_collate_for(self, ds: Any) -> Any:

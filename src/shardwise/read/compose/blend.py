@@ -58,6 +58,7 @@ from shardwise.read.compose.schedule import Weights, stages_of
 from shardwise.read.compose.sft_pack import source_identity
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.examples import NEXT_TOKEN, check_same_layout
+from shardwise.read.guard import GuardedReader
 from shardwise.read.rows import ROW_FREE, Rows, stacked
 from shardwise.read.tokens.dataset import PAD, TokenDataset
 
@@ -83,7 +84,7 @@ def _is_stream(ds: Any) -> bool:
     return all(hasattr(ds, a) for a in ("__iter__", "state_dict", "load_state_dict"))
 
 
-class Blend(Resumable):
+class Blend(GuardedReader, Resumable):
     """Sources mixed with ``weights``; map-style when every source is, else iterable.
 
     >>> mix = Blend([web, code], weights=[0.7, 0.3], names=["web", "code"])  # doctest: +SKIP

@@ -34,6 +34,7 @@ from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation
 from shardwise.plan.windows import dropped_tokens, num_windows
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.examples import NEXT_TOKEN
+from shardwise.read.guard import GuardedReader
 from shardwise.read.rows import ROW_FREE, Rows
 from shardwise.read.tokens.assemble import DocRun, WindowReader
 from shardwise.read.tokens.plans import load_or_build
@@ -98,7 +99,7 @@ class TokenConfig:
         return d
 
 
-class TokenDataset(Configured):
+class TokenDataset(GuardedReader, Configured):
     """Packed windows of a cache in a seeded global order; map-style.
 
     ``verify``: check ids and chunk checksums as they are read (default: as the cache was
