@@ -192,3 +192,19 @@ def test_trl_two_ranks(data: dict[str, Any], tmp_path: Path) -> None:
         for k in a.files:  # the same batches; one process sums the gradients in another order
             np.testing.assert_allclose(a[k], one.model.state_dict()[k].numpy(), rtol=1e-4,
                                        atol=1e-6)
+
+
+def test_options_only_trl_preparation_applies_are_refused(data: dict[str, Any],
+                                                          tmp_path: Path) -> None:
+    """packing / assistant_only_loss / … would be silently not applied to a reader."""
+    from _trl_run import Recording, config, model
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=data["tokenizer"])
+    ds = sw.TokenDataset(data["cache"], seq_len=SEQ_LEN, seed=7)
+    for option in ("packing", "padding_free", "assistant_only_loss", "completion_only_loss"):
+        args = config({"micro": MICRO, "accumulation": 1}, str(tmp_path), 1, None)
+        setattr(args, option, True)
+        with pytest.raises(sw.ConfigError, match=rf"\['{option}'\].*{option}: "):
+            Recording(model=model(data["vocab"], SFT_LEN), args=args, train_dataset=ds,
+                      processing_class=tok)
