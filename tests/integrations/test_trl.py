@@ -72,12 +72,12 @@ def _readers(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fixed_length(rec: dict[str, Any]) -> dict[str, Any]:
-    """A record in Hugging Face's own convention (labels per token, unshifted)."""
+    """A record in Hugging Face's own convention (labels per token, unshifted), with no
+    attention_mask or position_ids (TRL's loss needs one of them: the mixin adds
+    position_ids)."""
     ids = (rec["input_ids"] + [0] * SFT_LEN)[:SFT_LEN]
     labels = (rec["labels"] + [IGNORE] * SFT_LEN)[:SFT_LEN]
-    mask = [1] * min(len(rec["input_ids"]), SFT_LEN) + [0] * max(0, SFT_LEN - len(
-        rec["input_ids"]))
-    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+    return {"input_ids": ids, "labels": labels}
 
 
 def test_stock_sft_trainer_names_the_mixin(data: dict[str, Any], tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ from typing import Any, cast
 
 from shardwise.errors import ConfigError, MissingExtraError, StateError
 from shardwise.format.atomic import atomic_write_bytes
-from shardwise.integrations.hf_trl import stand_ins
+from shardwise.integrations.hf_trl import WithPositions, is_sft_trainer, stand_ins
 from shardwise.integrations.torch import ShardwiseLoader, loader
 from shardwise.integrations.torch import collate as torch_collate
 from shardwise.plan.skips import advance
@@ -172,11 +172,11 @@ class ShardwiseTrainerMixin:
         """Your ``data_collator``; else :func:`collate` for shardwise's next-token examples;
         else (records in HF's own per-token convention, a foreign dataset) HF's
         ``default_data_collator``, labels untouched."""
-        if self._sw_given is not None:
-            return self._sw_given
-        if getattr(ds, "label_convention", None) == NEXT_TOKEN:
-            return collate
-        return default_data_collator
+        chosen = self._sw_given
+        if chosen is None:
+            chosen = (collate if getattr(ds, "label_convention", None) == NEXT_TOKEN
+                      else default_data_collator)
+        return WithPositions(chosen) if is_sft_trainer(type(self)) else chosen
 
     def _sw_world(self) -> World:
         a = self.args  # type: ignore[attr-defined]

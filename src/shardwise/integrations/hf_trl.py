@@ -45,6 +45,25 @@ PREPARATION_OPTIONS = {
 }
 
 
+class WithPositions:
+    """A collator whose batches TRL can count: TRL's ``compute_loss`` needs
+    ``attention_mask`` or ``position_ids``, and records (a RecordStream's, in Hugging Face's
+    convention) may carry neither; they get ``position_ids`` ``0 … L-1`` — what the model
+    assumes without them, so the forward is unchanged."""
+
+    def __init__(self, collate: Any) -> None:
+        self.collate = collate
+
+    def __call__(self, rows: Any) -> Any:
+        batch = self.collate(rows)
+        ids = batch.get("input_ids") if hasattr(batch, "get") else None
+        if ids is not None and "attention_mask" not in batch and "position_ids" not in batch:
+            import torch
+
+            batch["position_ids"] = torch.arange(ids.shape[-1]).expand_as(ids)
+        return batch
+
+
 def is_sft_trainer(cls: type) -> bool:
     """Whether TRL's ``SFTTrainer`` is among ``cls``'s bases (TRL is not imported here)."""
     return any(c.__name__ == "SFTTrainer" and c.__module__.startswith("trl.")
@@ -136,5 +155,5 @@ def refuse_preparation_options(args: Any, formatting_func: Any) -> None:
                           f"tokenized, packed and labelled already): drop them — {said}")
 
 
-__all__ = ["PREPARATION_OPTIONS", "StandIns", "is_reader", "is_sft_trainer",
+__all__ = ["PREPARATION_OPTIONS", "StandIns", "WithPositions", "is_reader", "is_sft_trainer",
            "refuse_preparation_options", "stand_ins"]
