@@ -55,7 +55,7 @@ from typing import Any, cast
 
 from shardwise.errors import ConfigError, MissingExtraError, StateError
 from shardwise.format.atomic import atomic_write_bytes
-from shardwise.integrations.hf_trl import WithPositions, is_sft_trainer, stand_ins
+from shardwise.integrations.hf_trl import SFTHooks
 from shardwise.integrations.torch import ShardwiseLoader, loader
 from shardwise.integrations.torch import collate as torch_collate
 from shardwise.plan.skips import advance
@@ -131,7 +131,7 @@ class _Epochs:
         self.loader.load_state_dict(state)
 
 
-class ShardwiseTrainerMixin:
+class ShardwiseTrainerMixin(SFTHooks):
     """Put before a ``transformers.Trainer`` class (see module docs). Extra keyword
     arguments: ``shardwise_sampler`` (``"single"``: the dataset's own global order, for
     TokenDataset / Blend; ``"cyclic"``: Megatron's per-epoch reshuffle of ``[0, n)``, for
@@ -149,23 +149,9 @@ class ShardwiseTrainerMixin:
         self._sw_skip = shardwise_skip_steps
         self._sw_resume: str | None = None
         self._sw_train: Any = None
-        init = super().__init__
         train = kwargs.get("train_dataset", args[3] if len(args) > 3 else None)
-        self._sw_trl = stand_ins(type(self), init, args, kwargs, self._sw_collate_for(train))
-        if self._sw_trl is None:
-            init(*args, **kwargs)
-        else:  # TRL's SFTTrainer: readers skip its dataset preparation (integrations/hf_trl.py)
-            init(**self._sw_trl.kwargs)
-            self._sw_trl.restore(self)
+        self._sw_construct(super().__init__, args, kwargs, self._sw_collate_for(train))
         self.args.ignore_data_skip = True  # type: ignore[attr-defined]  # the state resumes
-
-    def _prepare_dataset(self, dataset: Any, *args: Any, **kwargs: Any) -> Any:
-        """TRL's SFTTrainer hook: a shardwise reader is tokenized, packed and labelled
-        already, and is returned as it is (see :mod:`shardwise.integrations.hf_trl`)."""
-        trl = getattr(self, "_sw_trl", None)
-        if trl is not None and trl.passes(dataset):
-            return dataset
-        return super()._prepare_dataset(dataset, *args, **kwargs)  # type: ignore[misc]
 
     # -- the loaders ---------------------------------------------------------------------
     def _sw_collate_for(self, ds: Any) -> Any:
@@ -176,7 +162,7 @@ class ShardwiseTrainerMixin:
         if chosen is None:
             chosen = (collate if getattr(ds, "label_convention", None) == NEXT_TOKEN
                       else default_data_collator)
-        return WithPositions(chosen) if is_sft_trainer(type(self)) else chosen
+        return self._sw_for_trl(chosen)
 
     def _sw_world(self) -> World:
         a = self.args  # type: ignore[attr-defined]

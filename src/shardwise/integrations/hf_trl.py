@@ -155,5 +155,33 @@ def refuse_preparation_options(args: Any, formatting_func: Any) -> None:
                           f"tokenized, packed and labelled already): drop them — {said}")
 
 
-__all__ = ["PREPARATION_OPTIONS", "StandIns", "WithPositions", "is_reader", "is_sft_trainer",
-           "refuse_preparation_options", "stand_ins"]
+class SFTHooks:
+    """The TRL part of :class:`~shardwise.hf.ShardwiseTrainerMixin` (one of its bases):
+    how the trainer is constructed, TRL's ``_prepare_dataset`` hook, and the collator TRL's
+    loss can count (see the module docs). Nothing here acts under a plain Trainer."""
+
+    _sw_trl: StandIns | None = None
+
+    def _sw_construct(self, init: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      collator: Any) -> None:
+        """Call the next ``__init__`` (``init``), with stand-ins under an SFTTrainer."""
+        self._sw_trl = stand_ins(type(self), init, args, kwargs, collator)
+        if self._sw_trl is None:
+            init(*args, **kwargs)
+        else:
+            init(**self._sw_trl.kwargs)
+            self._sw_trl.restore(self)
+
+    def _prepare_dataset(self, dataset: Any, *args: Any, **kwargs: Any) -> Any:
+        """TRL's hook: a shardwise reader is tokenized, packed and labelled already, and
+        is returned as it is; other datasets are prepared by TRL."""
+        if self._sw_trl is not None and self._sw_trl.passes(dataset):
+            return dataset
+        return super()._prepare_dataset(dataset, *args, **kwargs)  # type: ignore[misc]
+
+    def _sw_for_trl(self, collator: Any) -> Any:
+        return WithPositions(collator) if is_sft_trainer(type(self)) else collator
+
+
+__all__ = ["PREPARATION_OPTIONS", "SFTHooks", "StandIns", "WithPositions", "is_reader",
+           "is_sft_trainer", "refuse_preparation_options", "stand_ins"]
