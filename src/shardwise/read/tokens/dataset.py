@@ -33,7 +33,9 @@ from shardwise.plan.doc_shuffle import DOC_SHUFFLE_VERSION, DocShuffleIndex
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation
 from shardwise.plan.windows import dropped_tokens, num_windows
 from shardwise.read.drops import Drop, describe_drops
+from shardwise.read.epochs import EpochView
 from shardwise.read.examples import NEXT_TOKEN
+from shardwise.read.guard import GuardedReader
 from shardwise.read.rows import ROW_FREE, Rows
 from shardwise.read.tokens.assemble import DocRun, WindowReader
 from shardwise.read.tokens.plans import load_or_build
@@ -98,7 +100,7 @@ class TokenConfig:
         return d
 
 
-class TokenDataset(Configured):
+class TokenDataset(GuardedReader, EpochView, Configured):
     """Packed windows of a cache in a seeded global order; map-style.
 
     ``verify``: check ids and chunk checksums as they are read (default: as the cache was
@@ -255,8 +257,11 @@ class TokenDataset(Configured):
 
     def get_batch(self, indices: list[int] | npt.NDArray[np.integer]
                   ) -> dict[str, npt.NDArray[Any]]:
-        """A whole micro-batch as a dict of stacked arrays (one call, one allocation each)."""
-        idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
+        """A whole micro-batch as a dict of stacked arrays (one call, one allocation each).
+        ``indices`` are positions of the global order (past ``len`` in later epochs), shifted
+        by :meth:`set_epoch`'s epoch (:mod:`shardwise.read.epochs`)."""
+        idx = list(self.positions(indices.tolist() if isinstance(indices, np.ndarray)
+                                  else indices))
         if self.config.shuffle is Shuffle.DOCUMENT:
             return self._reader.from_doc_runs(self._doc_runs(idx), len(idx),
                                               self._doc_starts())
