@@ -131,8 +131,22 @@ def _hand_mask(row: np.ndarray, positions: np.ndarray, by_ids: dict[tuple[int, .
     return mask
 
 
+def _check_sft_placement(runs: list[Any], data: dict[str, Any]) -> None:
+    """Each rank reads its share of PackedSFT's rows — rank r's j-th row is row j·R + r of
+    the one-process order (stream placement's rule, as trace applies it) — so a global step
+    holds B distinct rows, never one row on two ranks."""
+    mine = [run["input_ids"].reshape(-1, SFT_LEN) for run in runs]
+    n = sum(len(m) for m in mine)
+    ref = sw.PackedSFT(data["recs"], seq_len=SFT_LEN, group_size=16, seed=3, epochs=None)
+    order = np.stack([row["input_ids"] for _, row in zip(range(n), ref, strict=False)])
+    for r, rows in enumerate(mine):
+        for j, row in enumerate(rows):
+            assert np.array_equal(row, order[j * WORLD + r]), f"rank {r} row {j}"
+
+
 def _check_sft(rec: Path, data: dict[str, Any], accumulation: int) -> None:
     runs = [np.load(rec / f"sft.r{r}.npz") for r in range(WORLD)]
+    _check_sft_placement(runs, data)
     by_ids = {tuple(r["input_ids"]): r["labels"] for r in data["recs"]}
     masks = [np.stack([[_hand_mask(row, pos, by_ids) for row, pos in zip(ids, ps,
                                                                           strict=True)]
