@@ -99,14 +99,28 @@ def read(spec: dict[str, Any], integration: str) -> dict[str, np.ndarray]:
     return seen
 
 
-def trainer(spec: dict[str, Any]) -> dict[str, np.ndarray]:
-    """ShardwiseTrainer: train ``STEPS`` steps on each reader, then evaluate and predict
-    its eval form; rank 0 records what compute_metrics and predict received."""
-    from transformers import TrainingArguments
+def trainer(spec: dict[str, Any], trl: bool = False) -> dict[str, np.ndarray]:
+    """ShardwiseTrainer (``trl``: TRL's SFTTrainer with the mixin): train ``STEPS`` steps on
+    each reader, then evaluate and predict its eval form; rank 0 records what
+    compute_metrics and predict received."""
+    from transformers import PreTrainedTokenizerFast, TrainingArguments
 
-    from shardwise.hf import ShardwiseTrainer
+    from shardwise.hf import ShardwiseTrainer, ShardwiseTrainerMixin
 
-    class Recording(ShardwiseTrainer):
+    if trl:
+        from trl import SFTConfig, SFTTrainer
+
+        class Base(ShardwiseTrainerMixin, SFTTrainer):
+            pass
+        sample = Path(__file__).resolve().parents[2] / "sample" / "tokenizer.json"
+        extra: dict[str, Any] = {"processing_class": PreTrainedTokenizerFast(
+            tokenizer_file=str(sample))}
+        Args: Any = SFTConfig
+        more: dict[str, Any] = {"bf16": False, "activation_checkpointing": False}
+    else:
+        Base, extra, Args, more = ShardwiseTrainer, {}, TrainingArguments, {}
+
+    class Recording(Base):  # type: ignore[misc,valid-type]
         def compute_loss(self, model: Any, inputs: dict[str, Any], **kwargs: Any) -> Any:
             self.seen.append(inputs["input_ids"].numpy().copy())
             return super().compute_loss(model, inputs, **kwargs)
@@ -120,15 +134,15 @@ def trainer(spec: dict[str, Any]) -> dict[str, np.ndarray]:
 
     out, rank = {}, int(os.environ["RANK"])
     for name, reader in READERS.items():
-        args = TrainingArguments(
+        args = Args(
             output_dir=str(Path(spec["record"]) / f"out-{name}"),
             per_device_train_batch_size=MICRO, gradient_accumulation_steps=ACCUMULATION,
             per_device_eval_batch_size=EVAL_MICRO, max_steps=STEPS, save_strategy="no",
             learning_rate=1e-3, report_to=[], use_cpu=True, ddp_backend="gloo",
             disable_tqdm=True, dataloader_num_workers=0, include_for_metrics=["inputs"],
-            logging_strategy="no", seed=0)
+            logging_strategy="no", seed=0, **more)
         t = Recording(model=_model(), args=args, train_dataset=reader.make(spec["data"], True),
-                      compute_metrics=metrics,
+                      compute_metrics=metrics, **extra,
                       preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1))
         t.seen = []
         t.train()
@@ -144,7 +158,7 @@ def trainer(spec: dict[str, Any]) -> dict[str, np.ndarray]:
                 out[f"{name}.predict_labels"] = np.asarray(pred.label_ids)
     # a reader made for another world than the Trainer's is refused, naming the fix
     try:
-        Recording(model=_model(), args=args,
+        Recording(model=_model(), args=args, **extra,
                   train_dataset=packed_sft(spec["data"], True, world=sw.World.single())
                   ).get_train_dataloader()
         refused = "not refused"
@@ -163,7 +177,8 @@ def main(spec: dict[str, Any]) -> None:
         record.mkdir(exist_ok=True)
         one = {**spec, "record": str(record)}
         try:
-            seen = trainer(one) if integration == "trainer" else read(one, integration)
+            seen = (trainer(one, trl=integration == "trl") if integration in ("trainer", "trl")
+                    else read(one, integration))
         except Exception:
             (record / f"error.r{rank}.txt").write_text(traceback.format_exc())
             continue

@@ -53,6 +53,7 @@ INTEGRATIONS: dict[str, str | None] = {
     "torch": "shardwise.integrations.torch",  # shardwise.torch.loader; DataLoader(reader)
     "torchdata": "shardwise.integrations.torchdata",  # StatefulDataLoader
     "accelerate": None,  # the README's recipe: the torch loader, the model prepared
+    "trl": "shardwise.integrations.hf_trl",  # ShardwiseTrainerMixin + TRL's SFTTrainer
 }
 # modules placed through another row, with where their multi-rank runs are checked
 NOT_A_ROW = {"shardwise.integrations.megatron": "builds shardwise.torch.loader; "
@@ -158,9 +159,9 @@ def test_every_reader_is_placed(integration: str, data: Data, runs: Path) -> Non
             pytest.fail(f"{integration} raised on rank {r}:\n{error.read_text()}")
     for name in READERS:
         _check_against_trace(record, name, data)
-        if integration == "trainer" and READERS[name].eval:
+        if integration in ("trainer", "trl") and READERS[name].eval:
             _check_eval(record, name, data)
-    if integration == "trainer":  # a reader made for one rank, under two: refused
+    if integration in ("trainer", "trl"):  # a reader made for one rank, under two: refused
         for r in range(WORLD):
             message = (record / f"refused.r{r}.txt").read_text()
             assert "World.detect()" in message and "2 processes" in message, message

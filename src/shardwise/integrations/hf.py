@@ -63,6 +63,7 @@ from typing import Any, cast
 
 from shardwise.errors import ConfigError, MissingExtraError, StateError
 from shardwise.format.atomic import atomic_write_bytes
+from shardwise.integrations.hf_trl import SFTHooks
 from shardwise.integrations.torch import ShardwiseLoader, loader
 from shardwise.integrations.torch import collate as torch_collate
 from shardwise.plan.skips import advance
@@ -179,7 +180,7 @@ def _served_pads(ds: Any) -> Callable[[], Iterator[int]]:
     return counts
 
 
-class ShardwiseTrainerMixin:
+class ShardwiseTrainerMixin(SFTHooks):
     """Put before a ``transformers.Trainer`` class (see module docs). Extra keyword
     arguments: ``shardwise_sampler`` (``"single"``: the dataset's own global order, for
     TokenDataset / Blend; ``"cyclic"``: Megatron's per-epoch reshuffle of ``[0, n)``, for
@@ -192,12 +193,13 @@ class ShardwiseTrainerMixin:
                  shardwise_seed: int = 0, shardwise_skip_steps: Any = None,
                  **kwargs: Any) -> None:
         given = kwargs.get("data_collator") or (args[2] if len(args) > 2 else None)
-        super().__init__(*args, **kwargs)
         self._sw_given = given
         self._sw_sampler, self._sw_seed = shardwise_sampler, shardwise_seed
         self._sw_skip = shardwise_skip_steps
         self._sw_resume: str | None = None
         self._sw_train: Any = None
+        train = kwargs.get("train_dataset", args[3] if len(args) > 3 else None)
+        self._sw_construct(super().__init__, args, kwargs, self._sw_collate_for(train))
         self.args.ignore_data_skip = True  # type: ignore[attr-defined]  # the state resumes
 
     # -- the loaders ---------------------------------------------------------------------
@@ -205,11 +207,11 @@ class ShardwiseTrainerMixin:
         """Your ``data_collator``; else :func:`collate` for shardwise's next-token examples;
         else (records in HF's own per-token convention, a foreign dataset) HF's
         ``default_data_collator``, labels untouched."""
-        if self._sw_given is not None:
-            return self._sw_given
-        if getattr(ds, "label_convention", None) == NEXT_TOKEN:
-            return collate
-        return default_data_collator
+        chosen = self._sw_given
+        if chosen is None:
+            chosen = (collate if getattr(ds, "label_convention", None) == NEXT_TOKEN
+                      else default_data_collator)
+        return self._sw_for_trl(chosen)
 
     def _sw_world(self) -> World:
         a = self.args  # type: ignore[attr-defined]

@@ -32,6 +32,7 @@ from typing import Any
 from shardwise.checkpoint import Configured, LoaderState, Resumable
 from shardwise.errors import StateError
 from shardwise.integrations.torch import sampler_state_config
+from shardwise.read.epochs import refuse_epoch_view
 from shardwise.read.guard import refuse_framework_sharding
 from shardwise.read.sampler import BatchSampler, SamplerKind, skip_from_steps
 from shardwise.world import World
@@ -80,6 +81,7 @@ class StatefulBatchSampler(Resumable):
 
     def __iter__(self) -> Iterator[list[int]]:
         refuse_framework_sharding("a shardwise batch sampler")
+        refuse_epoch_view(self.dataset, "a shardwise batch sampler")
         if self._last is not None:  # a new pass continues where the last one stopped
             self.sampler = dataclasses.replace(self.sampler, consumed=self._last.consumed)
         self._last = _Pass(self)

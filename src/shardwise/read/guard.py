@@ -180,6 +180,48 @@ def torch_worker() -> tuple[int, int] | None:
     return None if info is None else (int(info.id), int(info.num_workers))
 
 
+# code (by qualified name, in a module of the package named) that type-checks a dataset
+# before anything of ours runs, and would tokenize, pack and shard a shardwise reader again
+FOREIGN_TRAINERS = {"SFTTrainer.__init__": "trl", "SFTTrainer._prepare_dataset": "trl"}
+TRAINER_FIX = ("use `class Trainer(ShardwiseTrainerMixin, SFTTrainer)` (from shardwise.hf "
+               "import ShardwiseTrainerMixin) with the same arguments: it skips TRL's dataset "
+               "preparation and reads in shardwise's order, each rank its share, with exact "
+               "resume")
+
+
+def refuse_foreign_trainer(reader: object) -> None:
+    """Raise if the caller's caller is a trainer of :data:`FOREIGN_TRAINERS` type-checking
+    ``reader`` (see :class:`GuardedReader`)."""
+    frame = sys._getframe(2)
+    package = FOREIGN_TRAINERS.get(_frame_qualname(frame.f_code))
+    if package is not None and str(frame.f_globals.get("__name__", "")).startswith(package):
+        name = _frame_class(frame.f_code)
+        raise ConfigError(f"{type(reader).__name__} is a shardwise reader (already "
+                          f"tokenized, packed, labelled and placed per rank); {package}'s "
+                          f"{name} accepts only datasets' Dataset / IterableDataset and would "
+                          f"prepare and shard it again: {TRAINER_FIX}")
+
+
+class GuardedReader:
+    """A base of every reader: a trainer that refuses anything but its own dataset types
+    (TRL's SFTTrainer: ``TypeError: train_dataset must be a Dataset or IterableDataset``,
+    naming no fix) is refused naming the fix instead.
+
+    Detection point: ``isinstance(reader, C)`` for a class ``C`` the reader is not an
+    instance of asks the reader's ``__class__`` (CPython's ``object_isinstance``); this
+    property answers as ``object`` does, after looking at the one frame that asked. It costs
+    a frame lookup per failed ``isinstance``, never per example."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # type: ignore[override]
+        refuse_foreign_trainer(self)
+        return type(self)
+
+
+def _frame_qualname(code: object) -> str:
+    return str(getattr(code, "co_qualname", getattr(code, "co_name", "")))
+
+
 def register_with_torch(cls: type) -> None:
     """Make ``DataLoader(reader, batch_size=None)`` treat an iterable reader as an
     iterable dataset (a virtual subclass of ``IterableDataset``: registering imports
@@ -190,6 +232,7 @@ def register_with_torch(cls: type) -> None:
         base.register(cls)
 
 
-__all__ = ["FIX", "SHARDING_SAMPLERS", "SHARDING_WRAPPERS", "check_sampler", "draws_from",
-           "refuse_framework_sharding", "refuse_sharding_sampler", "sampler_over",
-           "register_with_torch", "sharding_class", "torch_worker"]
+__all__ = ["FIX", "FOREIGN_TRAINERS", "SHARDING_SAMPLERS", "SHARDING_WRAPPERS", "TRAINER_FIX",
+           "GuardedReader", "check_sampler", "draws_from", "refuse_foreign_trainer",
+           "refuse_framework_sharding", "refuse_sharding_sampler", "register_with_torch",
+           "sampler_over", "sharding_class", "torch_worker"]

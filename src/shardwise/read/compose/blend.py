@@ -57,7 +57,9 @@ from shardwise.plan.permutation import Permutation, derive_seed
 from shardwise.read.compose.schedule import Weights, stages_of
 from shardwise.read.compose.sft_pack import source_identity
 from shardwise.read.drops import Drop, describe_drops
+from shardwise.read.epochs import EpochView
 from shardwise.read.examples import NEXT_TOKEN, check_same_layout
+from shardwise.read.guard import GuardedReader
 from shardwise.read.rows import ROW_FREE, Rows, stacked
 from shardwise.read.tokens.dataset import PAD, TokenDataset
 
@@ -83,7 +85,7 @@ def _is_stream(ds: Any) -> bool:
     return all(hasattr(ds, a) for a in ("__iter__", "state_dict", "load_state_dict"))
 
 
-class Blend(Resumable):
+class Blend(GuardedReader, EpochView, Resumable):
     """Sources mixed with ``weights``; map-style when every source is, else iterable.
 
     >>> mix = Blend([web, code], weights=[0.7, 0.3], names=["web", "code"])  # doctest: +SKIP
@@ -281,7 +283,7 @@ class Blend(Resumable):
         Index :data:`PAD` asks the first source for a masked padding row."""
         if not self.map_style:
             raise TypeError(f"{self!r} has stream sources: iterate it instead")
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = np.asarray(self.positions(indices), dtype=np.int64).reshape(-1)
         if (idx < PAD).any():
             raise IndexError(f"blend indices must be >= 0 (or {PAD}), got {int(idx.min())}")
         rows = np.flatnonzero(idx >= 0)

@@ -67,7 +67,12 @@ from shardwise.plan.sft_packing import (
 from shardwise.read.deprecated import renamed
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.examples import IGNORE_INDEX, NEXT_TOKEN
-from shardwise.read.guard import refuse_framework_sharding, register_with_torch, torch_worker
+from shardwise.read.guard import (
+    GuardedReader,
+    refuse_framework_sharding,
+    register_with_torch,
+    torch_worker,
+)
 from shardwise.world import World
 
 Example = dict[str, npt.NDArray[Any]]
@@ -97,7 +102,7 @@ def _labels(rec: dict[str, Any], ids: npt.NDArray[np.int64]) -> npt.NDArray[np.i
     return ids
 
 
-class PackedSFT(Resumable):
+class PackedSFT(GuardedReader, Resumable):
     """Rows of packed SFT records; an iterable with exact, O(group_size) resume.
 
     >>> rows = PackedSFT(records, seq_len=2048, group_size=1024, seed=1)  # doctest: +SKIP

@@ -42,7 +42,7 @@ from shardwise.errors import ConfigError
 from shardwise.plan.permutation import Permutation
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.external.one_ahead import OneAhead
-from shardwise.read.guard import check_sampler, refuse_sharding_sampler, sampler_over
+from shardwise.read.guard import GuardedReader, check_sampler, refuse_sharding_sampler, sampler_over
 from shardwise.world import World
 
 
@@ -87,7 +87,7 @@ def _check_lengths(lengths: Sequence[int], n: int) -> list[int]:
     return [as_count(v, f"lengths[{i}]", error=ConfigError) for i, v in enumerate(out)]
 
 
-class ContiguousShards(Configured):
+class ContiguousShards(GuardedReader, Configured):
     """Rank ``r``'s contiguous equal slice of the concatenated shards; map-style.
 
     ``make_shard(source)`` builds one shard dataset. Lengths come from ``lengths=`` (one

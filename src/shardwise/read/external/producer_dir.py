@@ -65,14 +65,14 @@ from shardwise.read.external.producer import (
     write_expected,
 )
 from shardwise.read.external.producer_stream import ProducerDirStream
-from shardwise.read.guard import refuse_sharding_sampler
+from shardwise.read.guard import GuardedReader, refuse_sharding_sampler
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES, parse_line
 from shardwise.world import World
 
 ORDER_VERSION = 1
 
 
-class ProducerDirDataset(Configured):
+class ProducerDirDataset(GuardedReader, Configured):
     """This rank's records of a directory a producer fills; map-style (see module doc).
 
     ``map_fn(record) -> example`` runs once per record when its chunk loads (an error

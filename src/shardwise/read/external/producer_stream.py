@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 from shardwise.checkpoint import LoaderState, Resumable
 from shardwise.errors import StateError
 from shardwise.read.external.producer import EndOfData
-from shardwise.read.guard import refuse_framework_sharding
+from shardwise.read.guard import GuardedReader, refuse_framework_sharding
 
 if TYPE_CHECKING:
     from shardwise.read.external.producer_dir import ProducerDirDataset
 
 
-class ProducerDirStream(Resumable):
+class ProducerDirStream(GuardedReader, Resumable):
     """This rank's records in order, one pass, from a saved position; iterable.
 
     It ends after the last declared chunk (``num_chunks`` may be declared late, in

@@ -46,6 +46,7 @@ from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import ConfigError, StateError
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation, derive_seed
 from shardwise.read.deprecated import renamed, renamed_method
+from shardwise.read.guard import GuardedReader
 from shardwise.read.records.pipeline import pad_batch
 
 ORDER_VERSION = 1
@@ -95,7 +96,7 @@ class Position:
 _END = object()
 
 
-class SequentialConsumer(Resumable):
+class SequentialConsumer(GuardedReader, Resumable):
     """Batches of examples in a seeded order, prefetched, exactly resumable.
 
     ``prefetch`` (examples held ahead) defaults to ``2 × consumers × batch_size``: two

@@ -44,7 +44,12 @@ import xxhash
 from shardwise.checkpoint import LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, StateError
 from shardwise.read.deprecated import renamed_method
-from shardwise.read.guard import refuse_framework_sharding, register_with_torch, torch_worker
+from shardwise.read.guard import (
+    GuardedReader,
+    refuse_framework_sharding,
+    register_with_torch,
+    torch_worker,
+)
 from shardwise.read.records.pipeline import (
     FINISHED,
     PAD_KEY,
@@ -100,7 +105,7 @@ class RecordStreamConfig:
         object.__setattr__(self, "on_error", OnError.parse(self.on_error))
 
 
-class RecordStream(Resumable):
+class RecordStream(GuardedReader, Resumable):
     """Records of ``sources``, processed by ``map_fn``, in a deterministic global order.
 
     >>> rs = RecordStream(["prompts/*.jsonl"], map_fn=fn, seed=1234,  # doctest: +SKIP

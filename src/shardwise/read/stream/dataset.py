@@ -109,7 +109,12 @@ from shardwise.plan.skips import advance
 from shardwise.plan.stream import dropped_stream_tokens
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.examples import NEXT_TOKEN
-from shardwise.read.guard import refuse_framework_sharding, register_with_torch, torch_worker
+from shardwise.read.guard import (
+    GuardedReader,
+    refuse_framework_sharding,
+    register_with_torch,
+    torch_worker,
+)
 from shardwise.read.sampler import normalise_skip, skip_drop
 from shardwise.read.stream.chunk_cache import ChunkCache
 from shardwise.read.stream.run import Example, Run, finish_examples, first_example
@@ -144,7 +149,7 @@ class StreamConfig(Layout):
         return asdict(self)
 
 
-class StreamDataset(Resumable):
+class StreamDataset(GuardedReader, Resumable):
     """This rank's examples under stream placement; iterable (see the module docs).
 
     >>> ds = StreamDataset("cache/", seq_len=2048, streams=8, seed=1234,  # doctest: +SKIP

@@ -29,8 +29,10 @@ from shardwise.errors import ConfigError
 from shardwise.plan.permutation import PERMUTATION_VERSION
 from shardwise.plan.windows import dropped_tokens, num_windows
 from shardwise.read.drops import Drop, describe_drops
+from shardwise.read.epochs import EpochView
 from shardwise.read.examples import NEXT_TOKEN
 from shardwise.read.orders import PAD, Order, Runs, WindowOrder, order_class  # noqa: F401 (PAD: part of this API)
+from shardwise.read.guard import GuardedReader
 from shardwise.read.rows import ROW_FREE, Rows
 from shardwise.read.tokens.assemble import WindowReader
 from shardwise.storage.cache import Cache
@@ -108,7 +110,7 @@ def parse_shuffle(value: Any) -> Shuffle | str:
         return order_class(value).name
 
 
-class TokenDataset(Configured):
+class TokenDataset(GuardedReader, EpochView, Configured):
     """Packed windows of a cache in a seeded global order; map-style.
 
     ``verify``: check ids and chunk checksums as they are read (default: as the cache was
@@ -186,8 +188,9 @@ class TokenDataset(Configured):
     def locate(self, indices: npt.ArrayLike) -> Runs:
         """The runs of stored tokens behind examples ``indices`` (columns ``chunk``,
         ``offset``, ``length``, in example order; ``tokens``: each example's count;
-        :data:`PAD`: none): what the reader, prefetch and ``trace`` read."""
-        return self.order.locate(indices)
+        :data:`PAD`: none): what the reader, prefetch and ``trace`` read (shifted by
+        :meth:`set_epoch`'s epoch, as ``ds[i]`` is)."""
+        return self.order.locate(self.positions(np.asarray(indices, dtype=np.int64)))
 
     # -- examples -------------------------------------------------------------------------
     def __getitem__(self, index: int) -> dict[str, npt.NDArray[Any]]:
@@ -202,8 +205,11 @@ class TokenDataset(Configured):
 
     def get_batch(self, indices: list[int] | npt.NDArray[np.integer]
                   ) -> dict[str, npt.NDArray[Any]]:
-        """A whole micro-batch as a dict of stacked arrays (one call, one allocation each)."""
-        idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
+        """A whole micro-batch as a dict of stacked arrays (one call, one allocation each).
+        ``indices`` are positions of the global order (past ``len`` in later epochs), shifted
+        by :meth:`set_epoch`'s epoch (:mod:`shardwise.read.epochs`)."""
+        idx = list(self.positions(indices.tolist() if isinstance(indices, np.ndarray)
+                                  else indices))
         return self.order.read(idx)
 
     def prefetch(self, indices: list[int]) -> bool:
