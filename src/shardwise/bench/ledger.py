@@ -86,10 +86,10 @@ def _pair(corpus: Path, out: str, tokenizer: Path, args: argparse.Namespace,
 
 def _bucket(corpus: Path, tokenizer: Path, args: argparse.Namespace, work: Path
             ) -> dict[str, Any]:
-    from shardwise.bench.remote import _store_options, moto_server
+    from shardwise.bench.remote import moto_server, store_options
 
     with moto_server(work / "moto.log") as port:
-        options = _store_options(port)
+        options = store_options(port)
         import fsspec
 
         fsspec.filesystem("s3", **options).mkdir("ledger-bench")
