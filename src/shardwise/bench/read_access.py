@@ -98,8 +98,8 @@ def measure_access(prefix: Path, args: Any, meg: Any, log: Callable[[str], None]
     m, nb = args.micro_batch, args.batches
     srcs: dict[str, str | None] = {}
     for given in getattr(args, "baseline_src", None) or []:
-        label, _, src = str(given).rpartition("=")
-        srcs[label or "before"] = src
+        label, _, tree = str(given).rpartition("=")
+        srcs[label or "before"] = tree
     srcs["after"] = None
     best: dict[str, dict[str, dict[str, float]]] = {}
     for r in range(args.repeat):
