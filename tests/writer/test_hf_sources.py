@@ -23,6 +23,7 @@ from tests.helpers_cache import assert_same_cache, cache_documents
 
 import shardwise as sw
 from shardwise.errors import ConfigError, InputError
+from shardwise.format.files import LocalFiles
 from shardwise.format.ledger import Ledger
 from shardwise.writer.api import build
 
@@ -250,7 +251,7 @@ def test_an_interrupted_arrow_build_resumes_to_the_same_bytes(hf: dict[str, Any]
     build(hf["saved"], full, tokenizer=hf["tok"], **args)
     part = tmp_path / "part"
     shutil.copytree(full, part)
-    ledger = Ledger.load(part)
+    ledger = Ledger.load(LocalFiles(part))
     cache = sw.open_cache(part)
     cut = 0
     for src in ledger.sources:
@@ -261,7 +262,7 @@ def test_an_interrupted_arrow_build_resumes_to_the_same_bytes(hf: dict[str, Any]
                 seg.chunks, seg.finished = seg.chunks[:1], False
                 cut += 1
     assert cut > 1
-    ledger.save(part)
+    ledger.save(LocalFiles(part))
     (part / "ledger.index").unlink(missing_ok=True)
     summary = build(hf["saved"], part, tokenizer=hf["tok"], **args)
     assert summary.new_chunks > cut
