@@ -5,5 +5,7 @@ writers — with one fault policy (timeouts, bounded retries). Its own layer, be
 ``sources``."""
 
 from shardwise.remote.client import RemoteStore, is_url, open_root
+from shardwise.remote.policy import DEFAULT_POLICY, RemotePolicy, is_transient
 
-__all__ = ["RemoteStore", "is_url", "open_root"]
+__all__ = ["DEFAULT_POLICY", "RemotePolicy", "RemoteStore", "is_transient", "is_url",
+           "open_root"]

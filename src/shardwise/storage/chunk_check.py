@@ -148,7 +148,7 @@ def download_object(store: RemoteStore, key: str, local: Path) -> None:
     dest = safe_join(local, key, where=store.url)
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
-        store.fs.get_file(store.key(key), str(dest))
+        store.download(key, dest)
     except FileNotFoundError:
         dest.unlink(missing_ok=True)
 

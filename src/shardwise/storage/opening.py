@@ -28,7 +28,7 @@ from shardwise.format.paths import user_cache_dir
 from shardwise.storage.cache import Cache
 from shardwise.storage.chunk_table import ChunkInfo, ChunkTable
 from shardwise.storage.download import DownloadDir
-from shardwise.remote.client import RemoteStore, is_url
+from shardwise.remote.client import RemoteStore, is_url, open_root
 
 DEFAULT_LOCAL_BYTES = 8 << 30
 
@@ -110,7 +110,8 @@ def reader_cache(cache: Cache | str | os.PathLike[str], verify: bool | None) -> 
     return cache
 
 
-def open_cache(path: str | os.PathLike[str], *, local_dir: str | os.PathLike[str] | None = None,
+def open_cache(path: str | os.PathLike[str] | RemoteStore, *,
+               local_dir: str | os.PathLike[str] | None = None,
                local_bytes: int = DEFAULT_LOCAL_BYTES,
                storage_options: dict[str, Any] | None = None, verify: bool = True) -> Cache:
     """Open a shardwise cache directory, a Megatron dataset by its prefix, or a cache on
@@ -119,7 +120,10 @@ def open_cache(path: str | os.PathLike[str], *, local_dir: str | os.PathLike[str
     For a URL, chunk files are downloaded into ``local_dir`` (default
     ``~/.cache/shardwise/remote``; give every node its own local disk), at most
     ``local_bytes`` per cache; the ranks of a node share it. Credentials come from the
-    environment or ``storage_options`` (passed to fsspec), never from the cache.
+    environment or ``storage_options`` (passed to fsspec), never from the cache. Every
+    request is bounded and retried by :mod:`shardwise.remote.policy` (a silent store:
+    :class:`~shardwise.errors.RemoteError` within 90 s); for another policy pass
+    ``RemoteStore(url, storage_options, policy=RemotePolicy(...))`` as ``path``.
 
     ``verify`` (default on): refuse token ids outside the vocabulary, and checksum every
     chunk this node reads, once (:mod:`shardwise.storage.integrity`); ``False`` trusts the
@@ -130,8 +134,9 @@ def open_cache(path: str | os.PathLike[str], *, local_dir: str | os.PathLike[str
     >>> cache = open_cache("s3://bucket/cache", local_dir="/nvme/sw", local_bytes=50 << 30)
     """
     if is_url(path):
-        return _open_remote(RemoteStore(os.fspath(path), storage_options), local_dir,
-                            local_bytes, verify)
+        store = open_root(path, storage_options)  # a RemoteStore given: its own policy
+        assert isinstance(store, RemoteStore)
+        return _open_remote(store, local_dir, local_bytes, verify)
     p = Path(path)
     if (p / MANIFEST_NAME).is_file():
         return _open_shardwise(p, verify)
