@@ -43,12 +43,12 @@ from shardwise.format.ledger_index import ChunkColumns, SourceTotals
 from shardwise.format.manifest import Manifest
 from shardwise.format.megatron import MegatronIndex, open_bin, read_idx
 from shardwise.format.paths import safe_join
+from shardwise.remote.client import RemoteStore
 from shardwise.storage import chunk_fetch, open_maps
 from shardwise.storage.chunk_table import ChunkInfo, ChunkTable
 from shardwise.storage.download import DownloadDir
 from shardwise.storage.integrity import CacheChecks
 from shardwise.storage.prefetch import Prefetcher
-from shardwise.remote.client import RemoteStore
 
 _T = TypeVar("_T")
 

@@ -25,10 +25,10 @@ from shardwise.format.ledger_index import LedgerView
 from shardwise.format.manifest import MANIFEST_NAME, Manifest
 from shardwise.format.megatron import read_idx
 from shardwise.format.paths import user_cache_dir
+from shardwise.remote.client import RemoteStore, open_root
 from shardwise.storage.cache import Cache
 from shardwise.storage.chunk_table import ChunkInfo, ChunkTable
 from shardwise.storage.download import DownloadDir
-from shardwise.remote.client import RemoteStore, is_url, open_root
 
 DEFAULT_LOCAL_BYTES = 8 << 30
 
@@ -133,11 +133,10 @@ def open_cache(path: str | os.PathLike[str] | RemoteStore, *,
     >>> cache = open_cache("data/corpus_text_document")         # .bin/.idx beside it
     >>> cache = open_cache("s3://bucket/cache", local_dir="/nvme/sw", local_bytes=50 << 30)
     """
-    if is_url(path):
-        store = open_root(path, storage_options)  # a RemoteStore given: its own policy
-        assert isinstance(store, RemoteStore)
+    store = open_root(path, storage_options)  # a RemoteStore given: its own policy
+    if isinstance(store, RemoteStore):
         return _open_remote(store, local_dir, local_bytes, verify)
-    p = Path(path)
+    p = store
     if (p / MANIFEST_NAME).is_file():
         return _open_shardwise(p, verify)
     if p.with_name(p.name + ".idx").is_file() and p.with_name(p.name + ".bin").is_file():

@@ -41,13 +41,13 @@ from shardwise.format.ledger_index import INDEX_NAME, LedgerView
 from shardwise.format.manifest import MANIFEST_NAME, Manifest
 from shardwise.format.megatron import dtype_code
 from shardwise.format.paths import safe_join
+from shardwise.remote.client import RemoteStore, is_url
 from shardwise.storage.chunk_check import (
     ChunkExpect,
     check_chunk,
     check_idx_pair,
     download_object,
 )
-from shardwise.remote.client import RemoteStore, is_url
 from shardwise.storage.verify_report import Problem, VerifyReport, strip_advice
 from shardwise.storage.verify_report import with_suffix as _with
 

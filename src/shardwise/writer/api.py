@@ -25,11 +25,11 @@ from shardwise.format.manifest import (
     TokenizerInfo,
 )
 from shardwise.format.megatron import token_dtype
+from shardwise.remote.client import open_root
 from shardwise.sources.discovery import describe, discover
 from shardwise.sources.on_error import OnError
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES
 from shardwise.storage.chunk_check import CheckDepth
-from shardwise.remote.client import open_root
 from shardwise.writer.config import ChunkPolicy
 from shardwise.writer.executor import LocalExecutor
 from shardwise.writer.processors import (

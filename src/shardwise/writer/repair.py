@@ -42,13 +42,13 @@ from shardwise.format.files import Root, read_file, where
 from shardwise.format.ledger import LEDGER_NAME, Ledger, Segment
 from shardwise.format.manifest import Manifest, SourceInfo
 from shardwise.format.paths import safe_join
+from shardwise.remote.client import RemoteStore
 from shardwise.storage.chunk_check import (
     CheckDepth,
     ChunkExpect,
     check_chunk,
     check_remote_chunk,
 )
-from shardwise.remote.client import RemoteStore
 from shardwise.storage.verify_report import Problem
 from shardwise.writer.worker import Task
 

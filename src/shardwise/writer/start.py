@@ -28,10 +28,10 @@ from shardwise.format.manifest import (
     describe_differences,
     manifest_checksum,
 )
+from shardwise.remote.client import RemoteStore
 from shardwise.sources.discovery import plan_segments
 from shardwise.storage.chunk_check import CheckDepth
 from shardwise.storage.owned import clear_cache, foreign_names
-from shardwise.remote.client import RemoteStore
 from shardwise.writer.config import ChunkPolicy
 from shardwise.writer.repair import Damage, find_damaged
 

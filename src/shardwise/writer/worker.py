@@ -24,9 +24,9 @@ from shardwise.format.chunk import (
 )
 from shardwise.format.ledger import ChunkEntry, Segment
 from shardwise.format.manifest import SourceInfo
+from shardwise.remote.client import open_root
 from shardwise.sources.on_error import OnError
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES, Located, iter_records, relocate
-from shardwise.remote.client import open_root
 from shardwise.writer.config import ChunkPolicy
 from shardwise.writer.processors import Processor
 
