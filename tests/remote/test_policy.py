@@ -98,7 +98,7 @@ def test_the_policy_travels_with_the_store() -> None:
     assert RemoteStore("s3://b/p").policy == RemotePolicy()
     opts = QUICK.s3fs_options({"config_kwargs": {"read_timeout": 99}})["config_kwargs"]
     assert opts == {"read_timeout": 99, "connect_timeout": QUICK.connect_timeout,
-                    "retries": {"max_attempts": 1, "mode": "standard"}}
+                    "retries": {"total_max_attempts": 1, "mode": "standard"}}
 
 
 def test_expiring_credentials_are_refreshed_by_the_provider_chain(

@@ -27,9 +27,9 @@ download threads), opening a cache, ``verify``, and the build's writers:
 
 Anything else (a missing object: ``FileNotFoundError``; access denied; a bad request)
 is raised at once, unchanged. Wrong bytes that reach shardwise are caught by the cache's
-own checksums (:class:`~shardwise.errors.CorruptChunkError`, after one more download).
+own checksums (:class:`~shardwise.errors.CorruptChunkError`, naming the object's URL).
 
-The client library's own retries are switched off (botocore ``max_attempts=1``, s3fs
+The client library's own retries are switched off (botocore ``total_max_attempts=1``, s3fs
 ``retries=1``): one policy decides, not three stacked ones.
 
 **Expiring credentials** are the client's provider chain's business, never shardwise's:
@@ -207,7 +207,7 @@ class RemotePolicy:
         config = dict(out.get("config_kwargs") or {})
         config.setdefault("connect_timeout", self.connect_timeout)
         config.setdefault("read_timeout", self.read_timeout)
-        config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+        config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
         out["config_kwargs"] = config
         return out
 
