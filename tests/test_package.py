@@ -19,7 +19,7 @@ def test_public_names_are_pinned() -> None:
     assert shardwise.__all__ == [
         "Blend", "Cache", "CacheError", "CacheMismatchError", "ChatProcessor", "ConfigError",
         "ContiguousShards", "CorruptChunkError", "InputError", "LoaderState", "PAD",
-        "PackedSFT", "ProducerDirDataset", "ProducerTimeoutError", "RecordStream",
+        "PackedSFT", "ProducerDirDataset", "ProducerTimeoutError", "RecordStream", "RemoteError",
         "SequentialConsumer", "ShardwiseError", "Shuffle", "StateError", "StreamDataset",
         "TokenDataset", "World", "__version__", "build", "open_cache",
     ]

@@ -19,6 +19,7 @@ from shardwise.errors import (
     CorruptChunkError,
     InputError,
     ProducerTimeoutError,
+    RemoteError,
     ShardwiseError,
     StateError,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "ProducerDirDataset",
     "ProducerTimeoutError",
     "RecordStream",
+    "RemoteError",
     "SequentialConsumer",
     "ShardwiseError",
     "Shuffle",

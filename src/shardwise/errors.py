@@ -11,7 +11,9 @@
     │   ├── ManifestError                        a manifest or ledger that is invalid or unsafe
     │   └── CacheMismatchError                   an existing cache was built with other arguments
     ├── StateError           (also ValueError)   a checkpoint state that does not match
-    └── ProducerTimeoutError (also TimeoutError) a producer stopped publishing
+    ├── ProducerTimeoutError (also TimeoutError) a producer stopped publishing
+    └── RemoteError                              an object store failed or stopped answering
+                                                 past its retry policy, named by URL
 
 Catch ``ShardwiseError`` to handle all of them; every message says what, where,
 expected versus got, and what to do.
@@ -77,3 +79,20 @@ class StateError(ShardwiseError, ValueError):
 
 class ProducerTimeoutError(ShardwiseError, TimeoutError):
     """A producer (a build or an external writer) stopped publishing for too long."""
+
+
+class RemoteError(ShardwiseError):
+    """An object store did not answer, or kept failing, past the retry policy
+    (:mod:`shardwise.remote.policy`); ``url`` names the object. Not an ``OSError`` on
+    purpose: code that treats ``OSError`` as "file missing" must not swallow it."""
+
+    def __init__(self, message: str, *, url: str = "") -> None:
+        super().__init__(message)
+        self.url = url
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_make_remote_error, (str(self), self.url))  # keep url across processes
+
+
+def _make_remote_error(message: str, url: str) -> RemoteError:
+    return RemoteError(message, url=url)

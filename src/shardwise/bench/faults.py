@@ -152,9 +152,9 @@ class FaultProxy(LatencyProxy):
                 if fault is not None and fault.mode in ("stall", "slowdown"):
                     pending.put_nowait(_Request(method.decode(), fault))
                     return  # the connection ends with this request's answer (or never)
-                uwriter.write(head)
+                uwriter.write(head)  # answered before its body if it asks 100-continue:
+                pending.put_nowait(_Request(method.decode(), fault))  # so queued first
                 await _copy_body(creader, uwriter, _headers(head))
-                pending.put_nowait(_Request(method.decode(), fault))
         except (ConnectionError, OSError, asyncio.IncompleteReadError):
             pass
         pending.put_nowait(None)

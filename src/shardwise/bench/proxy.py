@@ -103,6 +103,7 @@ async def _serve(serve_one: Handler, port: int, ready: asyncio.Future[int] | Non
             pass  # the proxy stops (asyncio would log a cancelled connection's task)
         finally:
             handlers.discard(task)
+            w.close()  # also when cancelled before serve_one had the connection
 
     server = await asyncio.start_server(handle, "127.0.0.1", port)
     bound = server.sockets[0].getsockname()[1]
@@ -116,6 +117,7 @@ async def _serve(serve_one: Handler, port: int, ready: asyncio.Future[int] | Non
         for task in list(handlers):
             task.cancel()
         await asyncio.gather(*handlers, return_exceptions=True)
+        await asyncio.sleep(0.05)  # the closed transports' callbacks run before the loop ends
 
 
 def check_latency(latency: float) -> float:

@@ -5,5 +5,6 @@ writers — with one fault policy (timeouts, bounded retries). Its own layer, be
 format's ``Files`` over it)."""
 
 from shardwise.remote.client import RemoteStore, is_url
+from shardwise.remote.policy import DEFAULT_POLICY, RemotePolicy, is_transient
 
-__all__ = ["RemoteStore", "is_url"]
+__all__ = ["DEFAULT_POLICY", "RemotePolicy", "RemoteStore", "is_transient", "is_url"]

@@ -13,6 +13,10 @@ ledger, so an object the ledger does not name yet is invisible to them::
     s3://bucket/cache/chunks/00000/00000-00000.idx      PUT 2
     s3://bucket/cache/chunks/00000/00000-00000.json     PUT 3, then the ledger names it
 
+Every request goes through one fault policy (:mod:`shardwise.remote.policy`: timeouts,
+bounded retries with backoff, :class:`~shardwise.errors.RemoteError` past them), carried
+by the store into every process and thread that uses it.
+
 Credentials and endpoints come from fsspec/boto's usual environment and config
 (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ``~/.aws/…``) or from ``storage_options``
 given at run time; nothing of them is ever written into the cache. Keys named by a cache
@@ -22,9 +26,13 @@ are relative and never leave its prefix (:func:`check_key`).
 from __future__ import annotations
 
 import os
-from typing import Any, BinaryIO
+from collections.abc import Callable
+from typing import Any, BinaryIO, TypeVar
 
 from shardwise.format.files import check_key
+from shardwise.remote.policy import DEFAULT_POLICY, RemotePolicy, is_transient
+
+T = TypeVar("T")
 
 SMALL_END = _SMALL = 64 << 20  # a range end past the end of any small object
 
@@ -39,14 +47,17 @@ def is_url(path: str | os.PathLike[str] | RemoteStore) -> bool:
 
 
 class RemoteStore:
-    """A cache prefix on an object store, through fsspec. Picklable, and safe across fork:
-    the filesystem is re-created in each process from the URL and ``storage_options``
-    (fsspec's async filesystems refuse to run in a forked child, e.g. a DataLoader
-    worker)."""
+    """A cache prefix on an object store, through fsspec, every request under ``policy``
+    (default :data:`~shardwise.remote.policy.DEFAULT_POLICY`). Picklable, and safe
+    across fork: the filesystem is re-created in each process from the URL, the
+    ``storage_options`` and the policy (fsspec's async filesystems refuse to run in a
+    forked child, e.g. a DataLoader worker)."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *,
+                 policy: RemotePolicy | None = None) -> None:
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
+        self.policy = policy or DEFAULT_POLICY
         self._fs: Any = None
         self._fs_pid = 0  # the process that made ``_fs``
         self._path = ""
@@ -58,20 +69,32 @@ class RemoteStore:
         return f"RemoteStore({self.url!r})"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "storage_options": self.storage_options}
+        return {"url": self.url, "storage_options": self.storage_options,
+                "policy": self.policy}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["url"], state["storage_options"])  # type: ignore[misc]
+        self.__init__(state["url"], state["storage_options"],  # type: ignore[misc]
+                      policy=state.get("policy"))
 
     @property
     def fs(self) -> Any:
         if self._fs is None or self._fs_pid != os.getpid():
             import fsspec
 
-            self._fs, self._path = fsspec.core.url_to_fs(self.url, **self.storage_options)
+            protocol = self.url.split("://", 1)[0]
+            options = (self.policy.s3fs_options(self.storage_options)
+                       if protocol in ("s3", "s3a") else self.storage_options)
+            self._fs, self._path = fsspec.core.url_to_fs(self.url, **options)
+            self.policy.quiet_client_retries(self._fs)
             self._path = self._path.rstrip("/")
             self._fs_pid = os.getpid()
         return self._fs
+
+    def _run(self, what: str, relative: str, call: Callable[[float], T],
+             size: int | None = None) -> T:
+        """``call(limit)`` under the policy (``limit``: the seconds after which fsspec
+        cancels the try, its ``timeout=``); its errors name ``relative``'s URL."""
+        return self.policy.run(call, what=what, url=self.url_of(relative), size=size)
 
     def key(self, relative: str) -> str:
         """The filesystem path of ``relative`` (validated, never outside the prefix)."""
@@ -84,17 +107,23 @@ class RemoteStore:
 
     def put(self, relative: str, data: bytes | memoryview) -> None:
         """Write one whole object (a single PUT for small objects)."""
-        self.fs.pipe_file(self.key(relative), bytes(data))
+        key, body = self.key(relative), bytes(data)
+        self._run("PUT", relative, lambda t: self.fs.pipe_file(key, body, timeout=t),
+                  size=len(body))
 
     def get(self, relative: str) -> bytes:
         """The object's bytes; FileNotFoundError if it does not exist."""
-        return bytes(self.fs.cat_file(self.key(relative)))
+        key = self.key(relative)
+        return bytes(self._run("GET", relative, lambda t: self.fs.cat_file(key, timeout=t)))
 
     def read_range(self, relative: str, start: int, stop: int) -> bytes:
         """Bytes ``[start, stop)`` of the object (fewer at its end), in one ranged GET;
         FileNotFoundError if it does not exist. (``open`` would ask for the object's
         size first: one more round trip per file on a store far away.)"""
-        return bytes(self.fs.cat_file(self.key(relative), start=start, end=stop))
+        key = self.key(relative)
+        return bytes(self._run(f"GET bytes {start}-{stop} of", relative,
+                               lambda t: self.fs.cat_file(key, start=start, end=stop, timeout=t),
+                               size=stop - start))
 
     def get_many(self, relatives: list[str]) -> dict[str, bytes | Exception]:
         """Small whole objects (each under 64 MiB) fetched concurrently, each in one ranged
@@ -108,31 +137,58 @@ class RemoteStore:
         object's end), all requested at once (one round trip for all on a store far
         away); in the same order, each the bytes or the exception its object raised
         (``stop = SMALL_END``: the whole of a small object)."""
+        if not ranges:
+            return []
         paths = [self.key(r) for r, _, _ in ranges]
-        got = self.fs.cat_ranges(paths, [a for _, a, _ in ranges], [b for _, _, b in ranges],
-                                 on_error="return")
-        return [g if isinstance(g, Exception) else bytes(g) for g in got]
+        got: list[bytes | Exception | None] = [None] * len(ranges)
+        todo = list(range(len(ranges)))
+
+        def attempt(limit: float) -> None:  # the ranges not answered yet, all at once
+            answers = self.fs.cat_ranges([paths[i] for i in todo],
+                                         [ranges[i][1] for i in todo],
+                                         [ranges[i][2] for i in todo], on_error="return",
+                                         timeout=limit)
+            for i, a in zip(list(todo), answers, strict=True):
+                got[i] = a if isinstance(a, Exception) else bytes(a)
+                if not (isinstance(a, Exception) and is_transient(a)):
+                    todo.remove(i)
+            if todo:  # retry those (and only those) under the policy
+                raise got[todo[0]]  # type: ignore[misc]
+
+        try:
+            self._run(f"GET {len(ranges)} ranges, the first of", ranges[0][0], attempt,
+                      size=sum(min(b - a, 8 << 20) for _, a, b in ranges))
+        except Exception as e:  # noqa: BLE001 - each range still failing gets the error
+            for i in todo:
+                got[i] = e
+        return got  # type: ignore[return-value]
 
     def exists(self, relative: str) -> bool:
-        return bool(self.fs.exists(self.key(relative)))
+        key = self.key(relative)
+        return bool(self._run("HEAD", relative, lambda t: self.fs.exists(key, timeout=t)))
 
     def size(self, relative: str) -> int:
-        return int(self.fs.size(self.key(relative)))
-
-    def download(self, relative: str, dest: str | os.PathLike[str]) -> None:
-        """Copy the object to the local file ``dest``, streamed (a chunk may be large);
-        FileNotFoundError if it does not exist."""
-        self.fs.get_file(self.key(relative), os.fspath(dest))
+        key = self.key(relative)
+        return int(self._run("HEAD", relative, lambda t: self.fs.size(key, timeout=t)))
 
     def open(self, relative: str) -> BinaryIO:
-        f: BinaryIO = self.fs.open(self.key(relative), "rb", block_size=8 << 20)
+        """A file object (its reads are not retried: prefer :meth:`read_range`)."""
+        key = self.key(relative)
+        f: BinaryIO = self._run("open", relative,
+                                lambda t: self.fs.open(key, "rb", block_size=8 << 20))
         return f
+
+    def download(self, relative: str, local: str | os.PathLike[str]) -> None:
+        """Copy the object to the local file ``local``, streamed (a chunk may be large);
+        FileNotFoundError if it does not exist."""
+        key = self.key(relative)
+        self._run("GET", relative, lambda t: self.fs.get_file(key, os.fspath(local), timeout=t))
 
     def list_keys(self) -> list[str]:
         """Every object under the prefix, as relative keys, sorted."""
         _ = self.fs
         try:
-            found = self.fs.find(self._path)
+            found = self._run("LIST", "", lambda t: self.fs.find(self._path, timeout=t))
         except FileNotFoundError:
             return []
         head = self._path + "/"
@@ -141,7 +197,9 @@ class RemoteStore:
     def list_dir(self, relative: str) -> list[str]:
         """The names of the objects directly under ``relative/`` (one LIST request)."""
         try:
-            found = self.fs.ls(self.key(relative), detail=True, refresh=True)
+            key = self.key(relative)
+            found = self._run("LIST", relative, lambda t: self.fs.ls(
+                key, detail=True, refresh=True, timeout=t))
         except FileNotFoundError:
             return []
         names = (str(e["name"]).rsplit("/", 1)[-1] for e in found if e.get("type") == "file")
@@ -152,7 +210,9 @@ class RemoteStore:
         """What changes when the object is replaced: size and ETag (or time); ``()`` if it
         does not exist."""
         try:
-            info = self.fs.info(self.key(relative), refresh=True)
+            key = self.key(relative)
+            info = self._run("HEAD", relative, lambda t: self.fs.info(
+                key, refresh=True, timeout=t))
         except FileNotFoundError:
             return ()
         return (info.get("size"), info.get("ETag") or info.get("LastModified")
@@ -161,5 +221,6 @@ class RemoteStore:
     def remove(self, relatives: list[str]) -> None:
         keys = [self.key(r) for r in relatives]
         if keys:
-            self.fs.rm(keys)
+            self._run(f"DELETE {len(keys)} objects under", "",
+                      lambda t: self.fs.rm(keys, timeout=t))
             self.fs.invalidate_cache()

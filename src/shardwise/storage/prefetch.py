@@ -46,6 +46,7 @@ from functools import partial
 from pathlib import Path
 
 from shardwise.concurrency import ThreadPool
+from shardwise.errors import RemoteError
 
 MIN_AHEAD = 2
 START_AHEAD = 4  # before anything is measured
@@ -291,7 +292,10 @@ class Prefetcher:
         self._start_waiting()  # room freed: the next queued downloads start now
         if entry is not None:
             future = entry[1]
-            if future.exception() is None:  # an error is raised by the download below
+            error = future.exception()
+            if isinstance(error, RemoteError):  # the store had its whole retry budget
+                raise error
+            if error is None:  # another error is raised by the download below
                 path = future.result()
                 try:
                     os.utime(path)

@@ -1,0 +1,174 @@
+"""The store's faults (issue 21 item 4), on a real S3 server (SeaweedFS) behind the fault
+proxy: every fault mode either leaves the bytes identical or raises a named error; a store
+that stops answering raises RemoteError naming the URL within the policy's bound — in the
+main process, in a DataLoader worker and in the download threads; transient faults leave
+the batches identical; the build's writers survive them too."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests.remote.conftest import BUCKET
+
+import shardwise as sw
+from shardwise.bench.faults import Fault, FaultProxy
+from shardwise.errors import CorruptChunkError, RemoteError
+from shardwise.remote import RemotePolicy, RemoteStore
+from shardwise.world import World
+
+SEQ_LEN = 32
+# a silent store is given up after 1 + 1 + 2 s (tests); the default is 90 s
+FAST = RemotePolicy(connect_timeout=1, read_timeout=1, attempts=8, first_backoff=0.01,
+                    max_backoff=0.1, deadline=2)
+# the faults that must leave the bytes identical are read with room for a loaded machine
+PATIENT = RemotePolicy(connect_timeout=5, read_timeout=5, first_backoff=0.01,
+                       max_backoff=0.2, deadline=30)
+SLACK = 3.0  # seconds of scheduling on a busy 2-core machine on top of the bound
+BIN_GET = r"^GET /sw-test/cache/chunks/.*\.bin"
+
+
+def _store(proxy: FaultProxy, url: str, policy: RemotePolicy = FAST) -> RemoteStore:
+    return RemoteStore(url, {"endpoint_url": proxy.endpoint}, policy=policy)
+
+
+def _batches(cache: sw.Cache | Path, n: int, **kw: object) -> list[np.ndarray]:
+    from shardwise.torch import loader
+
+    ds = sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=3)
+    dl = loader(ds, global_batch_size=4, micro_batch_size=4, world=World.single(), **kw)
+    it = iter(dl)
+    try:
+        return [next(it)["input_ids"].numpy() for _ in range(n)]
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
+
+def _open(proxy: FaultProxy, url: str, tmp: Path, policy: RemotePolicy = FAST,
+          **kw: object) -> sw.Cache:
+    return sw.open_cache(_store(proxy, url, policy), local_dir=tmp / "node", **kw)
+
+
+@pytest.mark.parametrize("mode", ["slowdown", "reset", "short"])
+def test_a_retried_fault_returns_identical_bytes(
+        built: tuple[str, Path], fault_proxy: FaultProxy, mode: str) -> None:
+    url, local = built
+    store = _store(fault_proxy, url, PATIENT)
+    key = "manifest.json"
+    want = (local / key).read_bytes()
+    fault_proxy.inject(Fault(mode, match=r"^GET .*manifest\.json", times=3))
+    assert store.get(key) == want  # the whole object
+    fault_proxy.inject(Fault(mode, match=r"^GET .*manifest\.json", times=3))
+    assert store.read_range(key, 5, 105) == want[5:105]  # a ranged GET
+    fault_proxy.inject(Fault(mode, match=r"^GET .*manifest\.json", times=3))
+    assert store.get_many([key, "ledger.json"]) == {
+        key: want, "ledger.json": (local / "ledger.json").read_bytes()}
+    assert fault_proxy.hits[mode] == 3
+
+
+def test_flipped_bytes_are_caught_by_a_checksum(built: tuple[str, Path],
+                                                fault_proxy: FaultProxy,
+                                                tmp_path: Path) -> None:
+    """A whole-object GET is checked by the client (botocore's checksum: retried, then
+    identical); a ranged GET of a chunk is checked by the cache's xxh3: CorruptChunkError
+    naming the object's URL."""
+    url, local = built
+    store = _store(fault_proxy, url)
+    fault_proxy.inject(Fault("flip", match=r"^GET .*manifest\.json", times=1))
+    assert store.get("manifest.json") == (local / "manifest.json").read_bytes()
+    assert fault_proxy.hits["flip"] == 1
+    cache = _open(fault_proxy, url, tmp_path, local_bytes=64 << 20)
+    fault_proxy.inject(Fault("flip", match=BIN_GET))
+    with pytest.raises(CorruptChunkError, match=r"s3://sw-test/cache/chunks/.*\.bin: xxh3"):
+        _batches(cache, 3, look_ahead=0)
+    cache.close()
+    assert fault_proxy.hits["flip"] >= 1
+
+
+def _stalled_read(proxy: FaultProxy, cache: sw.Cache,
+                  **kw: object) -> tuple[float, str, RemoteError]:
+    proxy.inject(Fault("stall"))
+    started = time.monotonic()
+    with pytest.raises(RemoteError) as e:
+        _batches(cache, 20, **kw)
+    return time.monotonic() - started, str(e.value), e.value
+
+
+def test_a_stalled_store_raises_remote_error_within_the_bound_at_open(
+        built: tuple[str, Path], fault_proxy: FaultProxy, tmp_path: Path) -> None:
+    url, _ = built
+    fault_proxy.inject(Fault("stall"))
+    started = time.monotonic()
+    with pytest.raises(RemoteError, match=f"{url}/ledger") as e:
+        _open(fault_proxy, url, tmp_path)
+    assert time.monotonic() - started <= FAST.bound() + SLACK
+    assert e.value.url.startswith(url) and "ReadTimeout" in str(e.value)
+
+
+def test_a_stalled_store_raises_remote_error_in_the_main_process_and_download_threads(
+        built: tuple[str, Path], fault_proxy: FaultProxy, tmp_path: Path) -> None:
+    """Opened, then the store stops answering: the reader (its look-ahead downloads run
+    in threads) raises RemoteError naming a chunk's URL, within the bound."""
+    url, _ = built
+    cache = _open(fault_proxy, url, tmp_path, local_bytes=1 << 20)
+    took, message, error = _stalled_read(fault_proxy, cache)  # adaptive look-ahead
+    cache.close()
+    assert took <= FAST.bound() + SLACK, took
+    assert f"{url}/chunks/" in message, message
+    frames = traceback.extract_tb(error.__traceback__)
+    assert any(f.name == "_run" and f.filename.endswith("threads.py") for f in frames), \
+        "the error was not raised on a download thread"
+    assert fault_proxy.hits["stall"] >= 1
+
+
+def test_a_stalled_store_raises_remote_error_in_a_dataloader_worker(
+        built: tuple[str, Path], fault_proxy: FaultProxy, tmp_path: Path) -> None:
+    url, _ = built
+    cache = _open(fault_proxy, url, tmp_path, local_bytes=1 << 20)
+    took, message, _ = _stalled_read(fault_proxy, cache, num_workers=1)
+    cache.close()
+    assert took <= FAST.bound() + SLACK + 5, took  # + the worker's start
+    assert f"{url}/chunks/" in message and "DataLoader worker" in message, message
+
+
+def test_transient_faults_leave_the_batches_identical(
+        built: tuple[str, Path], fault_proxy: FaultProxy, tmp_path: Path) -> None:
+    """8 % of requests answered 503 SlowDown and 5 % of chunk downloads cut mid-body
+    (reset or short), a bounded local copy (many downloads): the batches of a local
+    read, and the faults did happen."""
+    url, local = built
+    want = _batches(local, 30)
+    fault_proxy.inject(Fault("slowdown", rate=0.08), Fault("reset", match=BIN_GET, rate=0.05),
+                       Fault("short", match=BIN_GET, rate=0.05))
+    cache = _open(fault_proxy, url, tmp_path, PATIENT, local_bytes=1 << 20)
+    got = _batches(cache, 30)
+    cache.close()
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert fault_proxy.hits["slowdown"] >= 1, (fault_proxy.requests, fault_proxy.hits)
+    assert fault_proxy.hits["reset"] + fault_proxy.hits["short"] >= 1, fault_proxy.hits
+
+
+def test_a_build_survives_transient_faults_on_its_writes(
+        built: tuple[str, Path], fault_proxy: FaultProxy, sample_corpus: Path,
+        tokenizer_path: Path) -> None:
+    """The build's writers go through the same policy: 10 % of PUTs answered 503 and some
+    requests cut, and the cache on the store equals the local build byte for byte."""
+    from tests.helpers_cache import cache_files
+
+    _, local = built
+    url = f"s3://{BUCKET}/faulty-build"
+    fault_proxy.inject(Fault("slowdown", match="^PUT", rate=0.1),
+                       Fault("reset", match="^GET", rate=0.1))
+    sw.build([str(sample_corpus)], url, tokenizer=tokenizer_path, chunk_docs=8,
+             append_eod=True, progress=False, workers=2,
+             storage_options={"endpoint_url": fault_proxy.endpoint})
+    assert fault_proxy.hits["slowdown"] >= 1
+    fault_proxy.clear()
+    store = RemoteStore(url)
+    assert {k: store.get(k) for k in store.list_keys()} == cache_files(local)
