@@ -96,6 +96,12 @@ class RemoteStore:
         cancels the try, its ``timeout=``); its errors name ``relative``'s URL."""
         return self.policy.run(call, what=what, url=self.url_of(relative), size=size)
 
+    def _limit(self, seconds: float) -> dict[str, float]:
+        """fsspec's ``timeout=`` for one try: an async filesystem (s3fs, gcsfs, adlfs)
+        cancels the call after it; a synchronous one (``memory://``) takes no such
+        argument and is not cancelled."""
+        return {"timeout": seconds} if getattr(self.fs, "async_impl", False) else {}
+
     def key(self, relative: str) -> str:
         """The filesystem path of ``relative`` (validated, never outside the prefix)."""
         rel = check_key(relative, where=self.url, root=self.url)
@@ -108,13 +114,15 @@ class RemoteStore:
     def put(self, relative: str, data: bytes | memoryview) -> None:
         """Write one whole object (a single PUT for small objects)."""
         key, body = self.key(relative), bytes(data)
-        self._run("PUT", relative, lambda t: self.fs.pipe_file(key, body, timeout=t),
+        self._run("PUT", relative,
+                  lambda t: self.fs.pipe_file(key, body, **self._limit(t)),
                   size=len(body))
 
     def get(self, relative: str) -> bytes:
         """The object's bytes; FileNotFoundError if it does not exist."""
         key = self.key(relative)
-        return bytes(self._run("GET", relative, lambda t: self.fs.cat_file(key, timeout=t)))
+        return bytes(self._run("GET", relative,
+                               lambda t: self.fs.cat_file(key, **self._limit(t))))
 
     def read_range(self, relative: str, start: int, stop: int) -> bytes:
         """Bytes ``[start, stop)`` of the object (fewer at its end), in one ranged GET;
@@ -122,7 +130,8 @@ class RemoteStore:
         size first: one more round trip per file on a store far away.)"""
         key = self.key(relative)
         return bytes(self._run(f"GET bytes {start}-{stop} of", relative,
-                               lambda t: self.fs.cat_file(key, start=start, end=stop, timeout=t),
+                               lambda t: self.fs.cat_file(key, start=start, end=stop,
+                                                          **self._limit(t)),
                                size=stop - start))
 
     def get_many(self, relatives: list[str]) -> dict[str, bytes | Exception]:
@@ -147,7 +156,7 @@ class RemoteStore:
             answers = self.fs.cat_ranges([paths[i] for i in todo],
                                          [ranges[i][1] for i in todo],
                                          [ranges[i][2] for i in todo], on_error="return",
-                                         timeout=limit)
+                                         **self._limit(limit))
             for i, a in zip(list(todo), answers, strict=True):
                 got[i] = a if isinstance(a, Exception) else bytes(a)
                 if not (isinstance(a, Exception) and is_transient(a)):
@@ -165,11 +174,13 @@ class RemoteStore:
 
     def exists(self, relative: str) -> bool:
         key = self.key(relative)
-        return bool(self._run("HEAD", relative, lambda t: self.fs.exists(key, timeout=t)))
+        return bool(self._run("HEAD", relative,
+                              lambda t: self.fs.exists(key, **self._limit(t))))
 
     def size(self, relative: str) -> int:
         key = self.key(relative)
-        return int(self._run("HEAD", relative, lambda t: self.fs.size(key, timeout=t)))
+        return int(self._run("HEAD", relative,
+                             lambda t: self.fs.size(key, **self._limit(t))))
 
     def open(self, relative: str) -> BinaryIO:
         """A file object (its reads are not retried: prefer :meth:`read_range`)."""
@@ -182,13 +193,15 @@ class RemoteStore:
         """Copy the object to the local file ``local``, streamed (a chunk may be large);
         FileNotFoundError if it does not exist."""
         key = self.key(relative)
-        self._run("GET", relative, lambda t: self.fs.get_file(key, os.fspath(local), timeout=t))
+        self._run("GET", relative,
+                  lambda t: self.fs.get_file(key, os.fspath(local), **self._limit(t)))
 
     def list_keys(self) -> list[str]:
         """Every object under the prefix, as relative keys, sorted."""
         _ = self.fs
         try:
-            found = self._run("LIST", "", lambda t: self.fs.find(self._path, timeout=t))
+            found = self._run("LIST", "",
+                              lambda t: self.fs.find(self._path, **self._limit(t)))
         except FileNotFoundError:
             return []
         head = self._path + "/"
@@ -199,7 +212,7 @@ class RemoteStore:
         try:
             key = self.key(relative)
             found = self._run("LIST", relative, lambda t: self.fs.ls(
-                key, detail=True, refresh=True, timeout=t))
+                key, detail=True, refresh=True, **self._limit(t)))
         except FileNotFoundError:
             return []
         names = (str(e["name"]).rsplit("/", 1)[-1] for e in found if e.get("type") == "file")
@@ -212,7 +225,7 @@ class RemoteStore:
         try:
             key = self.key(relative)
             info = self._run("HEAD", relative, lambda t: self.fs.info(
-                key, refresh=True, timeout=t))
+                key, refresh=True, **self._limit(t)))
         except FileNotFoundError:
             return ()
         return (info.get("size"), info.get("ETag") or info.get("LastModified")
@@ -222,5 +235,5 @@ class RemoteStore:
         keys = [self.key(r) for r in relatives]
         if keys:
             self._run(f"DELETE {len(keys)} objects under", "",
-                      lambda t: self.fs.rm(keys, timeout=t))
+                      lambda t: self.fs.rm(keys, **self._limit(t)))
             self.fs.invalidate_cache()

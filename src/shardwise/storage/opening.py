@@ -127,7 +127,8 @@ def reader_cache(cache: Cache | str | os.PathLike[str], verify: bool | None) -> 
     return cache
 
 
-def open_cache(path: str | os.PathLike[str], *, local_dir: str | os.PathLike[str] | None = None,
+def open_cache(path: str | os.PathLike[str] | RemoteStore, *,
+               local_dir: str | os.PathLike[str] | None = None,
                local_bytes: int = DEFAULT_LOCAL_BYTES,
                storage_options: dict[str, Any] | None = None, verify: bool = True) -> Cache:
     """Open a shardwise cache directory, a Megatron dataset by its prefix, or a cache on
@@ -146,9 +147,10 @@ def open_cache(path: str | os.PathLike[str], *, local_dir: str | os.PathLike[str
     >>> cache = open_cache("data/corpus_text_document")         # .bin/.idx beside it
     >>> cache = open_cache("s3://bucket/cache", local_dir="/nvme/sw", local_bytes=50 << 30)
     """
-    if is_url(path):
-        return _open_remote(RemoteStore(os.fspath(path), storage_options), local_dir,
-                            local_bytes, verify)
+    if isinstance(path, RemoteStore) or is_url(path):  # a RemoteStore: its own RemotePolicy
+        remote = (path if isinstance(path, RemoteStore)
+                  else RemoteStore(os.fspath(path), storage_options))
+        return _open_remote(remote, local_dir, local_bytes, verify)
     p = Path(path)
     if (p / MANIFEST_NAME).is_file():
         return _open_shardwise(LocalStore(p), verify)
