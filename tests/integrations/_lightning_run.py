@@ -57,7 +57,7 @@ class Data(L.LightningDataModule):
         s = self.spec
         ds = sw.TokenDataset(s["cache"], seq_len=s["seq_len"], seed=7)
         args = dict(global_batch_size=s["global"], micro_batch_size=s["micro"],
-                    sampler="cyclic")
+                    sampler="cyclic", data_sharding=False)
         if self.kind == "shardwise":
             dl = swt.loader(ds, **args)
         else:

@@ -91,7 +91,7 @@ def test_lightning_resume_is_the_uninterrupted_run(cache: Path, tmp_path: Path) 
         for record, world in ((on2, 2), (on1, 1)):
             cont = _steps(record, kind, world)
             assert len(cont) == len(steps) - k, (kind, world, len(cont))
-            for got, want in zip(cont, steps[k:]):
+            for got, want in zip(cont, steps[k:], strict=True):
                 np.testing.assert_array_equal(got, want, err_msg=f"{kind} resumed on {world}")
         np.testing.assert_array_equal(np.load(on2 / f"{kind}.params.npy"),
                                       np.load(full / f"{kind}.params.npy"))
