@@ -1,7 +1,9 @@
 """One rank of a Lightning run under torchrun (DDP, gloo, CPU), for test_lightning.py.
 
-argv: spec.json. For each loader kind ("shardwise": ``shardwise.torch.loader``;
-"torchdata": a ``StatefulDataLoader`` over ``shardwise.torchdata.batch_sampler``) it
+argv: spec.json. For each run ``<loader>-<sampler>`` (loader "shardwise":
+``shardwise.torch.loader``; "torchdata": a ``StatefulDataLoader`` over
+``shardwise.torchdata.batch_sampler``; sampler "cyclic": Lightning epochs of a known
+length, "single": endless, so Lightning prefetches a micro-batch to know the last) it
 trains a tiny linear LM with a ModelCheckpoint at every step, recording the
 ``input_ids`` of every micro-step; ``resume`` names a checkpoint to continue from
 instead. Lightning's defaults stay (``use_distributed_sampler=True``) unless
@@ -56,9 +58,10 @@ class Data(L.LightningDataModule):
     def train_dataloader(self) -> Any:
         s = self.spec
         ds = sw.TokenDataset(s["cache"], seq_len=s["seq_len"], seed=7)
+        loader_kind, sampler = self.kind.split("-")
         args = dict(global_batch_size=s["global"], micro_batch_size=s["micro"],
-                    sampler="cyclic", data_sharding=False)
-        if self.kind == "shardwise":
+                    sampler=sampler, data_sharding=False)
+        if loader_kind == "shardwise":
             dl = swt.loader(ds, **args)
         else:
             dl = StatefulDataLoader(ds, batch_sampler=batch_sampler(ds, **args),
@@ -77,7 +80,9 @@ def run(spec: dict[str, Any], kind: str, world: int) -> None:
         from shardwise.lightning import TrainedPosition
         callbacks.append(TrainedPosition())
     trainer = L.Trainer(accelerator="cpu", devices=world,
-                        strategy="ddp" if world > 1 else "auto", max_epochs=spec["epochs"],
+                        strategy="ddp" if world > 1 else "auto",
+                        **({"max_epochs": spec["epochs"]} if kind.endswith("cyclic")
+                           else {"max_steps": spec["steps"], "max_epochs": -1}),
                         accumulate_grad_batches=spec["global"] // (spec["micro"] * world),
                         callbacks=callbacks, logger=False, enable_progress_bar=False,
                         enable_model_summary=False,

@@ -27,7 +27,7 @@ from cachefactory import make_cache, sample_docs  # noqa: E402
 RUN = Path(__file__).resolve().with_name("_lightning_run.py")
 REPO = Path(__file__).resolve().parents[2]
 SEQ_LEN, MICRO, GLOBAL, VOCAB = 9, 2, 8, 500
-KINDS = ["shardwise", "torchdata"]
+KINDS = ["shardwise-single", "torchdata-single", "shardwise-cyclic", "torchdata-cyclic"]
 pytest.importorskip("lightning")
 
 
@@ -74,7 +74,7 @@ def test_lightning_resume_is_the_uninterrupted_run(cache: Path, tmp_path: Path) 
     per_epoch = len(ds) // GLOBAL
     assert per_epoch >= 3, len(ds)
     base = {"cache": str(cache), "seq_len": SEQ_LEN, "vocab": VOCAB, "micro": MICRO,
-            "global": GLOBAL, "epochs": 2, "kinds": KINDS}
+            "global": GLOBAL, "epochs": 2, "steps": 2 * per_epoch, "kinds": KINDS}
     full = torchrun(tmp_path, "full", 2, base)
     k = per_epoch + 1  # a checkpoint inside the second epoch
     on2 = torchrun(tmp_path, "on2", 2, {**base, "resume": str(full), "step": k})
@@ -83,11 +83,8 @@ def test_lightning_resume_is_the_uninterrupted_run(cache: Path, tmp_path: Path) 
     for kind in KINDS:
         steps = _steps(full, kind, 2)
         assert len(steps) == 2 * per_epoch
-        # each Lightning epoch is one epoch of shardwise's order, reshuffled
-        epochs = [np.concatenate(steps[e * per_epoch:(e + 1) * per_epoch]) for e in (0, 1)]
-        rows = [sorted(map(bytes, e)) for e in epochs]
-        assert rows[0] == rows[1] and not np.array_equal(epochs[0], epochs[1]), kind
-        assert len(set(rows[0])) == len(rows[0]) and set(rows[0]) <= set(map(bytes, order))
+        if kind.endswith("cyclic"):  # each Lightning epoch: one reshuffled epoch of the order
+            _check_epochs(steps, per_epoch, order)
         for record, world in ((on2, 2), (on1, 1)):
             cont = _steps(record, kind, world)
             assert len(cont) == len(steps) - k, (kind, world, len(cont))
@@ -95,3 +92,10 @@ def test_lightning_resume_is_the_uninterrupted_run(cache: Path, tmp_path: Path) 
                 np.testing.assert_array_equal(got, want, err_msg=f"{kind} resumed on {world}")
         np.testing.assert_array_equal(np.load(on2 / f"{kind}.params.npy"),
                                       np.load(full / f"{kind}.params.npy"))
+
+
+def _check_epochs(steps: list[np.ndarray], per_epoch: int, order: list[np.ndarray]) -> None:
+    epochs = [np.concatenate(steps[e * per_epoch:(e + 1) * per_epoch]) for e in (0, 1)]
+    rows = [sorted(map(bytes, e)) for e in epochs]
+    assert rows[0] == rows[1] and not np.array_equal(epochs[0], epochs[1])
+    assert len(set(rows[0])) == len(rows[0]) and set(rows[0]) <= set(map(bytes, order))
