@@ -43,11 +43,11 @@ LAYERS = [
 ]
 RANK: dict[str, float] = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 RANK["torch"] = RANK["hf"] = RANK["torchdata"] = RANK["integrations"]
-RANK["megatron"] = RANK["integrations"]
+RANK["megatron"] = RANK["lightning"] = RANK["integrations"]
 FRONT_DOOR = RANK["testing"] + 0.5  # `from shardwise import TokenDataset`
 PACKAGE = Path(shardwise.__file__).parent
 # the package's front door and the `shardwise.torch` shortcut sit above every layer
-EXEMPT = {"__init__", "torch", "hf", "torchdata", "megatron", "__main__"}
+EXEMPT = {"__init__", "torch", "hf", "torchdata", "megatron", "lightning", "__main__"}
 
 
 def _top(module: str) -> str | None:
@@ -119,7 +119,7 @@ def test_the_core_imports_no_optional_extra_at_import_time() -> None:
            for p in _modules() if p.relative_to(PACKAGE).parts[0].removesuffix(".py") in CORE
            for name in _module_level_imports(p)
            if name.split(".")[0] in ("torch", "ray", "transformers", "accelerate",
-                                     "megatron", "torchdata", "fsspec", "s3fs")]
+                                     "megatron", "torchdata", "fsspec", "s3fs", "lightning")]
     assert not bad, "\n".join(bad)
 
 
