@@ -57,7 +57,11 @@ INTEGRATIONS: dict[str, str | None] = {
 }
 # modules placed through another row, with where their multi-rank runs are checked
 NOT_A_ROW = {"shardwise.integrations.megatron": "builds shardwise.torch.loader; "
-             "tests/distributed/test_megatron_train.py runs Megatron's own code"}
+             "tests/distributed/test_megatron_train.py runs Megatron's own code",
+             "shardwise.integrations.lightning": "wraps the torch and torchdata loaders of "
+             "the rows above (their placement unchanged: it only chooses which of their states "
+             "is saved); tests/integrations/test_lightning.py runs Lightning's DDP on 2 "
+             "processes and checks every step's global batch"}
 # readers that are not example readers (records, not model inputs), where their
 # placement on real ranks is checked
 RECORD_READERS = {
