@@ -61,3 +61,30 @@ def test_an_array_in_use_outlives_its_dropped_map(many_chunks: Path,
     assert 0 not in cache.store._maps  # dropped from the cache ...
     np.testing.assert_array_equal(held, want)  # ... but the array handed out still reads
     cache.close()
+
+
+def _read_all(root: Path, shuffle: str) -> tuple[sw.TokenDataset, list[list[int]]]:
+    """Every example of a dataset over ``root``, one a batch (a window inside one chunk is
+    read through the reader's strided view of that chunk's map; a document-shuffled one
+    through memoryviews of the maps)."""
+    ds = sw.TokenDataset(root, seq_len=4, shuffle=shuffle, seed=1, verify=False)
+    return ds, [ds.get_batch([i])["input_ids"].tolist() for i in range(len(ds))]
+
+
+@pytest.mark.parametrize(("shuffle", "held"), [("none", "_views"), ("document", "_memory")])
+def test_views_a_reader_holds_are_counted_by_the_budget(
+        many_chunks: Path, monkeypatch: pytest.MonkeyPatch, shuffle: str, held: str) -> None:
+    """A reader's views of chunk maps keep the maps (and their descriptors) alive: the
+    budget counts them, so a tiny budget drops them too (they are made again) and every
+    example is what an unbounded read gives."""
+    _, want = _read_all(many_chunks, shuffle)
+    monkeypatch.setattr(open_maps, "LIMIT", 4)
+    ds, got = _read_all(many_chunks, shuffle)
+    assert got == want
+    views = getattr(ds._reader, held)
+    assert 1 <= len(views) <= 4  # 60 chunks read: without the budget, one view each
+    assert all(open_maps.counted(views, c) for c in views)
+    assert open_maps.count() <= 4
+    gc.collect()
+    assert _chunk_fds(many_chunks) <= 4
+    ds.cache.close()

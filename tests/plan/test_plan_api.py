@@ -31,7 +31,8 @@ def test_all_is_sorted_and_pinned() -> None:
 def test_imports_only_numpy_stdlib_format_world_and_itself() -> None:
     """Plans are pure functions over integers: no torch, no I/O beyond atomic plan files;
     the rank-slicing rules come from World and the integer rule from checkpoint.as_count
-    (one place for each)."""
+    (one place for each); a plan's memo is the one bounded cache (a plain LRU: no thread,
+    no I/O)."""
     allowed = set(sys.stdlib_module_names) | {"numpy"}
     for path in Path(plan.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -45,7 +46,8 @@ def test_imports_only_numpy_stdlib_format_world_and_itself() -> None:
                 top = name.split(".")[0]
                 ok = name.startswith(("shardwise.plan", "shardwise.format.atomic",
                                       "shardwise.world", "shardwise.choice",
-                                      "shardwise.checkpoint", "shardwise.errors"))
+                                      "shardwise.checkpoint", "shardwise.errors",
+                                      "shardwise.concurrency.bounded"))
                 assert top in allowed or ok, (path.name, name)
 
 

@@ -11,7 +11,7 @@ from tests.cachefactory import make_cache, sample_docs
 
 import shardwise as sw
 from shardwise.errors import ConfigError, CorruptChunkError
-from shardwise.storage.store import FEW_RUNS, Runs
+from shardwise.storage.store import FEW_RUNS, LONG_RUN, Runs
 
 
 @pytest.fixture(scope="module")
@@ -21,12 +21,14 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
                       vocab_size=500)
 
 
-def _random_runs(cache: sw.Cache, n: int, seed: int) -> Runs:
+def _random_runs(cache: sw.Cache, n: int, seed: int, longest: int | None = None) -> Runs:
     rng = np.random.default_rng(seed)
     tokens = cache.chunks.columns.tokens
     chunk = rng.integers(0, len(tokens), n)
     offset = rng.integers(0, tokens[chunk])
     length = rng.integers(0, tokens[chunk] - offset + 1)
+    if longest is not None:
+        length = np.minimum(length, longest)
     return Runs.of((chunk, offset, length))
 
 
@@ -36,10 +38,15 @@ def _expected(cache: sw.Cache, runs: Runs) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, cache.dtype)
 
 
-@pytest.mark.parametrize("n", [0, 1, 5, FEW_RUNS + 1, 400])
-def test_gather_is_the_runs_concatenated(cache_dir: Path, n: int) -> None:
+@pytest.mark.parametrize(("n", "longest"), [(0, None), (1, None), (5, None),
+                                            (FEW_RUNS + 1, None), (400, None),
+                                            (FEW_RUNS + 1, 2), (400, 3)])
+def test_gather_is_the_runs_concatenated(cache_dir: Path, n: int, longest: int | None) -> None:
+    """Joined slices (few or long runs) and one fancy index per chunk (many short runs:
+    fewer than LONG_RUN tokens on average) give the same tokens."""
     cache = sw.open_cache(cache_dir)
-    runs = _random_runs(cache, n, seed=n)
+    runs = _random_runs(cache, n, seed=n, longest=longest)
+    assert longest is None or runs.total < LONG_RUN * n  # the second way
     got = cache.gather(runs)
     assert got.dtype == cache.dtype
     np.testing.assert_array_equal(got, _expected(cache, runs))

@@ -14,6 +14,9 @@ pool, one poller.
 * :mod:`.flock` -- advisory locks a forked child does not inherit.
 * :mod:`.once` -- :func:`~.once.build_once`: one process per node builds a derived file
   (a plan), the others wait and load it; a dead builder is replaced.
+* :mod:`.bounded` -- :class:`~.bounded.Bounded`: the one bounded (LRU) cache, by entries
+  or weight, lock-free, pickling empty; every per-process cache of the read path is one
+  (the caches of memory maps also count with storage/open_maps.py's budget).
 
 This layer sits just above :mod:`shardwise.errors` and imports nothing else of shardwise,
 so the writer, the readers and storage can all use it.

@@ -57,12 +57,12 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_right
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.concurrency.bounded import Bounded
 from shardwise.plan._checks import IndexLike, IntArray, as_index_array, check_int
 
 BLEND_VERSION: int = 1
@@ -140,7 +140,7 @@ class BlendSchedule:
         self.weights = normalize_weights(weights)
         self._w = self.weights.tolist()
         self._known: dict[int, IntArray] = {0: np.zeros(self.weights.size, dtype=np.int64)}
-        self._runs: OrderedDict[int, IntArray] = OrderedDict()
+        self._runs: Bounded[int, IntArray] = Bounded(_KEEP_BLOCKS)
 
     def seed(self, t: int, counts: npt.ArrayLike) -> None:
         """Declare the counts after ``t`` examples (e.g. saved in a checkpoint). Refuses
@@ -167,9 +167,7 @@ class BlendSchedule:
             have = np.concatenate([have, np.asarray(more, dtype=np.int64)])
             if stop % CHECKPOINT_EVERY == 0:
                 self._known.setdefault(stop, np.asarray(counts, dtype=np.int64))
-        self._runs[t0] = have
-        if len(self._runs) > _KEEP_BLOCKS:
-            self._runs.popitem(last=False)
+        self._runs.put(t0, have)
         return have[: stop - t0]
 
     def _sources(self, lo: int, hi: int) -> tuple[int, IntArray]:

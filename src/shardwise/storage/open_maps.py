@@ -10,6 +10,12 @@ past :data:`LIMIT` the oldest is dropped from its cache, which maps it again whe
 needs it (a stat and an mmap). Arrays already handed out keep their own map alive: a
 dropped entry never invalidates data in use.
 
+Whatever else keeps a view of a map alive is counted the same way: a reader's strided
+window views and memoryviews of chunk maps (:class:`~shardwise.read.tokens.assemble.
+WindowReader`) are kept in caches made by :func:`bounded` and entered with :func:`kept`,
+so the budget drops them too. A cache made by :func:`bounded` tells the budget when it
+evicts an entry itself (:func:`forget`), so :func:`count` is what is held.
+
 The limit is a quarter of the process's soft ``RLIMIT_NOFILE`` (the rest is the
 program's), at most 1024: 256 maps at the usual 1024.
 """
@@ -20,6 +26,8 @@ import threading
 import weakref
 from collections import OrderedDict
 from typing import Any
+
+from shardwise.concurrency.bounded import Bounded
 
 
 def _limit() -> int:
@@ -36,13 +44,25 @@ def _limit() -> int:
 
 LIMIT = _limit()
 _lock = threading.Lock()
-# (id of a cache's map dict, key) -> weak reference to that dict
-_kept: OrderedDict[tuple[int, Any], weakref.ref[OrderedDict[Any, Any]]] = OrderedDict()
+# (id of a cache of maps, key) -> weak reference to that cache
+_kept: OrderedDict[tuple[int, Any], weakref.ref[Bounded[Any, Any]]] = OrderedDict()
 
 
-def kept(maps: OrderedDict[Any, Any], key: Any) -> None:
-    """``maps[key]`` was just mapped: count it, and drop the oldest map of any cache in
-    the process while more than :data:`LIMIT` are kept."""
+def bounded(items: int) -> Bounded[Any, Any]:
+    """A cache of at most ``items`` maps (or views of maps) whose own evictions the
+    budget forgets; enter each value put in it with :func:`kept`."""
+    return Bounded(items, on_evict=forget)
+
+
+def forget(maps: Bounded[Any, Any], key: Any, _value: Any = None) -> None:
+    """``maps`` dropped ``key`` itself: stop counting it (a :class:`Bounded` hook)."""
+    with _lock:
+        _kept.pop((id(maps), key), None)
+
+
+def kept(maps: Bounded[Any, Any], key: Any) -> None:
+    """``maps[key]`` (a map, or a view of one) was just kept: count it, and drop the
+    oldest map of any cache in the process while more than :data:`LIMIT` are kept."""
     with _lock:
         _kept[(id(maps), key)] = weakref.ref(maps)
         _kept.move_to_end((id(maps), key))
@@ -53,10 +73,16 @@ def kept(maps: OrderedDict[Any, Any], key: Any) -> None:
                 owner.pop(old, None)
 
 
+def counted(maps: Bounded[Any, Any], key: Any) -> bool:
+    """Whether ``maps[key]`` is counted by the budget."""
+    with _lock:
+        return (id(maps), key) in _kept
+
+
 def count() -> int:
     """Entries kept (some may belong to caches already gone)."""
     with _lock:
         return len(_kept)
 
 
-__all__ = ["LIMIT", "count", "kept"]
+__all__ = ["LIMIT", "bounded", "count", "counted", "forget", "kept"]

@@ -12,11 +12,11 @@ and the last few kept.
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
+from shardwise.concurrency.bounded import Bounded
 from shardwise.format.chunk import ChunkKind
 from shardwise.storage.cache import Cache
 from shardwise.storage.opening import reader_cache
@@ -30,7 +30,7 @@ class CacheRecords:
     def __init__(self, cache: Cache | str | os.PathLike[str], *,
                  verify: bool | None = None) -> None:
         self.cache = reader_cache(cache, verify)
-        self._tables: OrderedDict[int, list[dict[str, Any]]] = OrderedDict()
+        self._tables: Bounded[int, list[dict[str, Any]]] = Bounded(KEEP_CHUNKS)
 
     @property
     def fingerprint(self) -> str:
@@ -66,9 +66,5 @@ class CacheRecords:
             import pyarrow.parquet as pq
 
             table = self.cache.with_chunk_file(c, ".parquet", pq.read_table)
-            hit = self._tables[c] = table.to_pylist()
-            if len(self._tables) > KEEP_CHUNKS:
-                self._tables.popitem(last=False)
-        else:
-            self._tables.move_to_end(c)
+            hit = self._tables.put(c, table.to_pylist())
         return hit

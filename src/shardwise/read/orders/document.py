@@ -18,11 +18,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.concurrency.bounded import Bounded
 from shardwise.format.paths import reader_dir
 from shardwise.plan.doc_shuffle import DOC_SHUFFLE_VERSION, DocShuffleIndex
 from shardwise.read.orders.base import PAD, IntArray, Order, Runs, check_indices
 from shardwise.read.tokens.doc_rows import DocRun
 from shardwise.read.tokens.plans import load_or_build
+from shardwise.storage import open_maps
 
 EPOCHS_KEPT = 4
 
@@ -55,12 +57,13 @@ class DocumentShuffle(Order):
 
     def __init__(self, ds: Any) -> None:
         super().__init__(ds)
-        self._plans: dict[int, DocShuffleIndex]
+        self._plans: Bounded[int, DocShuffleIndex]
         self._starts: IntArray | None
         self.__dict__.update(self.fresh())
 
     def fresh(self) -> dict[str, Any]:
-        return {"_plans": {}, "_starts": None}
+        # plans are memory maps: counted by the process's map budget
+        return {"_plans": open_maps.bounded(EPOCHS_KEPT), "_starts": None}
 
     # -- the plan ----------------------------------------------------------------------
     def plan(self, epoch: int) -> DocShuffleIndex:
@@ -77,9 +80,8 @@ class DocumentShuffle(Order):
             hit = load_or_build(root, key, lambda: ds._reader.all_doc_lengths(root),
                                 seed=c.seed, epoch=epoch, seq_len=c.seq_len,
                                 drop_last=c.drop_last)
-            if len(self._plans) >= EPOCHS_KEPT:
-                self._plans.pop(next(iter(self._plans)))
-            self._plans[epoch] = hit
+            self._plans.put(epoch, hit)
+            open_maps.kept(self._plans, epoch)
         return hit
 
     def plan_root(self) -> Path:

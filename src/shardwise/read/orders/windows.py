@@ -17,13 +17,12 @@ bounded cache of order blocks (``ORDER_BLOCK`` consecutive positions each) so th
 
 from __future__ import annotations
 
-import contextlib
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.concurrency.bounded import Bounded
 from shardwise.plan.windows import window_span
 from shardwise.read.orders.base import PAD, IntArray, Order, Runs, check_indices
 
@@ -58,15 +57,15 @@ class WindowOrder(Order):
     def __init__(self, ds: Any) -> None:
         super().__init__(ds)
         self.n: int = ds.num_windows
-        self._blocks: OrderedDict[tuple[int, int], npt.NDArray[np.integer]]
-        self._held: int
+        self._blocks: Bounded[tuple[int, int], npt.NDArray[np.integer]]
         # the block last used as a list, per caller (the reader, and a look-ahead thread
         # some blocks further on, would otherwise evict each other's)
         self._lists: dict[str, tuple[int, list[int]]]
         self.__dict__.update(self.fresh())
 
     def fresh(self) -> dict[str, Any]:
-        return {"_blocks": OrderedDict(), "_held": 0, "_lists": {}}
+        return {"_blocks": Bounded(weight=max(CACHE_WINDOWS, _MIN_KEPT), weigh=len),
+                "_lists": {}}
 
     def window_block(self, epoch: int, positions: IntArray) -> IntArray:
         """The windows at ``positions`` (consecutive, inside one epoch) of ``epoch``."""
@@ -81,18 +80,12 @@ class WindowOrder(Order):
         key = (epoch, b)
         hit = self._blocks.get(key)
         if hit is not None:
-            with contextlib.suppress(KeyError):  # evicted by a look-ahead thread meanwhile
-                self._blocks.move_to_end(key)
             return hit
         start = b * ORDER_BLOCK
         pos = np.arange(start, min(start + ORDER_BLOCK, self.n), dtype=np.int64)
         hit = np.asarray(self.window_block(epoch, pos))
         hit = hit.astype(np.int32 if self.n < 2**31 else np.int64)
-        self._blocks[key] = hit
-        self._held += len(hit)
-        while self._held > max(CACHE_WINDOWS, _MIN_KEPT) and len(self._blocks) > 1:
-            self._held -= len(self._blocks.popitem(last=False)[1])
-        return hit
+        return self._blocks.put(key, hit)
 
     def _window_of(self, i: int) -> int:
         """One example's window (:data:`PAD` stays ``PAD``): from its cached block, else

@@ -14,7 +14,6 @@ at the 4th token::
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import as_strided
 
+from shardwise.concurrency.bounded import Bounded
 from shardwise.read.examples import ignore_unmasked
 from shardwise.read.tokens.doc_rows import (
     NO_BOUNDS,
@@ -37,6 +37,7 @@ from shardwise.read.tokens.plans import (
     starts_path,
     stored_doc_starts,
 )
+from shardwise.storage import open_maps
 from shardwise.storage.cache import Cache
 from shardwise.storage.store import MAX_OPEN_CHUNKS
 
@@ -49,17 +50,18 @@ class WindowReader:
     def __init__(self, cache: Cache, config: Any) -> None:
         self.cache = cache
         self.cfg = config
-        self._starts: OrderedDict[int, npt.NDArray[np.int64]] = OrderedDict()
+        self._starts: Bounded[int, npt.NDArray[np.int64]] = Bounded(MAX_CACHED_DOC_STARTS)
         self._positions = np.arange(config.seq_len, dtype=np.int64)
         self._positions_2d = self._positions[None, :]
-        # strided window views of chunk maps (each keeps its map alive: as many as the
-        # cache keeps open)
-        self._views: OrderedDict[int, tuple[int, npt.NDArray[Any]]] = OrderedDict()
+        # strided window views of chunk maps (each keeps its map alive: counted by the
+        # process's map budget, storage/open_maps.py, as the cache's own maps are)
+        self._views: Bounded[int, tuple[int, npt.NDArray[Any]]] = open_maps.bounded(
+            MAX_OPEN_CHUNKS)
         self._all_starts: npt.NDArray[np.int64] | None = None
         # document shuffle: chunk token memory (the maps, as memoryviews: slicing one
         # costs a third of slicing an array, and bytes.join copies them in one call), and
         # the stored doc starts as a plain array
-        self._memory: OrderedDict[int, memoryview] = OrderedDict()
+        self._memory: Bounded[int, memoryview] = open_maps.bounded(MAX_OPEN_CHUNKS)
         self.plain_doc_starts: npt.NDArray[np.int64] | None = None
         # the stream as of the dataset's creation (its windows were counted on it); a
         # plain list, because bisecting it per row is ~10x cheaper than numpy calls
@@ -68,11 +70,10 @@ class WindowReader:
         self._total = cache.num_tokens
 
     def __getstate__(self) -> dict[str, Any]:
-        """Without the caches of mapped or memory-mapped arrays (they would pickle as
-        copies of the data); a copy in another process rebuilds what it reads."""
+        """Without mapped or memory-mapped arrays (they would pickle as copies of the
+        data; the caches pickle empty); a copy in another process rebuilds what it reads."""
         d = dict(self.__dict__)
-        d["_starts"], d["_views"], d["_all_starts"] = OrderedDict(), OrderedDict(), None
-        d["_memory"], d["plain_doc_starts"] = OrderedDict(), None
+        d["_all_starts"], d["plain_doc_starts"] = None, None
         d["_positions_2d"] = self._positions[None, :]
         return d
 
@@ -90,11 +91,7 @@ class WindowReader:
             hit[0:1] = 0
             np.cumsum(lengths[:-1], dtype=np.int64, out=hit[1:])
             hit += self.cache.cum_tokens[c]
-            self._starts[c] = hit
-            if len(self._starts) > MAX_CACHED_DOC_STARTS:
-                self._starts.popitem(last=False)
-        else:
-            self._starts.move_to_end(c)
+            self._starts.put(c, hit)
         return hit
 
     def _boundaries(self, start: int, stop: int) -> npt.NDArray[np.int64]:
@@ -170,9 +167,7 @@ class WindowReader:
         """Chunk ``c``'s whole windows as a strided ``[k, seq_len + 1]`` view of its map
         (consecutive windows share a token, so rows overlap), and the first one's index."""
         hit = self._views.get(c)
-        if hit is not None:
-            self._views.move_to_end(c)
-        else:
+        if hit is None:
             L, lo, hi = self.cfg.seq_len, self._cum[c], self._cum[c + 1]
             first = -(-lo // L)
             count = max(0, (hi - L - 1) // L - first + 1)
@@ -180,9 +175,8 @@ class WindowReader:
             view = as_strided(src, shape=(count, L + 1), strides=(L * src.itemsize,
                                                                    src.itemsize),
                               writeable=False)
-            hit = self._views[c] = (first, view)
-            if len(self._views) > MAX_OPEN_CHUNKS:
-                self._views.popitem(last=False)
+            hit = self._views.put(c, (first, view))
+            open_maps.kept(self._views, c)
         return hit
 
     def _gather_rows(self, windows: list[int], valid: list[int]) -> npt.NDArray[Any]:
@@ -293,16 +287,12 @@ class WindowReader:
         return Span(flat, src, stops)
 
     def _chunk_memory(self, c: int) -> memoryview:
-        """Chunk ``c``'s tokens as a memoryview of its map (kept: as many as the cache
-        keeps open)."""
+        """Chunk ``c``'s tokens as a memoryview of its map (kept, and counted by the
+        process's map budget)."""
         hit = self._memory.get(c)
         if hit is None:
-            hit = self.cache.tokens(c).data
-            self._memory[c] = hit
-            if len(self._memory) > MAX_OPEN_CHUNKS:
-                self._memory.popitem(last=False)
-        else:
-            self._memory.move_to_end(c)
+            hit = self._memory.put(c, self.cache.tokens(c).data)
+            open_maps.kept(self._memory, c)
         return hit
 
     def _finish(self, input_ids: npt.NDArray[np.int64], labels: npt.NDArray[np.int64],

@@ -25,13 +25,13 @@ where records were skipped), plus the ledger once.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.concurrency.bounded import Bounded
 from shardwise.errors import CorruptChunkError
 from shardwise.format.ledger import Ledger
 from shardwise.format.megatron import read_idx
@@ -109,8 +109,8 @@ class Documents:
 
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
-        self._starts: OrderedDict[int, _Starts] = OrderedDict()
-        self._where: OrderedDict[int, tuple[Any, list[int]]] = OrderedDict()
+        self._starts: Bounded[int, _Starts] = Bounded(KEEP)
+        self._where: Bounded[int, tuple[Any, list[int]]] = Bounded(KEEP)
         self._segs: dict[str, _Segment] | None = None
         self._cum: list[int] = cache.cum_tokens.tolist()
 
@@ -135,11 +135,7 @@ class Documents:
                 lengths = np.asarray(idx.document_lengths, dtype=np.int64)
                 hit = _Starts(np.concatenate([[0], np.cumsum(lengths[:-1])]), 1, total,
                               lengths, self._name(c))
-            self._starts[c] = hit
-            if len(self._starts) > KEEP:
-                self._starts.popitem(last=False)
-        else:
-            self._starts.move_to_end(c)
+            self._starts.put(c, hit)
         return hit
 
     def _name(self, c: int) -> str:
@@ -200,9 +196,7 @@ class Documents:
         hit = self._where.get(c)
         if hit is None:
             meta = self.cache.meta(c)
-            hit = self._where[c] = (meta, sorted(meta.skipped_lines or ()))
-            if len(self._where) > KEEP:
-                self._where.popitem(last=False)
+            hit = self._where.put(c, (meta, sorted(meta.skipped_lines or ())))
         meta, skipped = hit
         r = meta.range
         if meta.skipped_lines is None and meta.documents != r.line_stop - r.line_start:
