@@ -40,6 +40,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--address", default=None, metavar="ADDR",
                    help="with --executor ray: the cluster to join (host:port, or auto); "
                         "default: start a local Ray with --workers CPUs")
+    _add_chunking(p)
+    return p
+
+
+def _add_chunking(p: argparse.ArgumentParser) -> None:
+    """How chunks are cut and what a rerun does."""
     size = p.add_mutually_exclusive_group()
     size.add_argument("--chunk-docs", type=int, metavar="N", help="documents per chunk")
     size.add_argument("--chunk-mb", type=float, metavar="MB",
@@ -59,7 +65,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "finds missing and truncated files, not flipped bits)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or log lines")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    return p
 
 
 def run(args: argparse.Namespace) -> int:

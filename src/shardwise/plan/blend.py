@@ -160,7 +160,8 @@ class BlendSchedule:
     def _run(self, t0: int, stop: int) -> IntArray:
         """Sources of slots ``t0 .. stop`` (``t0`` known, ``stop`` at most the next block
         boundary after ``t0``), extending a cached run if there is one."""
-        have = self._runs.pop(t0, np.zeros(0, np.int64))
+        cached = self._runs.pop(t0)
+        have: IntArray = cached if cached is not None else np.zeros(0, np.int64)
         if have.size < stop - t0:
             counts = (self._known[t0] + np.bincount(have, minlength=len(self._w))).tolist()
             more = _schedule(self._w, counts, t0 + have.size, stop - t0 - have.size)

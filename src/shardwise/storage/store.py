@@ -53,11 +53,10 @@ _T = TypeVar("_T")
 
 MAX_OPEN_CHUNKS = 64
 
-# at most this many runs, or runs of at least LONG_RUN tokens on average, are joined as
-# slices of each chunk's memoryview; more, shorter runs are gathered per chunk with one
-# fancy index (a slice costs ~0.2 us of Python, an index ~10 ns per token). Measured per
-# gather on one chunk: 64 runs of ~2 tokens 33 us joined / 37 indexed, 512 of ~2: 152 / 79;
-# 2048 runs of ~16 tokens 648 / 986, of ~8 tokens about even.
+# up to FEW_RUNS runs, or runs of LONG_RUN tokens on average, are joined as memoryview
+# slices (~0.2 us of Python each); more, shorter runs take one fancy index per chunk (~10 ns
+# a token). One chunk, joined / indexed: 64 runs of ~2 tokens 33 / 37 us, 512 of ~2 152 /
+# 79 us, 2048 of ~16 648 / 986 us.
 FEW_RUNS = 64
 LONG_RUN = 16
 

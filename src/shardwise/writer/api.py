@@ -211,12 +211,10 @@ def build(sources: Sequence[str | os.PathLike[str] | Any] | Any, out: str | os.P
     (:mod:`shardwise.remote.client`); credentials come from the environment or
     ``storage_options`` (never stored). No lock on a store: one build per URL at a time.
 
-    A rerun first checks every chunk an earlier run published (size and xxh3;
-    ``verify=False``: sizes only) and rebuilds the damaged ones, byte-identical (the
-    summary lists them: :mod:`shardwise.writer.repair`).
+    A rerun first checks every chunk an earlier run published (size and xxh3; ``verify=False``:
+    sizes only) and rebuilds the damaged ones, byte-identical (:mod:`.repair`).
 
-    >>> build(["data/*.jsonl.zst"], "cache/", tokenizer="tokenizer.json",  # doctest: +SKIP
-    ...       workers=8)
+    >>> build(["data/*.jsonl.zst"], "cache/", tokenizer="tokenizer.json")  # doctest: +SKIP
     """
     started = time.monotonic()
     err_mode = OnError.parse(on_error)
@@ -226,8 +224,8 @@ def build(sources: Sequence[str | os.PathLike[str] | Any] | Any, out: str | os.P
                            eod_token=eod_token, vocab_size=vocab_size, records=records,
                            processor_version=processor_version)
     runner, release = _make_executor(executor, workers, address)
-    manifest = _manifest(proc, policy, describe(discover(sources, storage_options),
-                                                storage_options), err_mode, records)
+    found = describe(discover(sources, storage_options), storage_options)
+    manifest = _manifest(proc, policy, found, err_mode, records)
     root = open_store(out, storage_options)
     depth = CheckDepth.CHECKSUMS if verify else CheckDepth.SIZES
     with root.locked():
