@@ -44,7 +44,7 @@ from shardwise.checkpoint import SKIP_KEY, Configured, LoaderState, Resumable, a
 from shardwise.errors import ConfigError, MissingExtraError, StateError
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import refuse_epoch_view
-from shardwise.read.guard import refuse_framework_sharding
+from shardwise.read.guard import refuse_bare_lightning, refuse_framework_sharding
 from shardwise.read.rows import stacked
 from shardwise.read.sampler import BatchSampler, SamplerKind, skip_from_steps
 from shardwise.world import World
@@ -175,6 +175,7 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         refuse_epoch_view(self.dataset, "a shardwise loader")
+        refuse_bare_lightning("a shardwise loader")
         self._restart(self.consumed)
         pos = self._indices
         batches = self._direct() if self._is_direct() else super().__iter__()

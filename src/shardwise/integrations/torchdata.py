@@ -33,7 +33,7 @@ from shardwise.checkpoint import Configured, LoaderState, Resumable
 from shardwise.errors import StateError
 from shardwise.integrations.torch import sampler_state_config
 from shardwise.read.epochs import refuse_epoch_view
-from shardwise.read.guard import refuse_framework_sharding
+from shardwise.read.guard import refuse_bare_lightning, refuse_framework_sharding
 from shardwise.read.sampler import BatchSampler, SamplerKind, skip_from_steps
 from shardwise.world import World
 
@@ -51,6 +51,8 @@ class _Pass:
         return self
 
     def __next__(self) -> list[int]:
+        if not self.taken:  # at the first batch: Lightning masks errors raised by iter()
+            refuse_bare_lightning("a StatefulDataLoader over a shardwise batch sampler")
         batch = next(self._it)
         self.taken += 1
         return batch

@@ -83,6 +83,34 @@ def refuse_framework_sharding(what: str) -> None:
                           f"{does}: {FIX}")
 
 
+LIGHTNING_FETCHERS = ("_DataFetcher", "_PrefetchDataFetcher", "_DataLoaderIterDataFetcher")
+LIGHTNING_WRAPPER = "LightningLoader"  # shardwise.integrations.lightning's
+
+
+def refuse_bare_lightning(what: str) -> None:
+    """Raise if Lightning's fetcher iterates ``what`` directly. The fetcher reads a
+    micro-batch ahead of the step it trains, so the loader's own state, saved in a
+    checkpoint, would be one micro-batch past what was trained: a resume would skip it and
+    shift every later step (contract 10). ``shardwise.lightning.loader`` between them
+    saves the last *trained* position; a frame of it nearer on the stack than the fetcher
+    means all is well."""
+    frame = sys._getframe(1)  # the loader's own frame: the walk starts at its caller
+    for _ in range(MAX_FRAMES):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            return
+        name = _frame_class(frame.f_code)
+        if name == LIGHTNING_WRAPPER:
+            return
+        if name in LIGHTNING_FETCHERS:
+            raise ConfigError(
+                f"Lightning is iterating {what} directly; its fetcher reads a micro-batch "
+                "ahead of the step it trains, so a checkpoint would hold a position one "
+                "micro-batch past the trained one and a resume would skip data. Return "
+                "shardwise.lightning.loader(your_loader) from train_dataloader() and add "
+                "shardwise.lightning.TrainedPosition() to the Trainer's callbacks")
+
+
 def _shards(owner: object) -> bool:
     """A wrapper over one process (``num_processes`` / ``num_replicas`` 1) neither shards
     nor scatters."""
