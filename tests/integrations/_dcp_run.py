@@ -1,8 +1,9 @@
 """One rank of a torchtitan-style DCP run under torchrun (gloo, CPU), for test_dcp.py.
 
-argv: spec.json. For each kind (a TokenDataset, a Blend) builds this rank's shardwise
-loader, keeps it in a ``Stateful`` wrapper under ``"dataloader"`` (as torchtitan does) and
-reads ``steps`` optimizer steps, recording every micro-batch's ``input_ids``. Without
+argv: spec.json. For each kind (a TokenDataset, a Blend) and micro-batch size in
+``micros`` builds this rank's shardwise loader, keeps it in a ``Stateful`` wrapper under
+``"dataloader"`` (as torchtitan does) and reads ``steps`` optimizer steps, recording every
+micro-batch's ``input_ids`` and the final state. Without
 ``"resume"`` it ``dcp.save``s the state after step ``save`` (and keeps reading: the
 uninterrupted run); with it, it first ``dcp.load``s that checkpoint, on however many ranks
 it was launched with, and reads the remaining steps.
@@ -47,25 +48,25 @@ def dataset(spec: dict[str, Any], kind: str) -> Any:
     return sw.Blend(parts, [0.6, 0.4], seed=seed, names=["a", "b"])
 
 
-def run(spec: dict[str, Any], kind: str, rank: int, world: int) -> None:
+def run(spec: dict[str, Any], kind: str, micro: int, rank: int, world: int) -> None:
     dl = loader(dataset(spec, kind), global_batch_size=spec["global"],
-                micro_batch_size=spec["micro"], world=sw.World(rank, world))
+                micro_batch_size=micro, world=sw.World(rank, world))
     state = {"dataloader": DataloaderState(dl)}
     ckpt = Path(spec["checkpoints"]) / kind
     first = 0
     if "resume" in spec:
         dcp.load(state, checkpoint_id=str(ckpt))
         first = spec["save"]
-    accumulation = spec["global"] // (spec["micro"] * world)
+    accumulation = spec["global"] // (micro * world)
     seen: list[np.ndarray] = []
     it = iter(dl)
     for step in range(first, spec["steps"]):
         seen.extend(next(it)["input_ids"].numpy().copy() for _ in range(accumulation))
         if "resume" not in spec and step + 1 == spec["save"]:
             dcp.save(state, checkpoint_id=str(ckpt))
-    np.save(Path(spec["record"]) / f"{kind}.seen.r{rank}.npy", np.stack(seen))
-    if rank == 0:
-        (Path(spec["record"]) / f"{kind}.state.json").write_text(json.dumps(dl.state_dict()))
+    out = Path(spec["record"]) / f"{kind}.m{micro}"
+    np.save(f"{out}.seen.r{rank}.npy", np.stack(seen))
+    Path(f"{out}.state.r{rank}.json").write_text(json.dumps(dl.state_dict()))
 
 
 def main() -> None:
@@ -74,7 +75,8 @@ def main() -> None:
     dist.init_process_group("gloo")
     try:
         for kind in spec["kinds"]:
-            run(spec, kind, rank, world)
+            for micro in spec["micros"]:
+                run(spec, kind, micro, rank, world)
     finally:
         dist.destroy_process_group()
 
