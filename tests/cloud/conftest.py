@@ -54,3 +54,17 @@ def upload(files: dict[str, Path], url: str) -> None:
     fs = s3fs_client()
     for name, p in files.items():
         fs.pipe_file(f"{url.removeprefix('s3://')}/{name}", p.read_bytes())
+
+
+def ledger_chunks(url: str) -> int:
+    """Chunks the ledger names now: its snapshot and the journal records after it."""
+    from shardwise.errors import ManifestError
+    from shardwise.format.ledger import Ledger
+    from shardwise.remote.client import RemoteStore
+    from shardwise.storage.bucket import BucketStore
+
+    try:
+        ledger = Ledger.load(BucketStore(RemoteStore(url)))
+    except ManifestError:
+        return -1
+    return sum(len(seg.chunks) for src in ledger.sources for seg in src.segments)

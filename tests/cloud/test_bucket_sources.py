@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 from tests.cloud.compare import assert_same_files, bucket_files, relocated
-from tests.cloud.conftest import BUCKET, s3fs_client, upload, write_raw
+from tests.cloud.conftest import BUCKET, ledger_chunks, s3fs_client, upload, write_raw
 from tests.helpers_cache import cache_files
 
 import shardwise as sw
@@ -129,20 +129,6 @@ def test_a_bucket_directory_into_a_local_cache(raw: dict[str, Path], tokenizer_p
     assert again.new_chunks == 0 and again.resumed_chunks == again.chunks
 
 
-def _published(url: str) -> int:
-    """Chunks the ledger names now: its snapshot and the journal records after it."""
-    from shardwise.errors import ManifestError
-    from shardwise.format.ledger import Ledger
-    from shardwise.remote.client import RemoteStore
-    from shardwise.storage.bucket import BucketStore
-
-    try:
-        ledger = Ledger.load(BucketStore(RemoteStore(url)))
-    except ManifestError:
-        return -1
-    return sum(len(seg.chunks) for src in ledger.sources for seg in src.segments)
-
-
 def test_a_killed_bucket_build_resumes_to_the_same_bytes(
         raw: dict[str, Path], local_build: Path, tokenizer_path: Path) -> None:
     out = f"s3://{BUCKET}/cache-killed"
@@ -152,11 +138,11 @@ def test_a_killed_bucket_build_resumes_to_the_same_bytes(
             f"sw.build({sources!r}, {out!r}, tokenizer={str(tokenizer_path)!r}, **{opts!r})")
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
-    while _published(out) < 6 and proc.poll() is None and time.monotonic() < deadline:
+    while ledger_chunks(out) < 6 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    published = _published(out)
+    published = ledger_chunks(out)
     want = relocated(local_build, _paths(raw))
     total = len([k for k in want if k.endswith(".bin")])
     assert 6 <= published < total, "the kill did not land mid-build"

@@ -14,11 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 import ray
 from tests.cloud.compare import assert_same_files, bucket_files, relocated
-from tests.cloud.conftest import BUCKET, s3fs_client, upload, write_raw
+from tests.cloud.conftest import BUCKET, ledger_chunks, upload, write_raw
 
 import shardwise as sw
 from shardwise.writer.ray_executor import RayExecutor
@@ -66,14 +65,6 @@ def reference(raw: dict[str, Path], tokenizer_path: Path,
     return relocated(out, {str(p): f"{RAW}/{n}" for n, p in raw.items()})
 
 
-def _published(url: str) -> int:
-    try:
-        ledger = orjson.loads(s3fs_client().cat_file(f"{url.removeprefix('s3://')}/ledger.json"))
-    except (FileNotFoundError, orjson.JSONDecodeError):
-        return -1
-    return sum(len(seg["chunks"]) for src in ledger["sources"] for seg in src["segments"])
-
-
 def test_bucket_to_bucket_on_two_nodes_equals_a_local_build(
         cluster: Any, raw: dict[str, Path], reference: dict[str, bytes],
         tokenizer_path: Path) -> None:
@@ -93,11 +84,11 @@ def test_a_killed_driver_resumes(cluster: Any, raw: dict[str, Path],
             f"executor='ray', address={cluster.address!r}, **{OPTS!r})")
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
-    while _published(out) < 10 and proc.poll() is None and time.monotonic() < deadline:
+    while ledger_chunks(out) < 10 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    published = _published(out)
+    published = ledger_chunks(out)
     total = len([k for k in reference if k.endswith(".bin")])
     assert 10 <= published < total, "the kill did not land mid-build"
     summary = sw.build(SOURCES, out, tokenizer=tokenizer_path, executor="ray",
@@ -118,9 +109,9 @@ def test_a_killed_worker_node_still_ends_byte_identical(
 
     def kill_mid_build() -> None:
         deadline = time.monotonic() + 60
-        while _published(out) < 10 and time.monotonic() < deadline:
+        while ledger_chunks(out) < 10 and time.monotonic() < deadline:
             time.sleep(0.01)
-        killed.append(_published(out))
+        killed.append(ledger_chunks(out))
         cluster.remove_node(victim, allow_graceful=False)
 
     killer = threading.Thread(target=kill_mid_build)
