@@ -99,6 +99,36 @@ def read(spec: dict[str, Any], integration: str) -> dict[str, np.ndarray]:
     return seen
 
 
+def lightning(spec: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Lightning DDP (the launch's process group reused): ``STEPS`` steps of
+    ``ACCUMULATION`` micro-steps on each reader, recording what ``training_step`` saw. A
+    sampler-placed reader goes through ``shardwise.lightning.loader`` (with
+    ``TrainedPosition``); an iterable one as its plain ``DataLoader`` (Lightning leaves
+    iterable datasets alone, and the wrapper takes sampler-driven loaders only)."""
+    import lightning as L
+    from _lightning_run import TinyLM
+    from torch.utils.data import DataLoader
+
+    from shardwise.lightning import TrainedPosition, loader
+    from shardwise.torch import loader as torch_loader
+
+    seen = {}
+    for name, reader in READERS.items():
+        ds = reader.make(spec["data"], True)
+        dl = (DataLoader(ds, batch_size=MICRO, collate_fn=collate) if reader.iterable else
+              loader(torch_loader(ds, global_batch_size=GLOBAL, micro_batch_size=MICRO)))
+        trainer = L.Trainer(accelerator="cpu", devices=int(os.environ["WORLD_SIZE"]),
+                            strategy="ddp", max_steps=STEPS, max_epochs=-1,
+                            accumulate_grad_batches=ACCUMULATION,
+                            callbacks=[TrainedPosition()], logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False)
+        model = TinyLM(VOCAB)
+        trainer.fit(model, train_dataloaders=dl)
+        seen[name] = np.stack(model.seen)
+    return seen
+
+
 def trainer(spec: dict[str, Any], trl: bool = False) -> dict[str, np.ndarray]:
     """ShardwiseTrainer (``trl``: TRL's SFTTrainer with the mixin): train ``STEPS`` steps on
     each reader, then evaluate and predict its eval form; rank 0 records what
@@ -178,6 +208,7 @@ def main(spec: dict[str, Any]) -> None:
         one = {**spec, "record": str(record)}
         try:
             seen = (trainer(one, trl=integration == "trl") if integration in ("trainer", "trl")
+                    else lightning(one) if integration == "lightning"
                     else read(one, integration))
         except Exception:
             (record / f"error.r{rank}.txt").write_text(traceback.format_exc())

@@ -46,22 +46,20 @@ from test_hf_trainer import torchrun  # noqa: E402
 RUN = Path(__file__).resolve().with_name("_placement_run.py")
 
 # integration row -> the shardwise module it exercises (None: a recipe over another row's
-# module). Issue 20 item 3 (the Lightning integration) adds its row here, with its branch
-# in _placement_run.py: until then its module fails the coverage test below.
+# module)
 INTEGRATIONS: dict[str, str | None] = {
     "trainer": "shardwise.integrations.hf",  # ShardwiseTrainer / ShardwiseTrainerMixin
     "torch": "shardwise.integrations.torch",  # shardwise.torch.loader; DataLoader(reader)
     "torchdata": "shardwise.integrations.torchdata",  # StatefulDataLoader
     "accelerate": None,  # the README's recipe: the torch loader, the model prepared
     "trl": "shardwise.integrations.hf_trl",  # ShardwiseTrainerMixin + TRL's SFTTrainer
+    # Lightning's DDP: shardwise.lightning.loader + TrainedPosition (iterable readers: their
+    # DataLoader, which Lightning leaves alone)
+    "lightning": "shardwise.integrations.lightning",
 }
 # modules placed through another row, with where their multi-rank runs are checked
 NOT_A_ROW = {"shardwise.integrations.megatron": "builds shardwise.torch.loader; "
-             "tests/distributed/test_megatron_train.py runs Megatron's own code",
-             "shardwise.integrations.lightning": "wraps the torch and torchdata loaders of "
-             "the rows above (their placement unchanged: it only chooses which of their states "
-             "is saved); tests/integrations/test_lightning.py runs Lightning's DDP on 2 "
-             "processes and checks every step's global batch"}
+             "tests/distributed/test_megatron_train.py runs Megatron's own code"}
 # readers that are not example readers (records, not model inputs), where their
 # placement on real ranks is checked
 RECORD_READERS = {
