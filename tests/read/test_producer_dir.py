@@ -275,3 +275,15 @@ def test_map_view_pickles_and_refuses_distributed_samplers(tmp_path: Path) -> No
     assert ids([x for b in dl for x in b]) == ["0-0", "0-1", "0-2", "2-0", "2-1", "2-2"]
     with pytest.raises(ConfigError, match="DistributedSampler splits the indices"):
         DistributedSampler(ds, num_replicas=2, rank=0)  # type: ignore[arg-type]
+
+
+def test_set_epoch_is_accepted_and_keeps_the_producers_order(tmp_path: Path) -> None:
+    """The hook every framework calls exists; a producer directory's order is the
+    producer's, so every epoch reads the same records in the same order."""
+    produce(tmp_path, [3] * 4)
+    ds = open_dir(tmp_path, map_fn=encode, world=World(0, 2))
+    first = ids([ds[i] for i in range(len(ds))])
+    ds.set_epoch(3)
+    assert ids([ds[i] for i in range(len(ds))]) == first
+    with pytest.raises(ConfigError, match="epoch"):
+        ds.set_epoch(-1)

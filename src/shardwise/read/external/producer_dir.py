@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from shardwise.checkpoint import Configured
+from shardwise.checkpoint import Configured, as_count
 from shardwise.concurrency.poll import check_wait_args, wait_until
 from shardwise.errors import ConfigError, InputError, ProducerTimeoutError
 from shardwise.format.atomic import atomic_write_bytes
@@ -121,6 +121,13 @@ class ProducerDirDataset(GuardedReader, Configured):
         self._served: dict[int, tuple[bytearray, list[int]]] = {}  # seen, [count]
         self._next_probe = 0.0
         self._chunks: OneAhead[int, Chunk] = OneAhead(self._load)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The hook accelerate, Lightning and HF call each epoch. A producer directory has
+        no order of its own to reshuffle (its order is the producer's: every epoch reads
+        the same records in the same order), so this checks ``epoch`` and changes
+        nothing; shuffle in the sampler, or use a reader with a seeded order."""
+        as_count(epoch, "epoch", error=ConfigError)
 
     # -- identity and totals ----------------------------------------------------------
     def state_config(self) -> dict[str, Any]:
