@@ -64,6 +64,22 @@ def test_close_stops_every_worker() -> None:
     pool.close()  # twice is fine
 
 
+def test_close_stops_workers_whose_parent_handles_sigterm() -> None:
+    """A parent with a SIGTERM handler that notes the signal and goes on (Lightning's
+    signal connector, Ray's driver: the suite's earlier tests install them) must not leave
+    its forked workers immune to close()."""
+    import signal
+
+    old = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        pool = ProcessPool(_square, 2, name="test")
+        procs = list(pool._procs)
+        pool.close()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert not any(p.is_alive() for p in procs)
+
+
 @pytest.mark.parametrize("workers", [0, -1, True, 1.5])
 def test_workers_must_be_a_positive_integer(workers: object) -> None:
     with pytest.raises(ConfigError, match="workers must be at least 1"):

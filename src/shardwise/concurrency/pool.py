@@ -91,6 +91,11 @@ def _worker_main(work: Callable[[Any, Callable[[Any], None]], None], tasks: Any,
     tasks until the sentinel ``None``; an error is reported, then this worker stops."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"
+    # a forked worker inherits the parent's Python SIGTERM handler (Lightning's signal
+    # connector, Ray's driver: handlers that note the signal and go on), and would outlive
+    # close()'s terminate(); a worker dies on SIGTERM (close() kills one signalled before
+    # it got here)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     die_with_parent()
     while True:
         task = tasks.get()
@@ -170,7 +175,10 @@ class ProcessPool:
             if p.is_alive():
                 p.terminate()
         for p in self._procs:
-            p.join(timeout=5)
+            p.join(timeout=2)  # SIGTERM kills at once; a worker still alive then got it
+            if p.is_alive():  # before it reset its handler (see _worker_main): kill
+                p.kill()
+                p.join()
         self._procs = []
         for q in (self._tasks, self._results):
             q.close()
