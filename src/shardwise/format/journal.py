@@ -64,8 +64,7 @@ COMPACT_MIN_SECONDS = 5.0
 def _segment_record(ledger: Ledger, source: int, segment: int, since: int) -> dict[str, Any]:
     seg = ledger.sources[source].segments[segment]
     return {"source": source, "segment": segment, "from": since,
-            "chunks": [{"documents": c.documents, "empty": c.empty, "meta_xxh3": c.meta_xxh3,
-                        "stem": c.stem, "tokens": c.tokens} for c in seg.chunks[since:]],
+            "chunks": [c.to_dict() for c in seg.chunks[since:]],
             "errors": seg.errors, "finished": seg.finished, "line": seg.line,
             "position": seg.position, "stop": seg.stop}
 

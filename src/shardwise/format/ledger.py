@@ -48,6 +48,12 @@ class ChunkEntry:
     meta_xxh3: str
     empty: int = 0
 
+    def to_dict(self) -> dict[str, Any]:
+        """As the ledger and its journal records write it (built by hand: ``asdict`` costs
+        ~4 us per chunk)."""
+        return {"documents": self.documents, "empty": self.empty,
+                "meta_xxh3": self.meta_xxh3, "stem": self.stem, "tokens": self.tokens}
+
 
 @dataclass
 class Segment:
@@ -137,8 +143,7 @@ class Ledger:
         """Compact JSON, keys sorted (dicts built by hand: ``dataclasses.asdict`` costs
         ~4 us per chunk, 0.4 s per save of a 100,000-chunk ledger)."""
         sources = [{"segments": [
-            {"chunks": [{"documents": c.documents, "empty": c.empty, "meta_xxh3": c.meta_xxh3,
-                         "stem": c.stem, "tokens": c.tokens} for c in seg.chunks],
+            {"chunks": [c.to_dict() for c in seg.chunks],
              "errors": seg.errors, "finished": seg.finished, "line": seg.line,
              "position": seg.position, "start": seg.start, "stop": seg.stop}
             for seg in src.segments]} for src in self.sources]
