@@ -212,3 +212,34 @@ def test_the_same_chunks_handed_over_again_are_recognised_once() -> None:
     assert ahead.same_as_last([3, 4])
     assert not ahead.same_as_last([4, 5])
     assert not ahead.same_as_last([3, 4])
+
+
+def test_a_download_finishing_while_another_process_looks_is_not_downloaded_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process of the node finishes its download (file renamed into place, then its
+    claim dropped — outside the node's lock) in the very moment this process first looks:
+    this process must find the file, not download it a second time (CI's two-node run once
+    counted a chunk downloaded twice on one node; this is the race that can do that)."""
+    from shardwise.storage.download import CLAIM_PREFIX, _start_time
+
+    d = DownloadDir(tmp_path, max_bytes=1000, timeout=5, poll_interval=0.01)
+    key = "chunks/00000/00000-00007.bin"
+    final = tmp_path / key
+    final.parent.mkdir(parents=True)
+    claim = final.with_name(CLAIM_PREFIX + final.name)
+    claim.write_text(f"{os.getpid()} {_start_time(os.getpid())} 10")  # the other's, live
+    staged = final.with_name(".tmp-staged")
+    staged.write_bytes(b"0123456789")
+    real_exists = Path.exists
+
+    def other_finishes_when_first_looked_at(self: Path, **kw: Any) -> bool:
+        seen = real_exists(self, **kw)
+        if self in (final, claim) and real_exists(staged):
+            os.replace(staged, final)  # the other download ends: file in place, claim gone
+            claim.unlink()
+        return seen
+
+    monkeypatch.setattr(Path, "exists", other_finishes_when_first_looked_at)
+    path = d.fetch(key, 10, lambda tmp: tmp.write_bytes(b"x" * 10))
+    assert path.read_bytes() == b"0123456789"
+    assert d.downloaded[key] == 0 and d.waits == 1

@@ -160,9 +160,13 @@ class DownloadDir:
         live process holds the claim, the file appeared, or there is no room yet (``now``:
         the reader needs it now, so pinned files may go as a last resort)."""
         with self._locked():
-            if final.exists():
-                return False
+            # the claim before the file: a downloader renames its file into place, then
+            # drops its claim (outside the lock), so looking at the file first could miss
+            # both — the file not there yet, the claim gone a moment later — and download
+            # the file a second time
             if claim.exists() and self._live_claim(claim) is not None:
+                return False
+            if final.exists():
                 return False
             if not self._make_room(size, now):
                 return False
@@ -213,8 +217,10 @@ class DownloadDir:
         return files, reserved
 
     def used_bytes(self) -> int:
-        """Bytes of complete files plus bytes reserved by live downloads."""
-        files, reserved = self._scan()
+        """Bytes of complete files plus bytes reserved by live downloads (under the lock:
+        a claim being written is empty for a moment, and would look like a dead one's)."""
+        with self._locked():
+            files, reserved = self._scan()
         return sum(size for _, size, _ in files) + reserved
 
     def _make_room(self, size: int, now: bool) -> bool:
