@@ -45,6 +45,16 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory, sample_corpus: Path,
     return out
 
 
+@pytest.fixture(scope="module")
+def one_chunk_dir(tmp_path_factory: pytest.TempPathFactory, sample_corpus: Path,
+                  tokenizer_path: Path) -> Path:
+    out = tmp_path_factory.mktemp("orders1") / "cache"
+    sw.build([sample_corpus], out, tokenizer=tokenizer_path, chunk_docs=1 << 20,
+             append_eod=True, workers=1, progress=False)
+    assert len(sw.open_cache(out).chunks) == 1
+    return out
+
+
 def _stream(cache_dir: Path) -> npt.NDArray[np.int64]:
     cache = sw.open_cache(cache_dir)
     return np.concatenate([cache.tokens(i) for i in range(len(cache.chunks))]).astype(np.int64)
@@ -73,12 +83,16 @@ def test_a_new_order_is_read_by_the_dataset(cache_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("shuffle", ["none", "window", "block", "document", "reversed"])
-def test_locate_gives_the_tokens_of_each_example(cache_dir: Path, shuffle: str) -> None:
-    ds = sw.TokenDataset(cache_dir, seq_len=SEQ, seed=4, shuffle=shuffle, block_size=4,
-                         blocks_per_group=2, drop_last=False)
+@pytest.mark.parametrize("chunks", ["chunks", "one chunk"])
+def test_locate_gives_the_tokens_of_each_example(cache_dir: Path, one_chunk_dir: Path,
+                                                 shuffle: str, chunks: str) -> None:
+    ds = sw.TokenDataset(cache_dir if chunks == "chunks" else one_chunk_dir, seq_len=SEQ,
+                         seed=4, shuffle=shuffle, block_size=4, blocks_per_group=2,
+                         drop_last=False)
     n = len(ds)
     rng = np.random.default_rng(0)
-    for idx in ([*range(8)], rng.integers(0, 3 * n, 9).tolist(), [n - 1, 0, n]):
+    for idx in ([*range(8)], rng.integers(0, 3 * n, 9).tolist(), [n - 1, 0, n],
+                rng.permutation(n)[:9].tolist(), [n - 1, 3, 0], [n + 2]):  # one epoch
         batch = ds.get_batch(idx)
         want = np.concatenate([np.append(batch["input_ids"][r], batch["labels"][r, -1])
                                [: int(batch["loss_mask"][r].sum()) + 1] for r in range(len(idx))])
