@@ -5,9 +5,9 @@ Stream ``s`` owns the global chunks ``c % R* == s`` in ledger order, cut into bl
 ``block_chunks``. Inside a block the chunks are read in a seeded order (seed, epoch,
 stream), their documents packed into windows of ``seq_len + 1`` tokens (consecutive
 windows share one token) and the windows served in a seeded order (``shuffle=``: another
-registered window order, e.g. ``"none"``): reads stay sequential within a block. Where
-example ``i``'s tokens are is ``locate([i])`` (:mod:`shardwise.read.orders.stream`: the
-reader copies those runs, ``trace`` names them). Example (``R* = 4``,
+registered window order, e.g. ``"none"``): reads stay sequential within a block. The
+stored tokens of example ``i`` are ``locate([i])`` (:mod:`shardwise.read.orders.stream`:
+the reader copies those runs, ``trace`` names them). Example (``R* = 4``,
 ``block_chunks = 2``, ``seq_len = 4``)::
 
     stream 1 owns   1 5 9 13 17            (c % 4 == 1, ledger order)
