@@ -32,6 +32,9 @@ Two ways to read a blend:
   consumed) is the whole position. A TokenDataset takes any offset (later epochs are
   reshuffled); other sources wrap around (``offset % len``). ``len()`` is nominal: about
   as many examples as the sources hold, ``min_j len_j / w_j``; indices go on past it.
+  ``locate(indices)`` says where examples come from: each one's source, its position in
+  that source's order (``place``: the schedule alone) and that source's runs of stored
+  tokens (its own ``locate``); ``prefetch`` downloads those chunks of remote sources.
 * **iterable** (any source may be a stream with ``state_dict`` / ``load_state_dict``):
   ``for example in blend``; the blend ends when an iterable source runs out.
 

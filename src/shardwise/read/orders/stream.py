@@ -103,6 +103,7 @@ class StreamOrder:
     def __init__(self, ds: Any) -> None:
         self.ds = ds
         self._layouts: dict[int, StreamLayout] = {}
+        self._padded = (-1, 0)  # (chunk count, examples per stream of a finite run)
         self._blocks: Bounded[tuple[int, int, int], tuple[IntArray, IntArray, IntArray]] = (
             Bounded(BLOCKS_KEPT))
 
@@ -124,16 +125,21 @@ class StreamOrder:
         c = self.ds.config
         s, k = i % c.streams, i // c.streams
         sl = self.layout(s)
-        pad_to = None
-        if c.epochs is not None and sl.finished:
-            pad_to = c.epochs * longest_stream_windows(self.ds.cache.cum_tokens, c)
-        found = sl.locate(k, pad_to)
+        found = sl.locate(k, self._pad_to() if c.epochs is not None and sl.finished else None)
         if found is None:
             return "unpublished"
         if isinstance(found, str):
             return found
         epoch, b, r = found
         return s, epoch, b, r
+
+    def _pad_to(self) -> int:
+        """Examples per stream in a finite run of a finished cache: each padded to the
+        longest (counted once per chunk count)."""
+        c, cum = self.ds.config, self.ds.cache.cum_tokens
+        if self._padded[0] != len(cum):
+            self._padded = (len(cum), c.epochs * longest_stream_windows(cum, c))
+        return self._padded[1]
 
     def block(self, s: int, epoch: int, b: int) -> tuple[IntArray, IntArray, IntArray]:
         """Block ``b`` of stream ``s`` in ``epoch``: its chunks in read order, their token
