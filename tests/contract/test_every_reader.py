@@ -221,6 +221,25 @@ READERS.update({f"TokenDataset+loader(shuffle={name})": (_ordered(name), (sw.Tok
                 for name in sorted(ORDERS) if name != "window"})
 
 
+def _stream_reversed(d: dict[str, Any], other: bool) -> Any:
+    """Stream placement serving each block's windows in the new order."""
+    return sw.StreamDataset(d["caches"][0], seq_len=16, streams=2, seed=2 if other else 1,
+                            world=ONE, shuffle=Reversed.name)
+
+
+def _blend_reversed(d: dict[str, Any], other: bool) -> Any:
+    """A blend of sources in the new order (one of them in the document order)."""
+    parts = [sw.TokenDataset(c, seq_len=16, seed=1, shuffle=s)
+             for c, s in zip(d["caches"], [Reversed.name, "document"], strict=True)]
+    return loader(sw.Blend(parts, [0.5, 0.5], seed=2 if other else 1),
+                  global_batch_size=4, micro_batch_size=2, world=ONE)
+
+
+READERS.update({f"StreamDataset(shuffle={Reversed.name})": (_stream_reversed,
+                                                            (sw.StreamDataset,)),
+                f"Blend(shuffle={Reversed.name})+loader": (_blend_reversed, (sw.Blend,))})
+
+
 def _all_subclasses(cls: type) -> set[type]:
     out = set()
     for sub in cls.__subclasses__():

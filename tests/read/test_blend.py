@@ -53,7 +53,7 @@ def test_rows_are_the_sources_own_examples(caches: tuple[Path, Path]) -> None:
     mix = Blend(ds, [0.7, 0.3], names=["a", "b"])
     idx = list(range(0, 3 * len(mix), 7))  # past len(): sources go on into later epochs
     batch = mix.__getitems__(idx)
-    src, off = mix.locate(idx)
+    src, off = mix.place(idx)
     L = 16
     for row, (j, o) in enumerate(zip(src.tolist(), off.tolist(), strict=True)):
         own = ds[j][o]
@@ -88,7 +88,7 @@ def test_small_weights_never_round_to_zero(caches: tuple[Path, Path], weights: l
                                            ) -> None:
     ds = datasets(caches)
     mix = Blend([ds[0], ds[1], ds[0]], weights, seed=5)
-    src, _ = mix.locate(np.arange(400))
+    src, _ = mix.place(np.arange(400))
     assert_within_one(src, weights)
     w = np.asarray(weights) / sum(weights)
     for j in np.flatnonzero(w > 0):
@@ -98,11 +98,11 @@ def test_small_weights_never_round_to_zero(caches: tuple[Path, Path], weights: l
 
 def test_seed_changes_the_interleaving_not_the_guarantee(caches: tuple[Path, Path]) -> None:
     ds = datasets(caches)
-    orders = {tuple(Blend(ds, [0.5, 0.5], seed=s).locate(np.arange(20))[0].tolist())
+    orders = {tuple(Blend(ds, [0.5, 0.5], seed=s).place(np.arange(20))[0].tolist())
               for s in range(8)}
     assert len(orders) == 2  # with two equal weights: abab... or baba...
-    assert (Blend(ds, [0.6, 0.4], seed=3).locate(np.arange(50))[0]
-            == Blend(ds, [0.6, 0.4], seed=3).locate(np.arange(50))[0]).all()
+    assert (Blend(ds, [0.6, 0.4], seed=3).place(np.arange(50))[0]
+            == Blend(ds, [0.6, 0.4], seed=3).place(np.arange(50))[0]).all()
 
 
 def test_same_global_order_for_every_world_size(caches: tuple[Path, Path]) -> None:
@@ -246,7 +246,7 @@ def test_a_schedule_holds_each_stage_and_continues_each_source(caches: tuple[Pat
     assert (src[22:30] == 1).all()
     assert_within_one(src[30:], [0.3, 0.7])  # counted from the stage's start
     ds = datasets(caches)
-    s, off = mix.locate(np.arange(80))
+    s, off = mix.place(np.arange(80))
     for j in (0, 1):  # every source goes on with its next example at each boundary
         assert off[s == j].tolist() == list(range(int((s == j).sum())))
         own = np.stack([ds[j][o]["input_ids"] for o in off[s == j].tolist()])

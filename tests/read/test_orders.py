@@ -13,7 +13,7 @@ import numpy.typing as npt
 import pytest
 
 import shardwise as sw
-from shardwise.errors import StateError
+from shardwise.errors import ConfigError, StateError
 from shardwise.read.config import ReadConfig
 from shardwise.read.orders import WindowOrder, register_order
 from shardwise.read.trace import Tracer
@@ -45,6 +45,16 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory, sample_corpus: Path,
     return out
 
 
+@pytest.fixture(scope="module")
+def one_chunk_dir(tmp_path_factory: pytest.TempPathFactory, sample_corpus: Path,
+                  tokenizer_path: Path) -> Path:
+    out = tmp_path_factory.mktemp("orders1") / "cache"
+    sw.build([sample_corpus], out, tokenizer=tokenizer_path, chunk_docs=1 << 20,
+             append_eod=True, workers=1, progress=False)
+    assert len(sw.open_cache(out).chunks) == 1
+    return out
+
+
 def _stream(cache_dir: Path) -> npt.NDArray[np.int64]:
     cache = sw.open_cache(cache_dir)
     return np.concatenate([cache.tokens(i) for i in range(len(cache.chunks))]).astype(np.int64)
@@ -53,8 +63,10 @@ def _stream(cache_dir: Path) -> npt.NDArray[np.int64]:
 def _gathered(ds: Any, idx: list[int]) -> npt.NDArray[np.int64]:
     """The tokens of ``ds.locate(idx)``, read straight from the chunk maps."""
     runs = ds.locate(idx)
-    return np.concatenate([ds.cache.tokens(c)[o: o + n] for c, o, n in zip(
-        runs.chunk.tolist(), runs.offset.tolist(), runs.length.tolist(), strict=True)]
+    return np.concatenate([np.zeros(0, np.int64)] + [ds.cache.tokens(c)[o: o + n] for c, o, n
+                                                     in zip(runs.chunk.tolist(),
+                                                            runs.offset.tolist(),
+                                                            runs.length.tolist(), strict=True)]
                           ).astype(np.int64)
 
 
@@ -73,12 +85,16 @@ def test_a_new_order_is_read_by_the_dataset(cache_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("shuffle", ["none", "window", "block", "document", "reversed"])
-def test_locate_gives_the_tokens_of_each_example(cache_dir: Path, shuffle: str) -> None:
-    ds = sw.TokenDataset(cache_dir, seq_len=SEQ, seed=4, shuffle=shuffle, block_size=4,
-                         blocks_per_group=2, drop_last=False)
+@pytest.mark.parametrize("chunks", ["chunks", "one chunk"])
+def test_locate_gives_the_tokens_of_each_example(cache_dir: Path, one_chunk_dir: Path,
+                                                 shuffle: str, chunks: str) -> None:
+    ds = sw.TokenDataset(cache_dir if chunks == "chunks" else one_chunk_dir, seq_len=SEQ,
+                         seed=4, shuffle=shuffle, block_size=4, blocks_per_group=2,
+                         drop_last=False)
     n = len(ds)
     rng = np.random.default_rng(0)
-    for idx in ([*range(8)], rng.integers(0, 3 * n, 9).tolist(), [n - 1, 0, n]):
+    for idx in ([*range(8)], rng.integers(0, 3 * n, 9).tolist(), [n - 1, 0, n],
+                rng.permutation(n)[:9].tolist(), [n - 1, 3, 0], [n + 2]):  # one epoch
         batch = ds.get_batch(idx)
         want = np.concatenate([np.append(batch["input_ids"][r], batch["labels"][r, -1])
                                [: int(batch["loss_mask"][r].sum()) + 1] for r in range(len(idx))])
@@ -129,3 +145,108 @@ def test_an_epoch_beyond_the_order_cache_is_computed_per_position(
     assert not fresh.order._blocks  # no order block was computed
     batch = fresh.get_batch(idx)
     assert batch["input_ids"].tolist() == ds.get_batch(idx)["input_ids"].tolist()
+
+
+# -- stream placement and blends answer locate too, and take the new order ----------------
+def _window_of(example: dict[str, Any]) -> list[int]:
+    """An example's real tokens: its inputs and the last real label (none: padding)."""
+    valid = int(np.asarray(example["loss_mask"]).sum())
+    if not valid:
+        return []
+    return [*np.asarray(example["input_ids"])[:valid].tolist(),
+            int(np.asarray(example["labels"])[valid - 1])]
+
+
+def _stream_ds(cache_dir: Path, shuffle: str, **kw: Any) -> Any:
+    return sw.StreamDataset(cache_dir, seq_len=SEQ, streams=2, seed=3, world=sw.World(0, 1),
+                            block_chunks=2, shuffle=shuffle, **kw)
+
+
+@pytest.mark.parametrize("shuffle", ["window", "none", "reversed"])
+def test_stream_locate_gives_the_tokens_of_each_example(cache_dir: Path, shuffle: str
+                                                        ) -> None:
+    """A StreamDataset's global example ``i`` (rank 0 of 1 reads them all, in order) is
+    the tokens of ``locate([i])``; padding locates none; all at once, the same runs."""
+    ds = _stream_ds(cache_dir, shuffle, epochs=1, drop_last=False)
+    examples = list(ds)
+    assert any(not _window_of(e) for e in examples)  # padding: the streams' lengths differ
+    for i, example in enumerate(examples):
+        assert _gathered(ds, [i]).tolist() == _window_of(example)
+    every = list(range(len(examples)))
+    assert _gathered(ds, every).tolist() == [t for e in examples for t in _window_of(e)]
+    with pytest.raises(IndexError, match="'end'"):
+        ds.locate([len(examples)])
+
+
+def test_a_new_order_orders_the_windows_of_each_stream_block(cache_dir: Path) -> None:
+    """``shuffle="reversed"`` serves each block's windows last to first: the examples of
+    every block are those of the stored order (``"none"``), reversed."""
+    def blocks(shuffle: str) -> dict[tuple[int, ...], list[list[int]]]:
+        ds = _stream_ds(cache_dir, shuffle, epochs=1)
+        out: dict[tuple[int, ...], list[list[int]]] = {}
+        for i, example in enumerate(ds):
+            where = ds.order.where(i)
+            if not isinstance(where, str):
+                out.setdefault(where[:3], []).append(_window_of(example))
+        return out
+
+    stored, rev = blocks("none"), blocks("reversed")
+    assert stored.keys() == rev.keys() and any(len(v) > 1 for v in stored.values())
+    assert all(rev[k] == stored[k][::-1] for k in stored)
+    assert _stream_ds(cache_dir, "reversed").state_config()["shuffle"] == "reversed"
+    assert "shuffle" not in _stream_ds(cache_dir, "window").state_config()  # as before it
+    with pytest.raises(ConfigError, match="stream placement orders each block's windows"):
+        _stream_ds(cache_dir, "document")
+
+
+def test_a_blend_locates_prefetches_and_reads_through_its_sources_orders(
+        cache_dir: Path, one_chunk_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Blend.locate``: each example's source, its position there and that source's runs
+    (its order's ``locate``: the new one, and the document order), which hold the tokens
+    the blend reads; ``prefetch`` asks each source's cache for exactly those chunks."""
+    parts = [sw.TokenDataset(cache_dir, seq_len=SEQ, seed=1, shuffle="reversed"),
+             sw.TokenDataset(one_chunk_dir, seq_len=SEQ, seed=1, shuffle="document")]
+    mix = sw.Blend(parts, [0.6, 0.4], seed=2)
+    idx = np.random.default_rng(3).integers(0, 4 * len(mix), 12).tolist()
+    where = mix.locate(idx)
+    batch = mix.get_batch(idx)
+    for j, ds in enumerate(parts):
+        rows, located = np.flatnonzero(where.source == j), where.runs[j]
+        assert rows.size and located is not None
+        want = [t for r in rows.tolist() for t in _window_of({k: v[r] for k, v in
+                                                               batch.items()})]
+        assert np.concatenate([ds.cache.tokens(c)[o: o + n] for c, o, n in zip(
+            located.chunk.tolist(), located.offset.tolist(), located.length.tolist(),
+            strict=True)]).tolist() == want
+        assert where.offset[rows].tolist() == mix.place(np.asarray(idx))[1][rows].tolist()
+    asked: dict[int, list[int]] = {0: [], 1: []}
+    for j, ds in enumerate(parts):
+        monkeypatch.setattr(ds.cache.store, "prefetches", True)  # as a bucket store would
+        monkeypatch.setattr(ds.cache, "prefetch", asked[j].extend)
+    mix.prefetch(idx)
+    assert {j: sorted(v) for j, v in asked.items()} == {
+        j: sorted(where.runs[j].chunks()) for j in (0, 1)}  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("reader", ["stream", "tokens"])
+def test_trace_names_a_new_orders_examples_in_a_stream_and_a_blend(
+        cache_dir: Path, one_chunk_dir: Path, reader: str) -> None:
+    """``trace`` of a read config with ``shuffle="reversed"`` under stream placement, and
+    of a blend of two caches in that order: the pieces it names are the tokens read."""
+    where: dict[str, Any] = ({"cache": str(cache_dir), "streams": 2, "block_chunks": 2}
+                             if reader == "stream" else
+                             {"blend": {"sources": {"a": str(cache_dir), "b": str(one_chunk_dir)},
+                                        "weights": {"a": 0.5, "b": 0.5}}})
+    cfg = ReadConfig.from_dict({**where, "reader": reader, "seq_len": SEQ, "seed": 0,
+                                "shuffle": "reversed", "global_batch_size": 4,
+                                "micro_batch_size": 2, "world_size": 1})
+    ds, _ = cfg.build(rank=0)
+    batches = (iter(ds) if reader == "stream" else
+               iter(loader(ds, global_batch_size=4, micro_batch_size=2, world=sw.World(0, 1))))
+    first = [next(batches), next(batches)]
+    traced = Tracer(cfg, lines=False, ids=True).step(0).examples
+    assert len(traced) == 4 and all(e.status == "data" for e in traced)
+    for e in traced:
+        b = first[e.micro_batch]
+        assert [t for p in e.pieces for t in (p.ids or [])] == _window_of(
+            {k: np.asarray(v)[e.row] for k, v in b.items()})

@@ -32,6 +32,9 @@ Two ways to read a blend:
   consumed) is the whole position. A TokenDataset takes any offset (later epochs are
   reshuffled); other sources wrap around (``offset % len``). ``len()`` is nominal: about
   as many examples as the sources hold, ``min_j len_j / w_j``; indices go on past it.
+  ``locate(indices)`` says where examples come from: each one's source, its position in
+  that source's order (``place``: the schedule alone) and that source's runs of stored
+  tokens (its own ``locate``); ``prefetch`` downloads those chunks of remote sources.
 * **iterable** (any source may be a stream with ``state_dict`` / ``load_state_dict``):
   ``for example in blend``; the blend ends when an iterable source runs out.
 
@@ -54,6 +57,13 @@ from shardwise.checkpoint import LoaderState, Resumable, as_count, staged
 from shardwise.errors import ConfigError, StateError
 from shardwise.plan.blend import BLEND_VERSION, StagedBlend
 from shardwise.plan.permutation import Permutation, derive_seed
+from shardwise.read.compose.blend_rows import (
+    BlendRuns,
+    assemble,
+    locate_sources,
+    prefetch_sources,
+    remote,
+)
 from shardwise.read.compose.schedule import Weights, stages_of
 from shardwise.read.compose.sft_pack import source_identity
 from shardwise.read.drops import Drop, describe_drops
@@ -137,9 +147,9 @@ class Blend(GuardedReader, EpochView, Resumable):
                                                           strict=True) if w > 0))
 
     # -- the schedule -------------------------------------------------------------------
-    def locate(self, indices: npt.ArrayLike) -> tuple[npt.NDArray[np.int64],
-                                                      npt.NDArray[np.int64]]:
-        """``(source, offset)`` of blend examples ``indices`` (any shape)."""
+    def place(self, indices: npt.ArrayLike) -> tuple[npt.NDArray[np.int64],
+                                                     npt.NDArray[np.int64]]:
+        """``(source, offset)`` of blend examples ``indices`` (any shape): the schedule."""
         idx = np.asarray(indices, dtype=np.int64)
         lo, hi = (int(idx.min()), int(idx.max()) + 1) if idx.size else (0, 0)
         if idx.size and lo >= 0 and hi - lo <= 4 * idx.size + _PLAN_AHEAD:
@@ -148,6 +158,23 @@ class Blend(GuardedReader, EpochView, Resumable):
         else:
             s, off = self._schedule(idx)
         return self._relabel[s], off
+
+    def locate(self, indices: npt.ArrayLike) -> BlendRuns:
+        """Blend examples ``indices`` (``>= 0``): each one's source and position in that
+        source's order (:meth:`place`), and per source the runs of stored tokens behind
+        its examples, in example order (its ``locate``: a TokenDataset's order; ``None``
+        for a source that has none, or no example here)."""
+        src, off = self.place(np.asarray(indices, dtype=np.int64).reshape(-1))
+        return locate_sources(self.sources, src, off, self._offsets)
+
+    def prefetch(self, indices: list[int]) -> bool:
+        """Start downloading the chunks examples ``indices`` read, for each source on an
+        object store (through :meth:`locate`); True when a cache wants the coming
+        examples sooner (``TokenDataset.prefetch``)."""
+        if not any(remote(d) for d in self.sources):
+            return False
+        idx = np.asarray(self.positions(list(indices)), dtype=np.int64)
+        return prefetch_sources(self.sources, self.locate(idx[idx >= 0]))
 
     def counts_at(self, t: int) -> npt.NDArray[np.int64]:
         """Examples taken from each source among the first ``t`` of the blend (``t`` =
@@ -287,14 +314,14 @@ class Blend(GuardedReader, EpochView, Resumable):
         if (idx < PAD).any():
             raise IndexError(f"blend indices must be >= 0 (or {PAD}), got {int(idx.min())}")
         rows = np.flatnonzero(idx >= 0)
-        src, off = self.locate(idx[rows])
+        src, off = self.place(idx[rows])
         parts: list[tuple[npt.NDArray[np.intp], Batch]] = []
         if rows.size < idx.size:
             parts.append((np.flatnonzero(idx < 0), self._fetch(0, idx[idx < 0])))
         for j in np.unique(src).tolist():
             sel = src == j
             parts.append((rows[sel], self._fetch(j, self._offsets(j, off[sel]))))
-        return _assemble(parts, idx.size, self.names)
+        return assemble(parts, idx.size, self.names)
 
     def __getitem__(self, index: int) -> dict[str, npt.NDArray[Any]]:
         batch = self.get_batch([int(index)])
@@ -349,41 +376,6 @@ class Blend(GuardedReader, EpochView, Resumable):
             if not _is_map(d):
                 d.load_state_dict(s)
         self._consumed, self._iters, self.exhausted = st.consumed, {}, None
-
-
-def _assemble(parts: list[tuple[npt.NDArray[np.intp], Batch]], n: int,
-              names: list[str]) -> Batch:
-    """Scatter each source's rows to their places; rebuild ``cu_seqlens`` over all rows."""
-    keys = [k for k in parts[0][1] if k not in ROW_FREE]
-    out: Batch = {}
-    for key in keys:
-        first = np.asarray(parts[0][1][key])
-        out[key] = np.empty((n, *first.shape[1:]), dtype=first.dtype)
-        for where, batch in parts:
-            value = batch.get(key)
-            if value is None or value.shape[1:] != first.shape[1:]:
-                raise ConfigError(f"blend sources {names} return different examples: "
-                                  f"{key!r} is {None if value is None else value.shape[1:]} "
-                                  f"in one and {first.shape[1:]} in another (same seq_len "
-                                  "and options needed)")
-            out[key][where] = value
-    if "cu_seqlens" in parts[0][1]:
-        out["cu_seqlens"], out["max_seqlen"] = _cu_seqlens(parts, n,
-                                                           out["input_ids"].shape[1])
-    return out
-
-
-def _cu_seqlens(parts: list[tuple[npt.NDArray[np.intp], Batch]], n: int, L: int
-                ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
-    """Per-row document boundaries from each source's flat ``cu_seqlens``, re-flattened."""
-    inner: list[npt.NDArray[np.int64]] = [np.zeros(0, np.int64)] * n
-    for where, batch in parts:
-        cu = np.asarray(batch["cu_seqlens"], dtype=np.int64)
-        for k, r in enumerate(where.tolist()):
-            inner[r] = cu[(cu > k * L) & (cu < (k + 1) * L)] - k * L
-    flat = np.concatenate([[0]] + [np.append(r * L + b, (r + 1) * L)
-                                   for r, b in enumerate(inner)]).astype(np.int32)
-    return flat, np.asarray(int(np.diff(flat).max()) if n else 0, np.int32)
 
 
 __all__ = ["Blend"]

@@ -41,6 +41,13 @@ class Runs(NamedTuple):
     length: IntArray
     tokens: IntArray
 
+    def starts(self) -> IntArray:
+        """Where each example's runs start (and, last, how many runs there are): example
+        ``r`` is runs ``[starts[r], starts[r + 1])``."""
+        ends = np.cumsum(self.length)
+        first = ends.searchsorted(np.cumsum(self.tokens) - self.tokens, side="right")
+        return np.append(first, len(self.length))
+
     def chunks(self) -> list[int]:
         """The chunks the runs read, in first-use order, each once (what to prefetch)."""
         return list(dict.fromkeys(self.chunk[self.length > 0].tolist()))

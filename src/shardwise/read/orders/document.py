@@ -29,25 +29,53 @@ from shardwise.storage import open_maps
 EPOCHS_KEPT = 4
 
 
-def _pieces(index: DocShuffleIndex, w: IntArray, seq_len: int, doc_starts: IntArray
-            ) -> tuple[IntArray, IntArray, IntArray, IntArray]:
-    """Windows ``w`` of one epoch as pieces of stored documents: (row of ``w``, stored
-    stream start, length) of each non-empty piece, in order, and each window's tokens."""
+def _pieces(index: DocShuffleIndex, w: IntArray, seq_len: int, doc_starts: IntArray,
+            rows: bool = False) -> tuple[IntArray | None, IntArray, IntArray, IntArray]:
+    """Windows ``w`` of one epoch as pieces of stored documents: (row of ``w`` if
+    ``rows``, stored stream start, length) of each non-empty piece, in order, and each
+    window's tokens.
+
+    Window ``r`` is shuffled-stream tokens ``[start, stop)``: the documents ``first`` to
+    ``last`` holding them, whole but for the first (from ``start``) and the last (to
+    ``stop``). One binary search for both ends of every window, then a fixed dozen
+    whole-array calls: a random batch costs their overhead, not a Python step per row."""
     cum, order = index._plain
+    k = len(w)
     start = w * seq_len
     stop = np.minimum(start + (seq_len + 1), int(cum[-1]))
-    first = cum.searchsorted(start, side="right") - 1
-    count = cum.searchsorted(stop - 1, side="right") - first
-    row = np.repeat(np.arange(len(w)), count)
-    p = np.arange(len(row)) + np.repeat(first - np.cumsum(count) + count, count)
+    ends = cum.searchsorted(np.concatenate((start, stop - 1)), side="right")
+    first = ends[:k] - 1
+    count = ends[k:] - first
+    edge = np.cumsum(count)  # each window's pieces end here
+    p = np.arange(int(edge[-1])) + np.repeat(first - edge + count, count)
     at = cum[p]
-    lo = np.maximum(at, start[row])
-    length = np.minimum(cum[p + 1], stop[row]) - lo
+    lo, hi = at.copy(), cum[p + 1]
+    lo[edge - count], hi[edge - 1] = start, stop  # the first and last piece: clipped
+    length = hi - lo
     stored = doc_starts[order[p]] + (lo - at)
-    keep = length > 0
+    row = np.repeat(np.arange(k), count) if rows else None
+    keep = length > 0  # not empty documents
     if keep.all():
         return row, stored, length, stop - start
-    return row[keep], stored[keep], length[keep], stop - start
+    return None if row is None else row[keep], stored[keep], length[keep], stop - start
+
+
+def _one_epoch(indices: npt.ArrayLike, n: int) -> tuple[int, IntArray] | None:
+    """``(epoch, windows)`` of indices that are all in one epoch (none padding), else
+    None; the bounds of a list are checked in Python (cheaper than numpy for a batch)."""
+    if isinstance(indices, list):
+        if not indices:
+            return None
+        lo, hi = min(indices), max(indices)
+    else:
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if not indices.size:
+            return None
+        lo, hi = int(indices.min()), int(indices.max())
+    epoch = lo // n
+    if lo < 0 or hi // n != epoch:
+        return None
+    return epoch, np.asarray(indices, dtype=np.int64) - epoch * n
 
 
 class DocumentShuffle(Order):
@@ -98,14 +126,14 @@ class DocumentShuffle(Order):
 
     # -- the questions -----------------------------------------------------------------
     def locate(self, indices: npt.ArrayLike) -> Runs:
-        idx = check_indices(indices)
         n, L, cache = self.ds.num_windows, self.ds.config.seq_len, self.ds.cache
-        epochs, w = np.divmod(idx, n)
-        if idx.size and epochs.min() == epochs.max() >= 0:  # one epoch, no padding: usual
-            _, stored, length, tokens = _pieces(self.plan(int(epochs[0])), w, L,
+        one = _one_epoch(indices, n)
+        if one is not None:  # one epoch, no padding: the usual batch
+            _, stored, length, tokens = _pieces(self.plan(one[0]), one[1], L,
                                                 self.doc_starts())
         else:
-            stored, length, tokens = self._locate_epochs(idx, epochs, w)
+            idx = check_indices(indices)
+            stored, length, tokens = self._locate_epochs(idx, *np.divmod(idx, n))
         cum = cache.cum_tokens
         if len(cum) == 2:  # one chunk: stored offsets are its offsets
             return Runs(np.zeros_like(stored), stored, length, tokens)
@@ -120,7 +148,8 @@ class DocumentShuffle(Order):
         for e in sorted(set(epochs[real].tolist())):
             rows = np.flatnonzero((epochs == e) & real)
             row, stored, length, held = _pieces(self.plan(e), w[rows], self.ds.config.seq_len,
-                                                self.doc_starts())
+                                                self.doc_starts(), rows=True)
+            assert row is not None  # for mypy: asked for
             parts.append((rows[row], stored, length))
             tokens[rows] = held
         if not parts:
@@ -132,15 +161,21 @@ class DocumentShuffle(Order):
 
     def read(self, indices: list[int]) -> dict[str, npt.NDArray[Any]]:
         """A sampler's micro-batch (consecutive windows of one epoch) as one span of the
-        shuffled stream; any other (a random sampler's, padding) as its pieces, located
-        for the whole batch at once."""
-        n, count = self.ds.num_windows, len(indices)
+        shuffled stream; other windows of one epoch (a random sampler's) as their pieces
+        (:func:`_pieces`, what :meth:`locate` answers) joined from the chunk maps; any
+        other batch (several epochs, padding) through :meth:`locate`."""
+        n, count, reader = self.ds.num_windows, len(indices), self.ds._reader
         i0 = int(indices[0]) if count else PAD
         if i0 >= 0 and i0 % n + count <= n and indices == list(range(i0, i0 + count)):
             epoch, w = divmod(i0, n)
             run: DocRun = (self.plan(epoch), 0, w, count)
-            return self.ds._reader.from_doc_runs([run], count, self.doc_starts())
-        return self.ds._reader.from_runs(self.locate(indices))
+            return reader.from_doc_runs([run], count, self.doc_starts())
+        one = None if reader._want_boundaries else _one_epoch(indices, n)
+        if one is None:
+            return reader.from_runs(self.locate(indices))
+        _, stored, length, tokens = _pieces(self.plan(one[0]), one[1], self.ds.config.seq_len,
+                                            self.doc_starts())
+        return reader.from_pieces(stored.tolist(), (stored + length).tolist(), tokens.tolist())
 
 
 __all__ = ["DocumentShuffle"]

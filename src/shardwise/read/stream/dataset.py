@@ -4,8 +4,11 @@ streams' chunks, also while the cache is still being built.
 Stream ``s`` owns the global chunks ``c % R* == s`` in ledger order, cut into blocks of
 ``block_chunks``. Inside a block the chunks are read in a seeded order (seed, epoch,
 stream), their documents packed into windows of ``seq_len + 1`` tokens (consecutive
-windows share one token) and the windows served in a seeded order: reads stay sequential
-within a block. Example (``R* = 4``, ``block_chunks = 2``, ``seq_len = 4``)::
+windows share one token) and the windows served in a seeded order (``shuffle=``: another
+registered window order, e.g. ``"none"``): reads stay sequential within a block. The
+stored tokens of example ``i`` are ``locate([i])`` (:mod:`shardwise.read.orders.stream`:
+the reader copies those runs, ``trace`` names them). Example (``R* = 4``,
+``block_chunks = 2``, ``seq_len = 4``)::
 
     stream 1 owns   1 5 9 13 17            (c % 4 == 1, ledger order)
     blocks          [1 5]  [9 13]  [17]    the last block may be short
@@ -89,7 +92,6 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,11 +117,12 @@ from shardwise.read.guard import (
     register_with_torch,
     torch_worker,
 )
+from shardwise.read.orders import Runs
+from shardwise.read.orders.stream import STREAM_SHUFFLE, StreamConfig, StreamOrder
 from shardwise.read.sampler import normalise_skip, skip_drop
 from shardwise.read.stream.chunk_cache import ChunkCache
 from shardwise.read.stream.run import Example, Run, finish_examples, first_example
 from shardwise.read.stream.schedule import (
-    Layout,
     check_stream_cache,
     longest_stream_windows,
     open_when_ready,
@@ -131,22 +134,6 @@ from shardwise.world import World
 
 STREAM_ORDER_VERSION = 1
 SKIP_STEP = "batch_size × world size"  # a skip range's unit, named in its errors
-
-
-@dataclass(frozen=True)
-class StreamConfig(Layout):
-    """What defines a stream order (all of it is fingerprinted)."""
-
-    def __post_init__(self) -> None:
-        for name, low in (("seq_len", 1), ("streams", 1), ("block_chunks", 1), ("seed", 0)):
-            object.__setattr__(self, name, as_count(getattr(self, name), name, minimum=low,
-                                                    error=ConfigError))
-        if self.epochs is not None:  # None: cycle forever
-            object.__setattr__(self, "epochs", as_count(self.epochs, "epochs", minimum=1,
-                                                        error=ConfigError))
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class StreamDataset(GuardedReader, Resumable):
@@ -168,6 +155,7 @@ class StreamDataset(GuardedReader, Resumable):
     ``skip``: ranges ``(start, stop)`` of global positions to leave out, whole steps of
     ``batch_size × world size`` (see the module docs; a read config's ``skip`` gives
     them in global steps). ``bind(world)``: serve another world, before the first read.
+    ``shuffle``: the order of each block's windows (default ``"window"``, seeded).
     """
 
     state_kind = "stream"
@@ -179,8 +167,10 @@ class StreamDataset(GuardedReader, Resumable):
                  batch_size: int | None = None, poll_interval: float = 0.5,
                  timeout: float = 600.0, prefetch_chunks: int = 2,
                  chunk_cache_bytes: int = 256 << 20, verify: bool | None = None,
-                 skip: Iterable[Sequence[int]] | None = None) -> None:
-        self.config = StreamConfig(seq_len, streams, seed, block_chunks, drop_last, epochs)
+                 skip: Iterable[Sequence[int]] | None = None,
+                 shuffle: str = STREAM_SHUFFLE) -> None:
+        self.config = StreamConfig(seq_len, streams, seed, block_chunks, drop_last, epochs,
+                                   shuffle)
         self.world = World.resolve(world, reader="StreamDataset")
         self.share = self.world.stream_share(streams)
         self.streams = self.share.streams
@@ -207,6 +197,7 @@ class StreamDataset(GuardedReader, Resumable):
         self._start, self._received = 0, 0
         self._run: Run | None = None
         self._waited = {"producer_wait_s": 0.0, "consumer_wait_s": 0.0}
+        self.order = StreamOrder(self)
         register_with_torch(StreamDataset)  # an IterableDataset, if torch is imported
 
     def __repr__(self) -> str:
@@ -250,6 +241,12 @@ class StreamDataset(GuardedReader, Resumable):
                               step_name=SKIP_STEP)
         self.world, self.share, self.skip = bound, bound.stream_share(self.config.streams), skip
         self.streams = self.share.streams
+
+    def locate(self, indices: Sequence[int] | np.ndarray) -> Runs:
+        """The runs of stored tokens behind examples ``indices`` of the global order (any
+        rank's; :mod:`shardwise.read.orders.stream`): what the reader copies and ``trace``
+        names."""
+        return self.order.locate(indices)
 
     # -- identity and state ------------------------------------------------------------------
     def state_config(self) -> dict[str, Any]:
@@ -389,5 +386,4 @@ def _refuse_worker_process() -> None:
                           "batch_size= to StreamDataset")
 
 
-# first_example moved to run.py with the iteration; imported from here by the tests
-__all__ = ["STREAM_ORDER_VERSION", "StreamConfig", "StreamDataset", "first_example"]
+__all__ = ["STREAM_ORDER_VERSION", "StreamDataset", "first_example"]

@@ -16,8 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.concurrency.poll import Stopped
-from shardwise.plan.stream import window_order
 from shardwise.read.examples import ignore_unmasked
+from shardwise.read.orders.stream import block_runs
 from shardwise.read.stream.chunk_cache import Tokens, read_chunk
 from shardwise.read.stream.schedule import Follower, Item, Prefetcher, RankSchedule
 
@@ -56,7 +56,8 @@ class Run:
         self.closed = False
 
     def _load(self, item: Item) -> None:
-        """On the prefetch thread: pin the block's chunks and compute its window order."""
+        """On the prefetch thread: pin the block's chunks and locate the item's windows
+        in them (its runs: :func:`~shardwise.read.orders.stream.block_runs`)."""
         if item.block < 0:
             return
         ds, cfg = self.ds, self.ds.config
@@ -68,11 +69,10 @@ class Run:
         except BaseException:
             self.release(item)
             raise
-        item.bounds = np.concatenate([[0], np.cumsum([len(p) for p in item.parts])]
-                                     ).astype(np.int64)
         n = item.stop - item.start + item.offset
-        item.order = window_order(item.stream, item.block, n, seed=cfg.seed,
-                                  epoch=item.epoch)
+        order = ds.order.window_order(item.stream, item.block, n, item.epoch)
+        runs = block_runs([len(p) for p in item.parts], order[item.offset:], cfg.seq_len)
+        item.runs, item.first = runs[:3], runs.starts()
 
     def _read(self, c: int) -> Tokens:
         self.ds.opened[c] += 1

@@ -64,7 +64,10 @@ class Layout:
 @dataclass
 class Item:
     """A run of stream ``t``'s examples ``[start, stop)``: window ``offset + i`` of a block
-    in its shuffled order, or padding (``block < 0``)."""
+    in its shuffled order, or padding (``block < 0``). Once loaded, ``parts`` are the
+    block's chunks (read order) and ``runs`` its examples' runs of their tokens
+    (:func:`~shardwise.read.orders.stream.block_runs`; a run's chunk: its place in
+    ``parts``), each example's runs from ``first[i]`` (columns as lists: read per row)."""
 
     t: int
     stream: int
@@ -76,24 +79,19 @@ class Item:
     chunks: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
     nbytes: int = 0
     parts: list[Tokens] = field(default_factory=list)
-    bounds: IntArray = field(default_factory=lambda: np.zeros(1, np.int64))
-    order: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
+    first: IntArray = field(default_factory=lambda: np.zeros(1, np.int64))
+    runs: tuple[IntArray, IntArray, IntArray] = field(default_factory=lambda: (
+        np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)))
 
     def fill(self, row: npt.NDArray[np.int64], i: int, seq_len: int) -> int:
         """Copy example ``i`` into ``row``; return its number of real tokens (0: padding)."""
         if self.block < 0:
             return 0
-        start = int(self.order[self.offset + i]) * seq_len
-        stop = min(start + seq_len + 1, int(self.bounds[-1]))
-        p = int(np.searchsorted(self.bounds, start, side="right")) - 1
-        at = 0
-        while start < stop:
-            lo = start - int(self.bounds[p])
-            hi = min(stop, int(self.bounds[p + 1])) - int(self.bounds[p])
-            row[at: at + hi - lo] = self.parts[p][lo:hi]
-            at += hi - lo
-            start += hi - lo
-            p += 1
+        a, b = int(self.first[i]), int(self.first[i + 1])
+        at, parts = 0, self.parts
+        for c, o, n in zip(*(col[a:b].tolist() for col in self.runs), strict=True):
+            row[at: at + n] = parts[c][o: o + n]
+            at += n
         return at
 
 

@@ -30,7 +30,7 @@ from shardwise.errors import ConfigError
 from shardwise.plan.skips import skipped_in
 from shardwise.plan.stream import rank_example_to_global
 from shardwise.read.config import ReadConfig, ReaderKind, check_state
-from shardwise.read.trace.examples import SftRows, StreamExamples, token_runs
+from shardwise.read.trace.examples import SftRows, stored_runs, stream_runs, token_runs
 from shardwise.read.trace.lines import Documents, Where
 from shardwise.world import World
 
@@ -123,7 +123,7 @@ class Tracer:
             if hasattr(self.dataset, "apply_seek_hints"):
                 self.dataset.apply_seek_hints(int(state["consumed"]), state.get("extra", {}))
         kind = config.reader
-        self._stream = StreamExamples(self.dataset) if kind is ReaderKind.STREAM else None
+        self._stream = kind is ReaderKind.STREAM
         self._sft = SftRows(self.dataset) if kind is ReaderKind.SFT else None
         if self._sft is not None and state is not None and state.get("kind") == "sft_pack":
             x = state.get("extra", {})
@@ -218,13 +218,15 @@ class Tracer:
         if kind is ReaderKind.SFT:
             return self._sft_example(slot)
         j, off = 0, p
-        if self._stream is not None:
-            runs = self._stream.runs(p)
+        runs: list[tuple[int, int, int]] | str
+        if self._stream:
+            runs = stream_runs(self.dataset, p)
+        elif self.config.blend is not None:
+            where = self.dataset.locate([p])  # its source, position there, and runs
+            j, off = int(where.source[0]), int(where.offset[0])
+            runs = stored_runs(where.runs[j], self._parts[j].cache.cum_tokens)
         else:
-            if self.config.blend is not None:
-                src, o = self.dataset.locate(np.asarray([p]))
-                j, off = int(src[0]), int(o[0])
-            runs = token_runs(self._parts[j], off)
+            runs = token_runs(self.dataset, p)
         if isinstance(runs, str):
             return TracedExample(p, rank, mb, row, runs)
         pieces = [piece for at, a, b in runs for piece in self._pieces(j, at, a, b)]

@@ -6,10 +6,9 @@ never a replay of the examples before it:
 
 * TokenDataset (global placement): its order's ``locate(i)`` gives the runs of stored
   tokens (:mod:`shardwise.read.orders`), whatever the order.
-* Blend: ``Blend.locate(i)`` → (source, offset), then the source's own answer.
-* StreamDataset: example ``i`` is example ``i // R*`` of stream ``i % R*``; the stream's
-  layout (:class:`~shardwise.read.stream.schedule.StreamLayout`) gives its block and the
-  block's window order, the block's chunks in read order give the tokens.
+* Blend: ``Blend.locate(i)`` → its source, its position there and that source's runs.
+* StreamDataset: its order's ``locate(i)`` too (:mod:`shardwise.read.orders.stream`), after
+  ``where(i)`` names a padding example, one past the end or one not published yet.
 * PackedSFT: row ``p`` is bin ``b`` of packing group ``w`` of epoch ``e``; the rows per
   group are counted once per group from the packing plans (record lengths only).
 
@@ -22,19 +21,18 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any
 
-import numpy as np
-
-from shardwise.plan.stream import block_read_order, global_to_stream, window_order
-from shardwise.read.stream.schedule import StreamLayout, longest_stream_windows
-
 Run = tuple[int, int, int]  # (offset in the example, stored start, stored stop)
 
 
 def token_runs(ds: Any, i: int) -> list[Run]:
     """Example ``i`` of a TokenDataset as runs of its cache's stored stream: its order's
     ``locate`` (:mod:`shardwise.read.orders`), whatever the order."""
-    runs = ds.locate([i])
-    cum = ds.cache.cum_tokens
+    return stored_runs(ds.locate([i]), ds.cache.cum_tokens)
+
+
+def stored_runs(runs: Any, cum: Any) -> list[Run]:
+    """One example's :class:`~shardwise.read.orders.Runs` as runs of the stored stream
+    (``cum``: its cache's chunk token prefix sums)."""
     out, at = [], 0
     for c, o, n in zip(runs.chunk.tolist(), runs.offset.tolist(), runs.length.tolist(),
                        strict=True):
@@ -44,53 +42,11 @@ def token_runs(ds: Any, i: int) -> list[Run]:
     return out
 
 
-class StreamExamples:
-    """Examples of a StreamDataset's global order (any rank's) as runs."""
-
-    def __init__(self, ds: Any) -> None:
-        self.ds, self.cfg = ds, ds.config
-        self._layouts: dict[int, StreamLayout] = {}
-        self._pad_to: int | None = None
-        if self.cfg.epochs is not None:
-            self._pad_to = self.cfg.epochs * longest_stream_windows(ds.cache.cum_tokens,
-                                                                    self.cfg)
-
-    def layout(self, s: int) -> StreamLayout:
-        sl = self._layouts.get(s)
-        if sl is None:
-            sl = self._layouts[s] = StreamLayout(s, self.cfg)
-            sl.update(self.ds.cache)
-        return sl
-
-    def runs(self, i: int) -> list[Run] | str:
-        """Runs of global example ``i``, or ``"pad"`` / ``"end"`` / ``"unpublished"``."""
-        cfg, cache = self.cfg, self.ds.cache
-        s, k = global_to_stream(i, cfg.streams)
-        sl = self.layout(s)
-        where = sl.locate(k, self._pad_to)
-        if where is None:
-            return "unpublished"
-        if isinstance(where, str):
-            return where
-        epoch, b, r = where
-        n = int(sl.cum[b + 1] - sl.cum[b])
-        w = int(window_order(s, b, n, seed=cfg.seed, epoch=epoch)[r - int(sl.cum[b])])
-        chunks = block_read_order(s, b, sl.block_size(b), n_streams=cfg.streams,
-                                  block_chunks=cfg.block_chunks, seed=cfg.seed,
-                                  epoch=epoch).tolist()
-        cum = cache.cum_tokens
-        sizes = [int(cum[c + 1] - cum[c]) for c in chunks]
-        bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-        start = w * cfg.seq_len
-        stop = min(start + cfg.seq_len + 1, bounds[-1])
-        out, pos = [], start
-        while pos < stop:
-            j = bisect_right(bounds, pos) - 1
-            hi = min(stop, bounds[j + 1])
-            base = int(cum[chunks[j]]) - bounds[j]
-            out.append((pos - start, base + pos, base + hi))
-            pos = hi
-        return out
+def stream_runs(ds: Any, i: int) -> list[Run] | str:
+    """Example ``i`` of a StreamDataset's global order as runs (its order's ``locate``,
+    :mod:`shardwise.read.orders.stream`), or ``"pad"`` / ``"end"`` / ``"unpublished"``."""
+    found = ds.order.where(i)
+    return found if isinstance(found, str) else token_runs(ds, i)
 
 
 class SftRows:

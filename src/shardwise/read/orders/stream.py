@@ -1,0 +1,201 @@
+"""Stream placement as an order part: ``locate(indices)`` → the runs of stored tokens behind
+examples of a :class:`~shardwise.read.stream.dataset.StreamDataset`'s global order (any
+rank's), in the form every order answers (:class:`~shardwise.read.orders.base.Runs`).
+
+Example ``i`` is example ``k = i // R*`` of stream ``s = i % R*``. The stream's layout
+(:class:`~shardwise.read.stream.schedule.StreamLayout`: its blocks' window counts, from
+chunk token counts) gives its epoch, block ``b`` and place ``r`` in the block's window order
+(:func:`~shardwise.plan.stream.window_order`). A block is its chunks in read order
+(:func:`~shardwise.plan.stream.block_read_order`) joined, and its window ``w`` is that
+join's tokens ``[w·L, w·L + L + 1)``: :func:`block_runs`, which is :func:`window_runs` over
+the block's chunk sizes — the window arithmetic of every order, once. The stream's reader
+reads each block's windows through :func:`block_runs` too (:mod:`shardwise.read.stream.run`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shardwise.checkpoint import as_count
+from shardwise.concurrency.bounded import Bounded
+from shardwise.errors import ConfigError
+from shardwise.plan.stream import block_read_order, window_order
+from shardwise.read.orders.base import (
+    ORDERS,
+    PAD,
+    IntArray,
+    Runs,
+    check_indices,
+    order_class,
+)
+from shardwise.read.orders.windows import WindowOrder, window_runs
+from shardwise.read.stream.schedule import Layout, StreamLayout, longest_stream_windows
+
+BLOCKS_KEPT = 16
+STREAM_SHUFFLE = "window"  # the stream's own: a keyed permutation of each block's windows
+Where = tuple[int, int, int, int]  # stream, epoch, block, place in the block's window order
+
+
+@dataclass(frozen=True)
+class StreamConfig(Layout):
+    """What defines a stream order (all of it is fingerprinted). ``shuffle``: the order of
+    a block's windows (:func:`~shardwise.read.orders.stream.check_stream_shuffle`)."""
+
+    shuffle: str = STREAM_SHUFFLE
+
+    def __post_init__(self) -> None:
+        for name, low in (("seq_len", 1), ("streams", 1), ("block_chunks", 1), ("seed", 0)):
+            object.__setattr__(self, name, as_count(getattr(self, name), name, minimum=low,
+                                                    error=ConfigError))
+        if self.epochs is not None:  # None: cycle forever
+            object.__setattr__(self, "epochs", as_count(self.epochs, "epochs", minimum=1,
+                                                        error=ConfigError))
+        object.__setattr__(self, "shuffle", check_stream_shuffle(self.shuffle, self))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)  # the default shuffle is absent: states from before it still fit
+        return {k: v for k, v in out.items() if k != "shuffle" or v != STREAM_SHUFFLE}
+
+
+def check_stream_shuffle(name: Any, config: Any) -> str:
+    """``name`` if it orders a stream block's windows: ``"window"`` (the default, keyed by
+    seed, epoch, stream and block), or a registered window order
+    (:class:`~shardwise.read.orders.windows.WindowOrder`: ``"none"``, a new one) asked
+    for the positions of the block's windows; ConfigError naming the ones that fit."""
+    if name == STREAM_SHUFFLE:
+        return name
+    cls = order_class(name)
+    try:
+        cls(_Block(2, config)).window_block(0, np.arange(2))  # type: ignore[attr-defined]
+    except AttributeError as e:  # a document order, or one needing options a stream has not
+        fit = [STREAM_SHUFFLE] + sorted(n for n, c in ORDERS.items() if n != STREAM_SHUFFLE
+                                        and issubclass(c, WindowOrder))
+        raise ConfigError(f"stream placement orders each block's windows; shuffle={name!r} "
+                          f"cannot ({e}); use one of {fit}") from None
+    return str(name)
+
+
+class _Block:
+    """What a window order sees of one stream block: its window count and the config."""
+
+    def __init__(self, n: int, config: Any) -> None:
+        self.num_windows, self.config = n, config
+
+
+def block_runs(sizes: npt.ArrayLike, windows: npt.ArrayLike, seq_len: int) -> Runs:
+    """Windows of one block (``sizes``: its chunks' token counts, in read order) as runs
+    of stored tokens; a run's ``chunk`` is its chunk's place in the block."""
+    cum = np.zeros(len(np.asarray(sizes)) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=cum[1:])
+    return window_runs(np.asarray(windows, dtype=np.int64), seq_len, int(cum[-1]), cum)
+
+
+class StreamOrder:
+    """The global order of a StreamDataset as runs (see the module docs); built per
+    dataset, asked from any thread (it keeps its own stream layouts)."""
+
+    name = "stream"
+
+    def __init__(self, ds: Any) -> None:
+        self.ds = ds
+        self._layouts: dict[int, StreamLayout] = {}
+        self._padded = (-1, 0)  # (chunk count, examples per stream of a finite run)
+        self._blocks: Bounded[tuple[int, int, int], tuple[IntArray, IntArray, IntArray]] = (
+            Bounded(BLOCKS_KEPT))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_layouts": {}, "_blocks": Bounded(BLOCKS_KEPT)}
+
+    def layout(self, s: int) -> StreamLayout:
+        """Stream ``s``'s layout as of the cache's current view (it grows in follow mode)."""
+        sl = self._layouts.get(s)
+        if sl is None:
+            sl = self._layouts[s] = StreamLayout(s, self.ds.config)
+        sl.update(self.ds.cache)
+        return sl
+
+    def where(self, i: int) -> Where | str:
+        """Global example ``i`` → ``(stream, epoch, block, place)``, or ``"pad"`` (a
+        padding example of a finite run), ``"end"`` (past it) or ``"unpublished"`` (in a
+        block the build has not finished)."""
+        c = self.ds.config
+        s, k = i % c.streams, i // c.streams
+        sl = self.layout(s)
+        found = sl.locate(k, self._pad_to() if c.epochs is not None and sl.finished else None)
+        if found is None:
+            return "unpublished"
+        if isinstance(found, str):
+            return found
+        epoch, b, r = found
+        return s, epoch, b, r
+
+    def _pad_to(self) -> int:
+        """Examples per stream in a finite run of a finished cache: each padded to the
+        longest (counted once per chunk count)."""
+        c, cum = self.ds.config, self.ds.cache.cum_tokens
+        if self._padded[0] != len(cum):
+            self._padded = (len(cum), c.epochs * longest_stream_windows(cum, c))
+        return self._padded[1]
+
+    def block(self, s: int, epoch: int, b: int) -> tuple[IntArray, IntArray, IntArray]:
+        """Block ``b`` of stream ``s`` in ``epoch``: its chunks in read order, their token
+        counts, and its window order."""
+        key = (s, epoch, b)
+        hit = self._blocks.get(key)
+        if hit is None:
+            c, sl, cum = self.ds.config, self.layout(s), self.ds.cache.cum_tokens
+            chunks = block_read_order(s, b, sl.block_size(b), n_streams=c.streams,
+                                      block_chunks=c.block_chunks, seed=c.seed, epoch=epoch)
+            order = self.window_order(s, b, int(sl.cum[b + 1] - sl.cum[b]), epoch)
+            hit = self._blocks.put(key, (chunks, cum[chunks + 1] - cum[chunks], order))
+        return hit
+
+    def window_order(self, s: int, b: int, n: int, epoch: int) -> IntArray:
+        """The order of block ``b``'s ``n`` windows (stream ``s``, ``epoch``) under the
+        config's ``shuffle``: the reader and :meth:`locate` both ask here."""
+        c = self.ds.config
+        if c.shuffle == STREAM_SHUFFLE:
+            return window_order(s, b, n, seed=c.seed, epoch=epoch)
+        order = order_class(c.shuffle)(_Block(n, c))
+        return np.asarray(order.window_block(epoch, np.arange(n)),  # type: ignore[attr-defined]
+                          dtype=np.int64)
+
+    def locate(self, indices: npt.ArrayLike) -> Runs:
+        """The runs of stored tokens behind global examples ``indices`` (padding, and
+        :data:`PAD`: none); IndexError for one past a finite run or not yet published."""
+        idx = check_indices(indices)
+        groups: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+        for row, i in enumerate(idx.tolist()):
+            found = PAD if i == PAD else self.where(i)
+            if found in (PAD, "pad"):
+                continue
+            if isinstance(found, str):
+                raise IndexError(f"example {i} of the stream order is {found!r} (past the "
+                                 "end of a finite run, or in a block the build has not "
+                                 "published yet): it has no stored tokens")
+            assert not isinstance(found, int)  # for mypy: PAD went on above
+            groups.setdefault(found[:3], []).append((row, found[3]))
+        tokens = np.zeros(len(idx), dtype=np.int64)
+        parts = [_no_runs()]
+        for key, placed in groups.items():
+            chunks, sizes, order = self.block(*key)
+            rows, places = (np.asarray(col, dtype=np.int64) for col in zip(*placed, strict=True))
+            runs = block_runs(sizes, order[places], self.ds.config.seq_len)
+            tokens[rows] = runs.tokens
+            parts.append((np.repeat(rows, np.diff(runs.starts())), chunks[runs.chunk],
+                          runs.offset, runs.length))
+        of, chunk, offset, length = (np.concatenate(c) for c in zip(*parts, strict=True))
+        by = np.argsort(of, kind="stable")  # runs back in example order
+        return Runs(chunk[by], offset[by], length[by], tokens)
+
+
+def _no_runs() -> tuple[IntArray, IntArray, IntArray, IntArray]:
+    empty = np.zeros(0, dtype=np.int64)
+    return empty, empty, empty, empty
+
+
+__all__ = ["STREAM_SHUFFLE", "StreamConfig", "StreamOrder", "block_runs", "check_stream_shuffle"]
