@@ -32,7 +32,7 @@ SPLIT = dict(chunk_docs=16, segment_bytes=250_000, progress=False)
 
 @pytest.fixture(scope="module")
 def ray_address() -> Iterator[str]:
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)  # never another test's
     try:
         yield ray.get_runtime_context().gcs_address
     finally:

@@ -155,7 +155,8 @@ class RayExecutor:
         if self.address is not None:
             ray.init(address=self.address)
         else:
-            ray.init(num_cpus=self.workers or os.cpu_count() or 1, include_dashboard=False)
+            ray.init(address="local", num_cpus=self.workers or os.cpu_count() or 1,
+                     include_dashboard=False)  # a new local Ray, never one already running
         self._owns_connection = True
         return self
 
