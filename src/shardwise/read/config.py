@@ -7,6 +7,7 @@ can rebuild the readers from. The schema (names others rely on)::
     {"cache": "cache/"                      # or a blend of caches:
      "blend": {"sources": {"web": "web/", "code": "code/"},
                "weights": {"web": 0.7, "code": 0.3}},   # or "schedule": [[step, {...}], ...]
+                                             # (optional "length": the blend's nominal len)
      "reader": "tokens",                     # tokens (global placement) | stream | sft
      "seq_len": 2048, "seed": 0, "shuffle": "window",   # ...any other reader argument
      "global_batch_size": 16, "micro_batch_size": 2, "world_size": 4,
@@ -16,8 +17,10 @@ can rebuild the readers from. The schema (names others rely on)::
 Steps are global batches of ``global_batch_size`` examples; ``skip`` and a ``schedule``'s
 steps become example positions (× ``global_batch_size``) for the sampler (a StreamDataset's
 own ``skip=`` under stream placement; ``sft`` takes no skip list) and the blend.
-:meth:`ReadConfig.from_state` rebuilds a config from a loader's saved state (which holds
-the dataset's and the sampler's fields, never paths or the batch layout: give those).
+:meth:`ReadConfig.from_state` rebuilds a config from a loader's saved state: the reader's
+config (:mod:`shardwise.read.reader_config`: the fields a reader is built from are the
+fields its state holds) and the skip list; never paths or the batch layout (give those),
+nor a blend's sources' options (its state holds their fingerprints).
 """
 
 from __future__ import annotations
@@ -218,8 +221,9 @@ class ReadConfig:
     @classmethod
     def from_state(cls, state: Mapping[str, Any], **given: Any) -> ReadConfig:
         """The config of the run that saved ``state`` (a loader's, a StreamDataset's or a
-        PackedSFT's ``state_dict()``). A state holds the order's fields but no paths and
-        no batch layout: ``given`` supplies those (``cache`` or ``blend``,
+        PackedSFT's ``state_dict()``). A state holds the reader's config (read back by
+        its ``config_class``) but no paths and no batch layout: ``given`` supplies those
+        (``cache``, or ``blend={"sources": {name: path}}``, whose mix the state holds;
         ``global_batch_size``, ``micro_batch_size``, ``world_size``) and may override
         any field. :func:`check_state` then proves the rebuilt reader is the saved one."""
         st = LoaderState.from_dict(dict(state))
@@ -235,11 +239,14 @@ class ReadConfig:
         if skip and "skip" not in given and "global_batch_size" in given:
             d["skip"] = _example_ranges_as_steps(skip, int(given["global_batch_size"]))
         d.update(given)
-        missing = [k for k in ("cache", *_LAYOUT) if k not in d] if "blend" not in d else []
+        blend = d.get("blend")
+        missing = [k for k in _LAYOUT if k not in d] + (
+            ["cache"] if blend is None and "cache" not in d else
+            ["blend.sources"] if isinstance(blend, Mapping) and "sources" not in blend else [])
         if missing:
             raise ConfigError(f"a {st.kind!r} state holds the order, not {missing}: give "
-                              f"them (trace --cache PATH --global-batch-size B "
-                              "--micro-batch-size M --world-size W)")
+                              f"them (trace --cache PATH, or --blend NAME=PATH ...; "
+                              "--global-batch-size B --micro-batch-size M --world-size W)")
         return cls.from_dict(d, where=f"the config of a {st.kind!r} state")
 
 
@@ -274,8 +281,8 @@ def _blend_from_state(cfg: Mapping[str, Any], given: dict[str, Any]) -> dict[str
             [_as_step(s, b, "blend stage"), dict(zip(c.names, w, strict=True))]
             for s, w in c.schedule]
     mine = dict(given.pop("blend", None) or {})
-    if "weights" in mine or "schedule" in mine:
-        blend.pop("weights", None), blend.pop("schedule", None)
+    if "weights" in mine or "schedule" in mine:  # a mix given replaces the state's
+        blend = {k: v for k, v in blend.items() if k not in ("weights", "schedule")}
     return {"seed": c.seed, "blend": {**blend, **mine}}
 
 
@@ -287,8 +294,8 @@ def check_state(dataset: Any, state: Mapping[str, Any]) -> None:
     """Refuse a state the reader ``dataset`` (built from :meth:`ReadConfig.from_state`)
     did not save: its order fields must be the state's, named when they differ (a
     wrong ``--cache``, ``seq_len`` or seed would trace another run's data)."""
-    saved = {k: v for k, v in dict(state.get("config", {})).items() if k not in _SAMPLER_KEYS}
-    mine = dict(dataset.state_config())
+    saved, mine = ({k: v for k, v in dict(c).items() if k not in _SAMPLER_KEYS}
+                   for c in (state.get("config", {}), dataset.state_config()))
     diffs = [f"{k}: state has {saved.get(k)!r}, this config has {mine.get(k)!r}"
              for k in sorted(set(saved) | set(mine)) if saved.get(k) != mine.get(k)]
     if diffs:

@@ -109,7 +109,7 @@ class Blend(GuardedReader, EpochView, Resumable):
         self.sources = list(datasets)
         if config is None or weights is not None or schedule is not None or names is not None:
             options.update(mixture(len(self.sources), weights, schedule, names))
-        config = BlendConfig.of(config, options)
+        config = self.config_class.of(config, options)
         if len(config.names) != len(self.sources):
             raise ConfigError(f"the blend's config names {list(config.names)}: one name "
                               f"per source, and there are {len(self.sources)} sources")

@@ -156,7 +156,7 @@ class PackedSFT(GuardedReader, Resumable):
             options["group_size"] = renamed("window", window, "group_size",
                                             options.get("group_size", 1024), "PackedSFT",
                                             default=1024)
-        self.config = SftConfig.of(config, options)
+        self.config = self.config_class.of(config, options)
         if len(records) == 0:
             raise ConfigError("PackedSFT needs at least one record")
         self.world = World.resolve(world, reader="PackedSFT")

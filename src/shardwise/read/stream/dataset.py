@@ -184,7 +184,7 @@ class StreamDataset(GuardedReader, Resumable):
                  poll_interval: float = 0.5, timeout: float = 600.0, prefetch_chunks: int = 2,
                  chunk_cache_bytes: int = 256 << 20, verify: bool | None = None,
                  skip: Iterable[Sequence[int]] | None = None, **options: Any) -> None:
-        self.config = StreamConfig.of(config, options)
+        self.config = self.config_class.of(config, options)
         self.world = World.resolve(world, reader="StreamDataset")
         self.share = self.world.stream_share(self.config.streams)
         self.streams = self.share.streams

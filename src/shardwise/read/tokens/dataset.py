@@ -138,7 +138,7 @@ class TokenDataset(GuardedReader, EpochView, Configured):
                  plan_dir: str | os.PathLike[str] | None = None, verify: bool | None = None,
                  **options: Any) -> None:
         self.cache = reader_cache(cache, verify)
-        self.config = TokenConfig.of(config, options)
+        self.config = self.config_class.of(config, options)
         seq_len, drop_last = self.config.seq_len, self.config.drop_last
         if self.config.eod_mask_loss and self.cache.eod_id is None:
             raise ConfigError("eod_mask_loss needs the cache's end-of-document id, and this "
