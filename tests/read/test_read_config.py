@@ -152,6 +152,8 @@ def test_unknown_arguments_are_named_with_the_configs_fields(caches: dict[str, s
         config.build()
     with pytest.raises(ConfigError, match=r"StreamDataset needs \['streams'\]"):
         StreamDataset(caches["web"], seq_len=16, world=World(0, 1))
+    with pytest.raises(ConfigError, match=r"config must be a TokenConfig, got 16"):
+        TokenDataset(caches["web"], 16)  # type: ignore[arg-type]
 
 
 def test_a_config_object_and_arguments_build_the_same_reader(caches: dict[str, str]

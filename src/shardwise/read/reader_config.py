@@ -75,6 +75,9 @@ class ReaderConfig:
             raise ConfigError(f"{cls.reader} takes no argument {unknown}: its order's "
                               f"arguments are {names} ({cls.__name__}'s fields)")
         if config is not None:
+            if not isinstance(config, cls):
+                raise ConfigError(f"{cls.reader}: config must be a {cls.__name__}, got "
+                                  f"{config!r} (its fields are keyword arguments)")
             return replace(config, **options) if options else config  # type: ignore[type-var]
         missing = [f.name for f in fields(cls)  # type: ignore[arg-type]
                    if f.default is MISSING and f.default_factory is MISSING
