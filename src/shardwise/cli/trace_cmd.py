@@ -108,17 +108,16 @@ def _config(args: argparse.Namespace) -> tuple[ReadConfig, dict[str, Any] | None
     if args.cache:
         given["cache"] = args.cache
     if args.blend:
-        given["blend"] = _blend_sources(args.blend, state)
+        given["blend"] = _blend_sources(args.blend)
     return ReadConfig.from_state(state, **given), state
 
 
-def _blend_sources(items: list[str], state: dict[str, Any]) -> dict[str, Any]:
+def _blend_sources(items: list[str]) -> dict[str, Any]:
+    """The blend's sources (the state holds its mix and its sources' fingerprints)."""
     pairs = dict(i.split("=", 1) for i in items if "=" in i)
     if len(pairs) != len(items):
         raise ConfigError(f"--blend takes NAME=DIR pairs, got {items}")
-    cfg = state.get("config", {})
-    weights = dict(zip(cfg.get("blend", []), cfg.get("weights", []), strict=False))
-    return {"sources": pairs, "weights": weights}
+    return {"sources": pairs}
 
 
 def load_state(path: Path) -> dict[str, Any] | None:

@@ -7,6 +7,7 @@ can rebuild the readers from. The schema (names others rely on)::
     {"cache": "cache/"                      # or a blend of caches:
      "blend": {"sources": {"web": "web/", "code": "code/"},
                "weights": {"web": 0.7, "code": 0.3}},   # or "schedule": [[step, {...}], ...]
+                                             # (optional "length": the blend's nominal len)
      "reader": "tokens",                     # tokens (global placement) | stream | sft
      "seq_len": 2048, "seed": 0, "shuffle": "window",   # ...any other reader argument
      "global_batch_size": 16, "micro_batch_size": 2, "world_size": 4,
@@ -16,8 +17,10 @@ can rebuild the readers from. The schema (names others rely on)::
 Steps are global batches of ``global_batch_size`` examples; ``skip`` and a ``schedule``'s
 steps become example positions (× ``global_batch_size``) for the sampler (a StreamDataset's
 own ``skip=`` under stream placement; ``sft`` takes no skip list) and the blend.
-:meth:`ReadConfig.from_state` rebuilds a config from a loader's saved state (which holds
-the dataset's and the sampler's fields, never paths or the batch layout: give those).
+:meth:`ReadConfig.from_state` rebuilds a config from a loader's saved state: the reader's
+config (:mod:`shardwise.read.reader_config`: the fields a reader is built from are the
+fields its state holds) and the skip list; never paths or the batch layout (give those),
+nor a blend's sources' options (its state holds their fingerprints).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from shardwise.checkpoint import LoaderState, as_count
+from shardwise.checkpoint import SKIP_KEY, LoaderState, as_count
 from shardwise.choice import Choice
 from shardwise.errors import ConfigError
 from shardwise.read.sampler import (
@@ -43,11 +46,6 @@ from shardwise.world import World
 
 _LAYOUT = ("global_batch_size", "micro_batch_size", "world_size")
 _TOP = {"cache", "blend", "reader", "seq_len", "seed", "skip", "tokenizer", *_LAYOUT}
-# fields of a dataset's state_config that are not reader arguments
-_NOT_ARGS = {"cache", "cache_tokens", "order_version", "permutation_version", "sampler",
-             "blend", "weights", "length", "blend_version", "sft_packing_version",
-             "records", "source", "skip", "schedule"}
-
 
 class ReaderKind(Choice):
     """Which reader a config builds: ``tokens`` (TokenDataset, global placement through
@@ -134,17 +132,18 @@ class ReadConfig:
         whole ledger)."""
         world = World(rank, self.world_size)
         opened = dict(caches or {})
+        reader = reader_class(self.reader)
         if self.reader is ReaderKind.STREAM:
-            return self._call(_stream_dataset(), opened.get(self._path(), self._path()),
-                              world=world, batch_size=self.micro_batch_size,
+            return self._call(reader, opened.get(self._path(), self._path()), world=world,
+                              batch_size=self.micro_batch_size,
                               skip=self.skip_examples()), None
         if self.reader is ReaderKind.SFT:
             from shardwise.read.compose.records import CacheRecords
 
             records = CacheRecords(opened.get(self._path(), self._path()))
-            return self._call(_packed_sft(), records, world=world), None
+            return self._call(reader, records, world=world), None
         ds = (self._blend(opened) if self.blend is not None
-              else self._tokens(opened.get(self._path(), self._path())))
+              else self._call(reader, opened.get(self._path(), self._path())))
         return ds, self.sampler(len(ds), world)
 
     def sampler(self, n: int, world: World) -> BatchSampler:
@@ -155,36 +154,29 @@ class ReadConfig:
     def _path(self) -> str:
         return str(self.cache)
 
-    def _tokens(self, path: Any) -> Any:
-        from shardwise.read.tokens.dataset import TokenDataset
-
-        return self._call(TokenDataset, path)
-
     def _blend(self, opened: dict[str, Any]) -> Any:
         from shardwise.read.compose.blend import Blend
 
         assert self.blend is not None  # for mypy: _blend is called only for a blend
         srcs = self.sources()
-        names = list(srcs)
-        parts = [self._tokens(opened.get(p, p)) for p in srcs.values()]
+        reader = reader_class(ReaderKind.TOKENS)
+        parts = [self._call(reader, opened.get(p, p)) for p in srcs.values()]
         schedule = self.schedule_examples()
-        if schedule is None:
-            weights = [float(self.blend["weights"].get(n, 0.0)) for n in names]
-            return Blend(parts, weights, seed=self.seed, names=names)
+        weights = None if schedule is not None else {
+            n: float(self.blend["weights"].get(n, 0.0)) for n in srcs}
         try:
-            return Blend(parts, None, seed=self.seed, names=names,  # type: ignore[arg-type]
-                         schedule=schedule)  # type: ignore[call-arg]
-        except TypeError as e:
-            raise ConfigError(f"{self.where}: a blend 'schedule' is not supported by this "
-                              f"shardwise's Blend ({e})") from None
+            return Blend(parts, weights, seed=self.seed, names=list(srcs), schedule=schedule,
+                         length=self.blend.get("length"))
+        except ConfigError as e:
+            raise ConfigError(f"{self.where}: {e}") from None
 
     def _call(self, cls: Any, *args: Any, **kwargs: Any) -> Any:
-        """``cls(*args, seq_len=, seed=, **options, **kwargs)``; an unknown option is named."""
+        """``cls(*args, seq_len=, seed=, **options, **kwargs)``: the reader maps its
+        arguments into its config (an unknown one is a ConfigError naming its fields)."""
         try:
             return cls(*args, seq_len=self.seq_len, seed=self.seed, **self.options, **kwargs)
-        except TypeError as e:
-            raise ConfigError(f"{self.where}: {cls.__name__} does not take these reader "
-                              f"options {sorted(self.options)}: {e}") from None
+        except ConfigError as e:
+            raise ConfigError(f"{self.where}: {e}") from None
 
     # -- from a file or a state -----------------------------------------------------------
     @classmethod
@@ -229,33 +221,70 @@ class ReadConfig:
     @classmethod
     def from_state(cls, state: Mapping[str, Any], **given: Any) -> ReadConfig:
         """The config of the run that saved ``state`` (a loader's, a StreamDataset's or a
-        PackedSFT's ``state_dict()``). A state holds the order's fields but no paths and
-        no batch layout: ``given`` supplies those (``cache`` or ``blend``,
+        PackedSFT's ``state_dict()``). A state holds the reader's config (read back by
+        its ``config_class``) but no paths and no batch layout: ``given`` supplies those
+        (``cache``, or ``blend={"sources": {name: path}}``, whose mix the state holds;
         ``global_batch_size``, ``micro_batch_size``, ``world_size``) and may override
         any field. :func:`check_state` then proves the rebuilt reader is the saved one."""
         st = LoaderState.from_dict(dict(state))
         cfg = dict(st.config)
-        kind = {"stream": ReaderKind.STREAM, "sft_pack": ReaderKind.SFT}.get(
-            st.kind, ReaderKind.TOKENS)
-        renamed = _STATE_NAMES.get(st.kind, {})
-        d: dict[str, Any] = {renamed.get(k, k): v for k, v in cfg.items()
-                             if k not in _NOT_ARGS and not k.startswith("source.")}
-        d["reader"] = kind.value
-        skip = cfg.get("skip")
+        kind = next((k for k in ReaderKind if getattr(reader_class(k), "state_kind", None)
+                     == st.kind), ReaderKind.TOKENS)
+        d: dict[str, Any] = {"reader": kind.value}
+        if "blend" in cfg:  # a Blend's state (its sources' configs are theirs to give)
+            d.update(_blend_from_state(cfg, given))
+        else:
+            d.update(reader_class(kind).config_class.from_state(cfg))
+        skip = cfg.get(SKIP_KEY)
         if skip and "skip" not in given and "global_batch_size" in given:
             d["skip"] = _example_ranges_as_steps(skip, int(given["global_batch_size"]))
         d.update(given)
-        missing = [k for k in ("cache", *_LAYOUT) if k not in d] if "blend" not in d else []
+        blend = d.get("blend")
+        missing = [k for k in _LAYOUT if k not in d] + (
+            ["cache"] if blend is None and "cache" not in d else
+            ["blend.sources"] if isinstance(blend, Mapping) and "sources" not in blend else [])
         if missing:
             raise ConfigError(f"a {st.kind!r} state holds the order, not {missing}: give "
-                              f"them (trace --cache PATH --global-batch-size B "
-                              "--micro-batch-size M --world-size W)")
+                              f"them (trace --cache PATH, or --blend NAME=PATH ...; "
+                              "--global-batch-size B --micro-batch-size M --world-size W)")
         return cls.from_dict(d, where=f"the config of a {st.kind!r} state")
 
 
-# a state's config keeps an argument's first name (so saved fingerprints still match):
-# kind -> {key in the state: the argument's name now}
-_STATE_NAMES = {"sft_pack": {"window": "group_size"}}
+def reader_class(kind: ReaderKind) -> Any:
+    """The reader a config of ``kind`` builds; its ``config_class`` is the frozen config it
+    is built from (:mod:`shardwise.read.reader_config`)."""
+    if kind is ReaderKind.STREAM:
+        from shardwise.read.stream.dataset import StreamDataset
+
+        return StreamDataset
+    if kind is ReaderKind.SFT:
+        from shardwise.read.compose.sft_pack import PackedSFT
+
+        return PackedSFT
+    from shardwise.read.tokens.dataset import TokenDataset
+
+    return TokenDataset
+
+
+def _blend_from_state(cfg: Mapping[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """A read config's ``seed`` and ``blend`` (but its sources) from a Blend's state; a
+    given ``blend`` adds the sources and may replace the mix."""
+    from shardwise.read.compose.schedule import BlendConfig
+
+    c = BlendConfig(**BlendConfig.from_state(cfg))
+    blend: dict[str, Any] = {} if c.length is None else {"length": c.length}
+    if not c.schedule:
+        blend["weights"] = dict(zip(c.names, c.weights, strict=True))
+    elif "global_batch_size" in given:  # stage starts are examples; a config counts steps
+        b = int(given["global_batch_size"])
+        blend["schedule"] = [[0, dict(zip(c.names, c.weights, strict=True))]] + [
+            [_as_step(s, b, "blend stage"), dict(zip(c.names, w, strict=True))]
+            for s, w in c.schedule]
+    mine = dict(given.pop("blend", None) or {})
+    if "weights" in mine or "schedule" in mine:  # a mix given replaces the state's
+        blend = {k: v for k, v in blend.items() if k not in ("weights", "schedule")}
+    return {"seed": c.seed, "blend": {**blend, **mine}}
+
 
 _SAMPLER_KEYS = {"sampler", "skip", "sampler_seed", "data_sharding", "world_size",
                  "epoch_examples"}
@@ -265,8 +294,8 @@ def check_state(dataset: Any, state: Mapping[str, Any]) -> None:
     """Refuse a state the reader ``dataset`` (built from :meth:`ReadConfig.from_state`)
     did not save: its order fields must be the state's, named when they differ (a
     wrong ``--cache``, ``seq_len`` or seed would trace another run's data)."""
-    saved = {k: v for k, v in dict(state.get("config", {})).items() if k not in _SAMPLER_KEYS}
-    mine = dict(dataset.state_config())
+    saved, mine = ({k: v for k, v in dict(c).items() if k not in _SAMPLER_KEYS}
+                   for c in (state.get("config", {}), dataset.state_config()))
     diffs = [f"{k}: state has {saved.get(k)!r}, this config has {mine.get(k)!r}"
              for k in sorted(set(saved) | set(mine)) if saved.get(k) != mine.get(k)]
     if diffs:
@@ -293,13 +322,14 @@ def _resolve(value: Any, base: Path | None) -> Any:
 
 
 def _example_ranges_as_steps(ranges: Any, b: int) -> list[list[int]]:
-    out = []
-    for a, z in ranges:
-        if a % b or z % b:
-            raise ConfigError(f"the state's skip range {[a, z]} (examples) is not whole "
-                              f"steps of global_batch_size={b}; give skip= in steps")
-        out.append([a // b, z // b])
-    return out
+    return [[_as_step(a, b, "skip range"), _as_step(z, b, "skip range")] for a, z in ranges]
+
+
+def _as_step(example: int, b: int, what: str) -> int:
+    if example % b:
+        raise ConfigError(f"the state's {what} starting or ending at example {example} is not "
+                          f"whole steps of global_batch_size={b}; give it in steps")
+    return int(example) // b
 
 
 def _check_blend(blend: Mapping[str, Any], where: str) -> None:
@@ -316,14 +346,3 @@ def _check_blend(blend: Mapping[str, Any], where: str) -> None:
             raise ConfigError(f"{where}: blend weights name {sorted(unknown)}, which are not "
                               f"among its sources {sorted(srcs)}")
 
-
-def _stream_dataset() -> Any:
-    from shardwise.read.stream.dataset import StreamDataset
-
-    return StreamDataset
-
-
-def _packed_sft() -> Any:
-    from shardwise.read.compose.sft_pack import PackedSFT
-
-    return PackedSFT

@@ -48,12 +48,13 @@ loader's state carries the same as seek hints ``blend_counts`` / ``blend_stage_c
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from shardwise.checkpoint import LoaderState, Resumable, as_count, staged
+from shardwise.checkpoint import LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, StateError
 from shardwise.plan.blend import BLEND_VERSION, StagedBlend
 from shardwise.plan.permutation import Permutation, derive_seed
@@ -64,7 +65,7 @@ from shardwise.read.compose.blend_rows import (
     prefetch_sources,
     remote,
 )
-from shardwise.read.compose.schedule import Weights, stages_of
+from shardwise.read.compose.schedule import BlendConfig, Weights, mixture
 from shardwise.read.compose.sft_pack import source_identity
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import EpochView
@@ -98,6 +99,10 @@ def _is_stream(ds: Any) -> bool:
 class Blend(GuardedReader, EpochView, Resumable):
     """Sources mixed with ``weights``; map-style when every source is, else iterable.
 
+    Its order is a :class:`~shardwise.read.compose.schedule.BlendConfig`: ``weights`` or
+    ``schedule`` and ``names`` (turned into its fields by ``mixture``), its other fields
+    (``seed``, ``length``) as keyword arguments, or ``config=`` one.
+
     >>> mix = Blend([web, code], weights=[0.7, 0.3], names=["web", "code"])  # doctest: +SKIP
     >>> dl = loader(mix, global_batch_size=64, micro_batch_size=8)           # doctest: +SKIP
     >>> mix.report(dl.consumed)["sources"][1]["count"]                      # doctest: +SKIP
@@ -105,32 +110,33 @@ class Blend(GuardedReader, EpochView, Resumable):
 
     state_kind = "blend"
     label_convention = NEXT_TOKEN  # every part agrees (checked): read/examples.py
+    config_class = BlendConfig  # what it is built from: its arguments, state and fingerprint
 
     def __init__(self, datasets: Sequence[Any], weights: Weights | None = None, *,
-                 seed: int = 0, names: Sequence[str] | None = None,
-                 length: int | None = None,
-                 schedule: Sequence[tuple[int, Weights]] | None = None) -> None:
+                 config: BlendConfig | None = None, names: Sequence[str] | None = None,
+                 schedule: Sequence[tuple[int, Weights]] | None = None,
+                 **options: Any) -> None:
         self.sources = list(datasets)
+        if config is None or weights is not None or schedule is not None or names is not None:
+            options.update(mixture(len(self.sources), weights, schedule, names))
+        config = self.config_class.of(config, options)
+        if len(config.names) != len(self.sources):
+            raise ConfigError(f"the blend's config names {list(config.names)}: one name "
+                              f"per source, and there are {len(self.sources)} sources")
+        self.names, self.stages = list(config.names), config.stages()
+        self.weights, self.seed = self.stages[0][1], config.seed
         k = len(self.sources)
-        self.names = [str(n) for n in names] if names is not None else [
-            f"source{j}" for j in range(k)]
-        if k == 0 or len(self.names) != k or len(set(self.names)) != k:
-            raise ConfigError(f"names must be {k} distinct strings, got {self.names}")
-        self.stages = stages_of(weights, schedule, self.names)
-        self.weights = self.stages[0][1]
         bad = [n for n, d in zip(self.names, self.sources, strict=True)
                if not (_is_map(d) or _is_stream(d))]
         if bad:
             raise ConfigError(f"sources {bad} are neither map-style (len and [i]) nor "
                               "streams (iterable with state_dict / load_state_dict)")
         check_same_layout(self.sources, self.names)
-        if not isinstance(seed, int) or seed < 0:
-            raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
-        self.seed = seed
         self.map_style = all(_is_map(d) for d in self.sources)
-        self._relabel = Permutation(k, derive_seed(seed, "blend"), 0)(np.arange(k))
+        self._relabel = Permutation(k, derive_seed(self.seed, "blend"), 0)(np.arange(k))
         self._schedule = StagedBlend([(s, w[self._relabel]) for s, w in self.stages])
-        self._length = self._nominal_length(length)
+        self._length = self._nominal_length(config.length)
+        self.config = replace(config, length=self._length)  # as its state holds it
         self._consumed = 0
         self._iters: dict[int, Iterator[Any]] = {}
         self._ahead: tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
@@ -138,8 +144,6 @@ class Blend(GuardedReader, EpochView, Resumable):
 
     def _nominal_length(self, length: int | None) -> int | None:
         if length is not None:
-            if not isinstance(length, int) or length < 1:
-                raise ConfigError(f"length must be a positive integer, got {length!r}")
             return length
         if not self.map_style:
             return None
@@ -254,11 +258,7 @@ class Blend(GuardedReader, EpochView, Resumable):
     # -- identity -------------------------------------------------------------------------
     def state_config(self) -> dict[str, Any]:
         """Weights, names, seed, schedule version and each source's fingerprint."""
-        cfg: dict[str, Any] = {"blend": self.names, "weights": self.weights.tolist(),
-                               "seed": self.seed, "length": self._length,
-                               "blend_version": BLEND_VERSION}
-        if len(self.stages) > 1:  # later stages may change after a state's position
-            cfg["schedule"] = staged((s, w.tolist()) for s, w in self.stages[1:])
+        cfg = {**self.config.state(), "blend_version": BLEND_VERSION}
         for n, d in zip(self.names, self.sources, strict=True):
             cfg[f"source.{n}"] = source_identity(d)
         return cfg

@@ -14,6 +14,7 @@ of ranks::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -22,6 +23,7 @@ import numpy.typing as npt
 from shardwise.checkpoint import as_count
 from shardwise.errors import ConfigError
 from shardwise.plan.blend import normalize_weights
+from shardwise.read.reader_config import ReaderConfig, staged_field, state_key
 
 Weights: TypeAlias = "Sequence[float] | Mapping[str, float]"
 Stages: TypeAlias = "list[tuple[int, npt.NDArray[np.float64]]]"
@@ -71,6 +73,60 @@ def stages_of(weights: Any, schedule: Any, names: Sequence[str]) -> Stages:
         raise ConfigError(f"weights {weights!r} differ from the schedule's first stage "
                           f"{stages[0][1].tolist()}: give one of them")
     return stages
+
+
+@dataclass(frozen=True)
+class BlendConfig(ReaderConfig):
+    """What defines a blend's order (fingerprinted with its sources'): the source
+    ``names`` (stored as ``blend``), the first stage's normalised ``weights`` (one per
+    name), the ``schedule``'s later stages ``((start_example, weights), ...)`` (empty for
+    fixed weights; stored :func:`~shardwise.checkpoint.staged`), ``seed`` and the nominal
+    ``length`` (``None``: computed from the sources when the blend is made). A Blend's
+    keyword arguments, its state's fields and what a read config rebuilds it from
+    (:mod:`shardwise.read.reader_config`); :func:`mixture` turns a user's weights or
+    schedule into these fields."""
+
+    reader = "Blend"
+
+    names: tuple[str, ...] = field(metadata=state_key("blend"))
+    weights: tuple[float, ...]
+    seed: int = 0
+    length: int | None = None
+    schedule: tuple[tuple[int, tuple[float, ...]], ...] = field(default=(),
+                                                                metadata=staged_field())
+
+    def __post_init__(self) -> None:
+        names = tuple(str(n) for n in self.names)
+        if not names or len(set(names)) != len(names):
+            raise ConfigError(f"names must be distinct strings, one per source, got "
+                              f"{list(names)}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.length is not None and (not isinstance(self.length, int) or self.length < 1):
+            raise ConfigError(f"length must be a positive integer, got {self.length!r}")
+        stages = stages_of(None, [(0, list(self.weights)), *self.schedule], names)
+        object.__setattr__(self, "names", names)
+        object.__setattr__(self, "weights", tuple(stages[0][1].tolist()))
+        object.__setattr__(self, "schedule", tuple((s, tuple(w.tolist()))
+                                                   for s, w in stages[1:]))
+
+    def stages(self) -> Stages:
+        """``[(start, weights), ...]`` from example 0 on."""
+        return [(0, np.asarray(self.weights)),
+                *((s, np.asarray(w, dtype=np.float64)) for s, w in self.schedule)]
+
+
+def mixture(sources: int, weights: Any, schedule: Any, names: Sequence[str] | None
+            ) -> dict[str, Any]:
+    """A Blend's ``weights`` or ``schedule`` (by name or position) and ``names`` (default
+    ``source0``, ``source1``, ...) as :class:`BlendConfig` fields."""
+    names = [str(n) for n in names] if names is not None else [
+        f"source{j}" for j in range(sources)]
+    if len(names) != sources or len(set(names)) != sources:
+        raise ConfigError(f"names must be {sources} distinct strings, got {names}")
+    stages = stages_of(weights, schedule, names)
+    return {"names": tuple(names), "weights": tuple(stages[0][1].tolist()),
+            "schedule": tuple((s, tuple(w.tolist())) for s, w in stages[1:])}
 
 
 def planned_mix(stages: Stages, start: int, stop: int) -> npt.NDArray[np.float64]:

@@ -48,6 +48,7 @@ consumed``; it re-plans that one group: O(group_size), never a replay of consume
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,7 @@ from shardwise.read.guard import (
     register_with_torch,
     torch_worker,
 )
+from shardwise.read.reader_config import ReaderConfig, state_key
 from shardwise.world import World
 
 Example = dict[str, npt.NDArray[Any]]
@@ -94,6 +96,36 @@ def source_identity(source: Any) -> str:
     return f"{type(source).__qualname__}{size}"
 
 
+@dataclass(frozen=True)
+class SftConfig(ReaderConfig):
+    """What defines a PackedSFT's rows (all of it is fingerprinted): its keyword arguments,
+    its state's fields, what a read config rebuilds it from
+    (:mod:`shardwise.read.reader_config`). ``group_size`` is stored as ``window``, its
+    first name, so saved states keep their fingerprints."""
+
+    reader = "PackedSFT"
+
+    seq_len: int
+    group_size: int = field(default=1024, metadata=state_key("window"))
+    seed: int | None = None
+    epochs: int | None = 1
+    overlong: Overlong | str = Overlong.ERROR
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        for name, low in (("seq_len", 1), ("group_size", 1)):
+            object.__setattr__(self, name, as_count(getattr(self, name), name, minimum=low,
+                                                    error=ConfigError))
+        for name, low in (("epochs", 1), ("seed", 0)):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, as_count(getattr(self, name), name,
+                                                        minimum=low, error=ConfigError))
+        try:
+            object.__setattr__(self, "overlong", Overlong.parse(self.overlong))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
 def _labels(rec: dict[str, Any], ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     if rec.get("labels") is not None:
         return np.asarray(rec["labels"], dtype=np.int64)
@@ -105,6 +137,9 @@ def _labels(rec: dict[str, Any], ids: npt.NDArray[np.int64]) -> npt.NDArray[np.i
 class PackedSFT(GuardedReader, Resumable):
     """Rows of packed SFT records; an iterable with exact, O(group_size) resume.
 
+    Its rows are a :class:`SftConfig`: pass its fields as keyword arguments (``seq_len``,
+    ``group_size``, ``seed``, ``epochs``, ``overlong``, ``pad_id``) or ``config=`` one.
+
     >>> rows = PackedSFT(records, seq_len=2048, group_size=1024, seed=1)  # doctest: +SKIP
     >>> row = next(iter(rows)); rows.state_dict()["extra"]            # doctest: +SKIP
     {'epoch': 0, 'window': 0, 'bin': 1}
@@ -112,30 +147,22 @@ class PackedSFT(GuardedReader, Resumable):
 
     state_kind = "sft_pack"
     label_convention = NEXT_TOKEN  # labels are next-token targets: read/examples.py
+    config_class = SftConfig  # what it is built from: its arguments, state and fingerprint
 
-    def __init__(self, records: Sequence[dict[str, Any]], *, seq_len: int,
-                 group_size: int = 1024, seed: int | None = None, epochs: int | None = 1,
-                 overlong: str | Overlong = Overlong.ERROR, pad_id: int = 0,
-                 window: int | None = None, world: World | None = None) -> None:
-        group_size = renamed("window", window, "group_size", group_size, "PackedSFT",
-                             default=1024)
-        seq_len = as_count(seq_len, "seq_len", minimum=1, error=ConfigError)
-        group_size = as_count(group_size, "group_size", minimum=1, error=ConfigError)
-        epochs = None if epochs is None else as_count(epochs, "epochs", minimum=1,
-                                                      error=ConfigError)
-        seed = None if seed is None else as_count(seed, "seed", error=ConfigError)
-        try:
-            self.overlong = Overlong.parse(overlong)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+    def __init__(self, records: Sequence[dict[str, Any]], config: SftConfig | None = None,
+                 *, window: int | None = None, world: World | None = None,
+                 **options: Any) -> None:
+        if window is not None:  # the deprecated name of group_size
+            options["group_size"] = renamed("window", window, "group_size",
+                                            options.get("group_size", 1024), "PackedSFT",
+                                            default=1024)
+        self.config = self.config_class.of(config, options)
         if len(records) == 0:
             raise ConfigError("PackedSFT needs at least one record")
         self.world = World.resolve(world, reader="PackedSFT")
         register_with_torch(PackedSFT)  # an IterableDataset, if torch is imported
         self.records = records
-        self.seq_len, self.group_size, self.seed, self.epochs = seq_len, group_size, seed, epochs
-        self.pad_id = pad_id
-        self.num_groups = num_pack_groups(len(records), group_size)
+        self.num_groups = num_pack_groups(len(records), self.group_size)
         self._epoch = self._group = self._bin = self._consumed = 0
         self.pads_served = 0  # padding rows yielded (a finite run's aligned end)
         # the last plans made (a rank's next row and the state's position may lie in
@@ -168,12 +195,35 @@ class PackedSFT(GuardedReader, Resumable):
 
     # -- identity ---------------------------------------------------------------------------
     def state_config(self) -> dict[str, Any]:
-        # "window": group_size's first name, kept so fingerprints (and states) match
-        return {"seq_len": self.seq_len, "window": self.group_size, "seed": self.seed,
-                "epochs": self.epochs, "overlong": self.overlong.value, "pad_id": self.pad_id,
-                "records": len(self.records), "source": source_identity(self.records),
+        return {**self.config.state(), "records": len(self.records),
+                "source": source_identity(self.records),
                 "sft_packing_version": SFT_PACKING_VERSION,
                 "permutation_version": PERMUTATION_VERSION}
+
+    # the config's fields, read where the packing needs them
+    @property
+    def seq_len(self) -> int:
+        return self.config.seq_len
+
+    @property
+    def group_size(self) -> int:
+        return self.config.group_size
+
+    @property
+    def seed(self) -> int | None:
+        return self.config.seed
+
+    @property
+    def epochs(self) -> int | None:
+        return self.config.epochs
+
+    @property
+    def overlong(self) -> Overlong:
+        return Overlong(self.config.overlong)
+
+    @property
+    def pad_id(self) -> int:
+        return self.config.pad_id
 
     # -- plan -------------------------------------------------------------------------------
     def _positions(self, epoch: int, g: int) -> npt.NDArray[np.int64]:

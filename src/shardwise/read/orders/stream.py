@@ -14,8 +14,8 @@ reads each block's windows through :func:`block_runs` too (:mod:`shardwise.read.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -33,6 +33,7 @@ from shardwise.read.orders.base import (
     order_class,
 )
 from shardwise.read.orders.windows import WindowOrder, window_runs
+from shardwise.read.reader_config import ReaderConfig
 from shardwise.read.stream.schedule import Layout, StreamLayout, longest_stream_windows
 
 BLOCKS_KEPT = 16
@@ -41,10 +42,14 @@ Where = tuple[int, int, int, int]  # stream, epoch, block, place in the block's 
 
 
 @dataclass(frozen=True)
-class StreamConfig(Layout):
-    """What defines a stream order (all of it is fingerprinted). ``shuffle``: the order of
-    a block's windows (:func:`~shardwise.read.orders.stream.check_stream_shuffle`)."""
+class StreamConfig(Layout, ReaderConfig):
+    """What defines a stream order (all of it is fingerprinted): a StreamDataset's keyword
+    arguments, its state's fields, what a read config rebuilds it from
+    (:mod:`shardwise.read.reader_config`). The fields are :class:`Layout`'s and
+    ``shuffle``, the order of a block's windows
+    (:func:`~shardwise.read.orders.stream.check_stream_shuffle`)."""
 
+    reader: ClassVar[str] = "StreamDataset"
     shuffle: str = STREAM_SHUFFLE
 
     def __post_init__(self) -> None:
@@ -56,8 +61,8 @@ class StreamConfig(Layout):
                                                         error=ConfigError))
         object.__setattr__(self, "shuffle", check_stream_shuffle(self.shuffle, self))
 
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)  # the default shuffle is absent: states from before it still fit
+    def state(self) -> dict[str, Any]:
+        out = super().state()  # the default shuffle is absent: states from before it fit
         return {k: v for k, v in out.items() if k != "shuffle" or v != STREAM_SHUFFLE}
 
 

@@ -118,7 +118,7 @@ from shardwise.read.guard import (
     torch_worker,
 )
 from shardwise.read.orders import Runs
-from shardwise.read.orders.stream import STREAM_SHUFFLE, StreamConfig, StreamOrder
+from shardwise.read.orders.stream import StreamConfig, StreamOrder
 from shardwise.read.sampler import normalise_skip, skip_drop
 from shardwise.read.stream.chunk_cache import ChunkCache
 from shardwise.read.stream.run import Example, Run, finish_examples, first_example
@@ -143,6 +143,8 @@ class StreamDataset(GuardedReader, Resumable):
     ...                    world=World(0, 2), follow=True)
     >>> for example in ds: ...                                           # doctest: +SKIP
 
+    Its order is a :class:`StreamConfig`: pass its fields as keyword arguments (``seq_len``,
+    ``streams``, ``seed``, ``block_chunks``, ``drop_last``, ``epochs``) or ``config=`` one.
     ``world=None`` means ``World.detect()``. Every ``iter()`` continues from the current
     position (and stops an earlier iterator). ``batch_size``: yield stacked micro-batches
     of this rank's next examples (the last may be short in a single pass). Memory: the chunk
@@ -160,19 +162,17 @@ class StreamDataset(GuardedReader, Resumable):
 
     state_kind = "stream"
     label_convention = NEXT_TOKEN  # labels are next-token targets: read/examples.py
+    config_class = StreamConfig  # what it is built from: its arguments, state and fingerprint
 
-    def __init__(self, cache: Cache | str | os.PathLike[str], *, seq_len: int, streams: int,
-                 seed: int = 0, world: World | None = None, follow: bool = False,
-                 epochs: int | None = None, block_chunks: int = 4, drop_last: bool = True,
-                 batch_size: int | None = None, poll_interval: float = 0.5,
-                 timeout: float = 600.0, prefetch_chunks: int = 2,
+    def __init__(self, cache: Cache | str | os.PathLike[str],
+                 config: StreamConfig | None = None, *, world: World | None = None,
+                 follow: bool = False, batch_size: int | None = None,
+                 poll_interval: float = 0.5, timeout: float = 600.0, prefetch_chunks: int = 2,
                  chunk_cache_bytes: int = 256 << 20, verify: bool | None = None,
-                 skip: Iterable[Sequence[int]] | None = None,
-                 shuffle: str = STREAM_SHUFFLE) -> None:
-        self.config = StreamConfig(seq_len, streams, seed, block_chunks, drop_last, epochs,
-                                   shuffle)
+                 skip: Iterable[Sequence[int]] | None = None, **options: Any) -> None:
+        self.config = self.config_class.of(config, options)
         self.world = World.resolve(world, reader="StreamDataset")
-        self.share = self.world.stream_share(streams)
+        self.share = self.world.stream_share(self.config.streams)
         self.streams = self.share.streams
         check_wait_args(timeout, poll_interval)
         if batch_size is not None:
@@ -251,7 +251,7 @@ class StreamDataset(GuardedReader, Resumable):
     # -- identity and state ------------------------------------------------------------------
     def state_config(self) -> dict[str, Any]:
         """The plain fields a checkpoint must match (not the chunk count: it grows)."""
-        out = {**self.config.to_dict(), "cache": self.cache.fingerprint,
+        out = {**self.config.state(), "cache": self.cache.fingerprint,
                "order_version": STREAM_ORDER_VERSION,
                "permutation_version": PERMUTATION_VERSION}
         if self.skip:  # compared by the skip rule on resume (checkpoint.SKIP_KEY); absent

@@ -54,10 +54,10 @@ class Layout:
 
     seq_len: int
     streams: int
-    seed: int
-    block_chunks: int
-    drop_last: bool
-    epochs: int | None
+    seed: int = 0
+    block_chunks: int = 4
+    drop_last: bool = True
+    epochs: int | None = None
 
 
 # -- one stream ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ Only the chunks holding the requested windows are opened (memory-mapped, lazily)
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from shardwise.read.epochs import EpochView
 from shardwise.read.examples import NEXT_TOKEN
 from shardwise.read.guard import GuardedReader
 from shardwise.read.orders import PAD, Order, Runs, WindowOrder, order_class  # noqa: F401 (PAD: part of this API)
+from shardwise.read.reader_config import ReaderConfig
 from shardwise.read.rows import ROW_FREE, Rows
 from shardwise.read.tokens.assemble import WindowReader
 from shardwise.storage.cache import Cache
@@ -62,14 +63,18 @@ class Shuffle(Choice):
 
 
 @dataclass(frozen=True)
-class TokenConfig:
-    """What defines the global order and the example layout (all of it is fingerprinted).
+class TokenConfig(ReaderConfig):
+    """What defines the global order and the example layout (all of it is fingerprinted):
+    a TokenDataset's keyword arguments, its state's fields, what a read config rebuilds it
+    from (:mod:`shardwise.read.reader_config`).
 
     ``reset_position_ids``, ``cu_seqlens`` and ``eod_mask_loss`` follow Megatron's
     reset_position_ids / reset_attention_mask / eod_mask_loss: positions restart at each
     document start, document boundaries are returned for variable-length attention, and
     positions whose *input* is the end-of-document token get zero loss.
     """
+
+    reader = "TokenDataset"
 
     seq_len: int
     seed: int = 0
@@ -88,11 +93,7 @@ class TokenConfig:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
         if self.block_size < 1 or self.blocks_per_group < 1:
             raise ConfigError("block_size and blocks_per_group must be at least 1")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["shuffle"] = shuffle_name(self.shuffle)
-        return d
+        object.__setattr__(self, "shuffle", parse_shuffle(self.shuffle))
 
 
 def shuffle_name(shuffle: Shuffle | str) -> str:
@@ -113,6 +114,8 @@ def parse_shuffle(value: Any) -> Shuffle | str:
 class TokenDataset(GuardedReader, EpochView, Configured):
     """Packed windows of a cache in a seeded global order; map-style.
 
+    Its order is a :class:`TokenConfig`: pass its fields as keyword arguments (``seq_len``,
+    ``seed``, ``shuffle``, ...) or ``config=`` one (arguments given too replace its fields).
     ``verify``: check ids and chunk checksums as they are read (default: as the cache was
     opened, which is on; ``False`` for a trusted cache; see
     :mod:`shardwise.storage.integrity`).
@@ -128,18 +131,16 @@ class TokenDataset(GuardedReader, EpochView, Configured):
 
     pads = True
     label_convention = NEXT_TOKEN  # labels are next-token targets: read/examples.py
+    config_class = TokenConfig  # what it is built from: its arguments, state and fingerprint
 
-    def __init__(self, cache: Cache | str | os.PathLike[str], *, seq_len: int, seed: int = 0,
-                 shuffle: str | Shuffle = Shuffle.WINDOW, drop_last: bool = True,
-                 block_size: int = 64, blocks_per_group: int = 8,
-                 reset_position_ids: bool = False, cu_seqlens: bool = False,
-                 eod_mask_loss: bool = False, plan_dir: str | os.PathLike[str] | None = None,
-                 verify: bool | None = None) -> None:
+    def __init__(self, cache: Cache | str | os.PathLike[str],
+                 config: TokenConfig | None = None, *,
+                 plan_dir: str | os.PathLike[str] | None = None, verify: bool | None = None,
+                 **options: Any) -> None:
         self.cache = reader_cache(cache, verify)
-        self.config = TokenConfig(seq_len, seed, parse_shuffle(shuffle), drop_last, block_size,
-                                  blocks_per_group, reset_position_ids, cu_seqlens,
-                                  eod_mask_loss)
-        if eod_mask_loss and self.cache.eod_id is None:
+        self.config = self.config_class.of(config, options)
+        seq_len, drop_last = self.config.seq_len, self.config.drop_last
+        if self.config.eod_mask_loss and self.cache.eod_id is None:
             raise ConfigError("eod_mask_loss needs the cache's end-of-document id, and this "
                               "cache has none (build with --append-eod, or a tokenizer that "
                               "has an end-of-text token)")
@@ -155,7 +156,7 @@ class TokenDataset(GuardedReader, EpochView, Configured):
     # -- identity -------------------------------------------------------------------------
     def state_config(self) -> dict[str, Any]:
         """The plain fields a checkpoint must match (shown when a state is refused)."""
-        return {**self.config.to_dict(), "cache": self.cache.fingerprint,
+        return {**self.config.state(), "cache": self.cache.fingerprint,
                 "cache_tokens": self.cache.num_tokens, "order_version": ORDER_VERSION,
                 "permutation_version": PERMUTATION_VERSION}
 

@@ -1,0 +1,166 @@
+"""One config per run: every field of every reader's config goes state -> ReadConfig ->
+reader and comes back equal, with the same fingerprint — and a new field needs no other edit.
+
+Each reader is built from its frozen config (``config_class``); its state holds that
+config's fields (``ReaderConfig.state``) and ``ReadConfig.from_state`` reads them back
+through the same mapping. The tables below give every field a value that is not its
+default, and the first test fails when a field has none: a new reader argument is then
+covered here by adding its value, and by nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import shardwise.read.config as read_config
+from shardwise.errors import ConfigError
+from shardwise.read.compose.blend import Blend
+from shardwise.read.compose.records import CacheRecords
+from shardwise.read.compose.schedule import BlendConfig
+from shardwise.read.compose.sft_pack import PackedSFT, SftConfig
+from shardwise.read.config import ReadConfig, ReaderKind, check_state
+from shardwise.read.orders.stream import StreamConfig
+from shardwise.read.reader_config import ReaderConfig
+from shardwise.read.stream.dataset import StreamDataset
+from shardwise.read.tokens.dataset import TokenConfig, TokenDataset
+from shardwise.read.trace import Tracer
+from shardwise.torch import loader
+from shardwise.world import World
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
+from cachefactory import make_cache, sample_docs  # noqa: E402
+
+B, M = 4, 2
+LAYOUT = {"global_batch_size": B, "micro_batch_size": M, "world_size": 1}
+# a value other than the default for every field of every reader's config
+VALUES: dict[type[ReaderConfig], dict[str, Any]] = {
+    TokenConfig: {"seq_len": 16, "seed": 5, "shuffle": "block", "drop_last": False,
+                  "block_size": 4, "blocks_per_group": 2, "reset_position_ids": True,
+                  "cu_seqlens": True, "eod_mask_loss": True},
+    StreamConfig: {"seq_len": 16, "streams": 3, "seed": 2, "block_chunks": 2,
+                   "drop_last": False, "epochs": 2, "shuffle": "none"},
+    SftConfig: {"seq_len": 64, "group_size": 7, "seed": 3, "epochs": 2,
+                "overlong": "truncate", "pad_id": 1},
+    BlendConfig: {"names": ("web", "code"), "weights": (0.7, 0.3), "seed": 4, "length": 50,
+                  "schedule": ((8, (0.25, 0.75)),)},
+}
+
+
+@pytest.fixture(scope="module")
+def caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("read-config")
+    return {name: str(make_cache(d / name, [sample_docs(60, seed=seed, max_len=120)],
+                                 chunk_docs=5, eod_id=0))
+            for name, seed in (("web", 1), ("code", 2))}
+
+
+@pytest.mark.parametrize("config_class", list(VALUES), ids=lambda c: c.__name__)
+def test_every_field_has_a_value_other_than_its_default(config_class: Any) -> None:
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    assert set(VALUES[config_class]) == set(fields), (
+        f"give every field of {config_class.__name__} a non-default value in VALUES")
+    for name, value in VALUES[config_class].items():
+        assert value != fields[name].default, name
+
+
+def _rebuilt(state: dict[str, Any], **given: Any) -> tuple[ReadConfig, Any]:
+    config = ReadConfig.from_state(state, **LAYOUT, **given)
+    again = ReadConfig.from_dict(config.to_dict())  # and through the config file's form
+    assert again == dataclasses.replace(config, where=again.where)
+    dataset, _ = config.build(rank=0)
+    check_state(dataset, state)
+    return config, dataset
+
+
+def test_tokens_round_trip(caches: dict[str, str]) -> None:
+    ds = TokenDataset(caches["web"], **VALUES[TokenConfig])
+    dl = loader(ds, global_batch_size=B, micro_batch_size=M, world=World(0, 1),
+                skip_steps=[(3, 4)])
+    next(iter(dl))
+    config, again = _rebuilt(dl.state_dict(), cache=caches["web"])
+    assert config.skip == ((3, 4),)
+    assert again.config == ds.config and again.fingerprint == ds.fingerprint
+
+
+def test_stream_round_trip(caches: dict[str, str]) -> None:
+    with StreamDataset(caches["web"], **VALUES[StreamConfig], world=World(0, 1),
+                       batch_size=M, skip=[(4, 8)]) as ds:
+        next(iter(ds))
+        config, again = _rebuilt(ds.state_dict(), cache=caches["web"])
+        with again:
+            assert config.reader is ReaderKind.STREAM and config.skip == ((1, 2),)
+            assert again.config == ds.config and again.state_config() == ds.state_config()
+
+
+def test_sft_round_trip(caches: dict[str, str]) -> None:
+    rows = PackedSFT(CacheRecords(caches["web"]), **VALUES[SftConfig], world=World(0, 1))
+    next(iter(rows))
+    config, again = _rebuilt(rows.state_dict(), cache=caches["web"])
+    assert config.reader is ReaderKind.SFT
+    assert again.config == rows.config and again.fingerprint == rows.fingerprint
+    assert again.state_config()["window"] == 7  # group_size keeps its first state key
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["weights", "schedule"])
+def test_blend_round_trip(caches: dict[str, str], staged: bool) -> None:
+    """The blend's own fields come back from its state; its sources' options (which its
+    state holds only as fingerprints) and their paths are given."""
+    values = dict(VALUES[BlendConfig], schedule=VALUES[BlendConfig]["schedule"] * staged)
+    parts = [TokenDataset(caches[n], seq_len=16, seed=4, shuffle="none") for n in
+             values["names"]]
+    mix = Blend(parts, config=BlendConfig(**values))
+    dl = loader(mix, global_batch_size=B, micro_batch_size=M, world=World(0, 1))
+    next(iter(dl))
+    config, again = _rebuilt(dl.state_dict(), seq_len=16, shuffle="none",
+                             blend={"sources": {n: caches[n] for n in values["names"]}})
+    assert again.config == mix.config and again.fingerprint == mix.fingerprint
+    assert ("schedule" in config.blend) is staged  # type: ignore[operator]
+    Tracer(config, state=dl.state_dict())  # trace takes the state it was built from
+
+
+def test_a_new_config_field_needs_no_other_edit(caches: dict[str, str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A field added to a reader's config alone is an argument, part of the state and the
+    fingerprint, and comes back from a state through ReadConfig."""
+    @dataclasses.dataclass(frozen=True)
+    class Knobbed(TokenConfig):
+        knob: int = 0
+
+    class KnobbedTokens(TokenDataset):
+        config_class = Knobbed
+
+    monkeypatch.setattr(read_config, "reader_class", lambda kind: KnobbedTokens)
+    plain, knobbed = (KnobbedTokens(caches["web"], seq_len=16, knob=k) for k in (0, 3))
+    assert knobbed.state_config()["knob"] == 3
+    assert knobbed.fingerprint != plain.fingerprint
+    dl = loader(knobbed, global_batch_size=B, micro_batch_size=M, world=World(0, 1))
+    _, again = _rebuilt(dl.state_dict(), cache=caches["web"])
+    assert again.config.knob == 3 and again.fingerprint == knobbed.fingerprint
+
+
+def test_unknown_arguments_are_named_with_the_configs_fields(caches: dict[str, str]
+                                                             ) -> None:
+    with pytest.raises(ConfigError, match=r"takes no argument \['shufle'\].*'shuffle'"):
+        TokenDataset(caches["web"], seq_len=16, shufle="block")
+    config = ReadConfig.from_dict({"cache": caches["web"], "seq_len": 16, "shufle": "x",
+                                   **LAYOUT}, where="run.json")
+    with pytest.raises(ConfigError, match=r"run.json: TokenDataset takes no argument"):
+        config.build()
+    with pytest.raises(ConfigError, match=r"StreamDataset needs \['streams'\]"):
+        StreamDataset(caches["web"], seq_len=16, world=World(0, 1))
+    with pytest.raises(ConfigError, match=r"config must be a TokenConfig, got 16"):
+        TokenDataset(caches["web"], 16)  # type: ignore[arg-type]
+
+
+def test_a_config_object_and_arguments_build_the_same_reader(caches: dict[str, str]
+                                                             ) -> None:
+    by_args = TokenDataset(caches["web"], **VALUES[TokenConfig])
+    by_config = TokenDataset(caches["web"], TokenConfig(**VALUES[TokenConfig]))
+    replaced = TokenDataset(caches["web"], by_config.config, seed=9)
+    assert by_args.config == by_config.config and by_args.fingerprint == by_config.fingerprint
+    assert replaced.config == dataclasses.replace(by_config.config, seed=9)
