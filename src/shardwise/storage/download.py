@@ -244,7 +244,8 @@ def first_block(store: RemoteStore, key: str, size: int, *, also: str
     """Small object ``also`` (a chunk's metadata) and the first block of ``key`` (``size``
     bytes expected), asked for at once: one round trip for both. Each is its bytes or the
     exception reading it raised."""
-    small, first = store.get_ranges([(also, 0, SMALL_END), (key, 0, min(_BLOCK, size + 1))])
+    small, first = store.get_ranges([(also, 0, SMALL_END), (key, 0, min(_BLOCK, size + 1))],
+                                    checked=True)  # the metadata's xxh3 is in the ledger
     return small, first
 
 

@@ -366,6 +366,12 @@ class ChunkStore(ABC):
         """Block until every download :meth:`prefetch` started has finished."""
         return None
 
+    def here(self, chunks: Iterable[int]) -> bool:
+        """Whether every chunk of ``chunks`` is read without waiting for a download (a
+        reader with a faster path through the maps asks, per batch, before taking it; if
+        not, :meth:`gather` reads the runs of those still arriving)."""
+        return True
+
     def stats(self) -> dict[str, object]:
         """The downloads ahead: how far, how many at once, and the pace they follow."""
         return {}
