@@ -213,3 +213,27 @@ def test_the_in_flight_budget_follows_the_pace() -> None:
     held[0] = 384 * mib
     assert ahead.room() == 640 * mib
     assert Prefetcher(1 << 30).room() == 1 << 30  # no reader's holdings given: the budget
+
+
+@pytest.mark.parametrize("size", [(16 << 20) + 3, 16 << 20, 40 << 20])
+def test_a_file_of_many_blocks_downloads_in_groups_checked(built: tuple[str, Path],
+                                                           tmp_path: Path, size: int) -> None:
+    """A chunk file of several 8 MiB blocks: GROUP blocks asked for at once, written and
+    hashed in order — also an exact multiple of the block (nothing asked past its end)
+    — and one longer than its metadata says is refused."""
+    import xxhash
+
+    from shardwise.storage.download import get_checked
+
+    url, _ = built
+    store = RemoteStore(url)
+    data = np.random.default_rng(size).integers(0, 255, size, dtype=np.uint8).tobytes()
+    store.put(f"blocks/{size}.bin", data)
+    spec = {"bytes": size, "xxh3_64": xxhash.xxh3_64(data).hexdigest()}
+    get_checked(store, f"blocks/{size}.bin", spec, tmp_path / "got")
+    assert (tmp_path / "got").read_bytes() == data
+    short = {"bytes": size - 1, "xxh3_64": xxhash.xxh3_64(data[:-1]).hexdigest()}
+    with pytest.raises(CorruptChunkError,
+                       match=rf"{size}\.bin: {size}\+ bytes, the metadata says {size - 1}"):
+        get_checked(store, f"blocks/{size}.bin", short, tmp_path / "got")
+    store.remove([f"blocks/{size}.bin"])

@@ -54,6 +54,9 @@ def summarize(runs: dict[str, list[dict[str, Any]]], cache_bytes: int, chunks: i
 
 
 def print_report(s: dict[str, Any]) -> None:
+    """The table: examples/s after the first batch and its ratio to local, the first
+    batch, all batches' seconds (first included), CPU seconds per GiB received, bytes
+    received, the local copy's peak, and the look-ahead at the end of the round."""
     c, mb = s["config"], 1 << 20
     print(f"cache {s['cache_bytes'] / mb:.0f} MiB in {s['chunks']} chunks of "
           f"{c['chunk_mb']:g} MiB; seq_len {c['seq_len']}, micro-batch {c['micro_batch']}, "
@@ -61,7 +64,7 @@ def print_report(s: dict[str, Any]) -> None:
           f"{c['repeat']}; SeaweedFS behind a proxy: {c['latency'] * 1e3:.0f} ms per "
           f"request, {c['bandwidth_mb']:g} MB/s per connection; local_bytes "
           f"{s['local_bytes'] / mb:,.0f} MiB")
-    print(f"{'path':<11}{'examples/s':>11}{'vs local':>9}{'first batch':>12}"
+    print(f"{'path':<11}{'examples/s':>11}{'vs local':>9}{'first batch':>12}{'all':>8}"
           f"{'CPU s/GiB':>10}{'received':>10}{'peak local':>11}  look-ahead at the end")
     for name, b in s["best"].items():
         ratio = "" if name == "local" else f"{s['ratios_vs_local'][name]:.2f}x"
@@ -69,11 +72,14 @@ def print_report(s: dict[str, Any]) -> None:
         cpu = f"{b['cpu_s_per_gib']:.1f}" if "cpu_s_per_gib" in b else ""
         got = f"{b['received'] / mb:,.0f} MiB" if "received" in b else ""
         pf = b.get("prefetch") or {}
-        ahead = (f"{pf['target']} chunks, {pf['threads']} threads, budget "
+        ahead = (f"{pf['target']} chunks, {pf['threads']} threads, "
+                 f"{pf.get('ranged_reads', 0)} ranged reads, budget "
                  f"{pf['budget'] / mb:,.0f} MiB, fetch {(pf['fetch_s'] or 0) * 1e3:.0f} ms, "
                  f"waited {pf['waited_s']:.2f} s" if pf else "")
+        total = b["first_batch_s"] + b["seconds"]
         print(f"{name:<11}{b['examples_per_s']:>11,.0f}{ratio:>9}"
-              f"{b['first_batch_s'] * 1e3:>9.0f} ms{cpu:>10}{got:>10}{peak:>11}  {ahead}")
+              f"{b['first_batch_s'] * 1e3:>9.0f} ms{total:>6.2f} s{cpu:>10}{got:>10}{peak:>11}"
+              f"  {ahead}")
     t = s["ceiling"]
     bound = f"{t['bound_vs_local']:.2f}x" if t["bound_vs_local"] is not None else "?"
     print(f"ceiling: the same server and proxy serve raw 8 MiB ranged GETs, {t['threads']} "
