@@ -13,10 +13,12 @@ same cache on local disk, in one run.
 
        local       open_cache(DIR)                                    the baseline
        before      the store at --latency, every lever off: s3fs for GETs, whole chunks
-                   only, the look-ahead bounded by local_bytes / 2
+                   only, the look-ahead bounded by local_bytes / 2, a chunk's blocks one
+                   after another
        remote_0ms  every lever on, through the proxy that adds no latency
        remote      every lever on, at --latency                       the figure
-       no_ranged, no_native, no_pace   (--ablate) ``remote`` with one lever off
+       no_ranged, no_native, no_pace, no_group   (--ablate) ``remote`` with one lever
+                   off
 
    Every remote round starts from an empty local directory bounded by ``local_bytes``.
 4. ``ceiling``: the same server and proxy serving raw ranged GETs (8 MiB blocks of every
@@ -55,12 +57,13 @@ BUCKET = "shardwise-bench"
 # each path: (proxy, levers off)
 PATHS: dict[str, tuple[str, frozenset[str]]] = {
     "local": ("", frozenset()),
-    "before": ("slow", frozenset({"ranged", "native", "pace"})),
+    "before": ("slow", frozenset({"ranged", "native", "pace", "group"})),
     "remote_0ms": ("fast", frozenset()),
     "remote": ("slow", frozenset()),
     "no_ranged": ("slow", frozenset({"ranged"})),
     "no_native": ("slow", frozenset({"native"})),
     "no_pace": ("slow", frozenset({"pace"})),
+    "no_group": ("slow", frozenset({"group"})),
 }
 BASIC = ("local", "before", "remote_0ms", "remote")
 QUICK = {"tokens": 24_000_000, "chunk_mb": 8.0, "batches": 401}
@@ -89,7 +92,7 @@ def add_subparser(which: Any) -> argparse.ArgumentParser:
                    help="the global order (default window)")
     p.add_argument("--ablate", action="store_true",
                    help="also run `remote` with each lever off (no_ranged, no_native, "
-                        "no_pace)")
+                        "no_pace, no_group)")
     p.add_argument("--quick", action="store_true",
                    help=f"a small run: {QUICK['tokens'] // 1_000_000}M tokens in "
                         f"{QUICK['chunk_mb']:g} MiB chunks, {QUICK['batches']} batches")
@@ -174,6 +177,7 @@ def _remote_round(url: str, endpoint: str, node: Path, local_bytes: int | None,
     store = cache.store
     assert isinstance(store, BucketStore) and store.downloads is not None
     store.ranged, store.paced_budget = "ranged" not in off, "pace" not in off
+    store.group = 1 if "group" in off else store.group
     with _peak_bytes(store.downloads.dir) as peak:
         out = read_round(cache, args, lambda: remote.received)
     cpu = time.process_time() - cpu
@@ -252,7 +256,8 @@ def run(args: argparse.Namespace) -> int:
     local, chunks = chunked_copy(prefix, max(1, round(cache_bytes / (args.chunk_mb
                                                                      * (1 << 20)))))
     local_bytes = None if args.local_mb is None else int(args.local_mb * (1 << 20))
-    paths = list(BASIC) + (["no_ranged", "no_native", "no_pace"] if args.ablate else [])
+    paths = list(BASIC) + (["no_ranged", "no_native", "no_pace", "no_group"] if args.ablate
+                           else [])
     url, bandwidth = f"s3://{BUCKET}/cache", args.bandwidth_mb * 1e6
     shutil.rmtree(work / "seaweed", ignore_errors=True)
     with seaweed_s3(work / "seaweed", buckets=(BUCKET,)) as server, \

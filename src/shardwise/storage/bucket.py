@@ -35,7 +35,7 @@ from shardwise.remote.client import RemoteStore
 from shardwise.storage import chunk_fetch
 from shardwise.storage.chunk_check import CheckDepth, ChunkExpect, check_remote_chunk
 from shardwise.storage.chunk_table import ChunkInfo
-from shardwise.storage.download import DownloadDir
+from shardwise.storage.download import GROUP, DownloadDir
 from shardwise.storage.heads import NodeHeads
 from shardwise.storage.owned import clear_keys, is_owned
 from shardwise.storage.prefetch import Prefetcher
@@ -69,6 +69,7 @@ class BucketStore(ChunkStore):
         # the levers of issue 21 (on; ``bench remote`` switches them off to measure them):
         self.ranged = True  # a batch's runs by ranged GETs while their chunk is arriving
         self.paced_budget = True  # the look-ahead's bytes sized by the pace, not a half
+        self.group = GROUP  # a chunk file's blocks asked for at once
         self._arriving = Arriving()
 
     def __repr__(self) -> str:
@@ -170,9 +171,10 @@ class BucketStore(ChunkStore):
         if suffix == ".bin" and info.tokens and info.stem not in self._metas:
             size = info.tokens * self.view.dtype.itemsize
             return chunk_fetch.fetch_bin_with_meta(self.remote, downloads, info, size,
-                                                   partial(self._load_meta, info), until)
+                                                   partial(self._load_meta, info), until,
+                                                   self.group)
         return chunk_fetch.fetch_checked(self.remote, downloads, info, suffix,
-                                         self.meta_of(info), until)
+                                         self.meta_of(info), until, self.group)
 
     def _meta_bytes(self, info: ChunkInfo) -> bytes | Exception:
         """With those of the chunks ahead, in one round trip."""

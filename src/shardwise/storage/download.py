@@ -251,7 +251,7 @@ def first_block(store: RemoteStore, key: str, size: int, *, also: str
 
 
 def get_checked(store: RemoteStore, key: str, spec: dict[str, object], tmp: Path, *,
-                first: bytes | Exception | None = None) -> None:
+                first: bytes | Exception | None = None, group: int = GROUP) -> None:
     """Download ``key`` into ``tmp`` in blocks, checking size and xxh3 (``spec``: the
     chunk metadata's entry for the file) as it streams.
 
@@ -260,7 +260,8 @@ def get_checked(store: RemoteStore, key: str, spec: dict[str, object], tmp: Path
     up to 4 connections' bandwidth, not one's), then hashed and written in order; a file
     of up to ``_BLOCK`` bytes costs one round trip. The last block asks for one byte past
     the expected end, so an object longer than its metadata is seen, not silently cut.
-    ``first``: the first block, already fetched by :func:`first_block` (or its error)."""
+    ``first``: the first block, already fetched by :func:`first_block` (or its error);
+    ``group``: blocks asked for at once (1: one after another, as before issue 21)."""
     import xxhash
 
     url, want = store.url_of(key), int(spec["bytes"])  # type: ignore[call-overload]
@@ -273,7 +274,7 @@ def get_checked(store: RemoteStore, key: str, spec: dict[str, object], tmp: Path
                 dst.write(block)
                 got = len(block)
             while want and got <= want:
-                starts = range(got, want, _BLOCK)[:1 if first is not None else GROUP]
+                starts = range(got, want, _BLOCK)[:1 if first is not None else group]
                 if not starts:
                     break
                 # the block reaching the end asks one byte past it
