@@ -42,6 +42,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +172,7 @@ def _remote_round(url: str, endpoint: str, node: Path, local_bytes: int | None,
     remote = RemoteStore(url, _options(endpoint),
                          client="fsspec" if "native" in off else "auto")
     cpu, started = time.process_time(), time.perf_counter()
-    more = {} if local_bytes is None else {"local_bytes": local_bytes}
+    more: dict[str, Any] = {} if local_bytes is None else {"local_bytes": local_bytes}
     cache = sw.open_cache(remote, local_dir=node, **more)
     open_s = time.perf_counter() - started
     store = cache.store
@@ -230,13 +231,17 @@ def ceiling(url: str, endpoint: str, threads: int, native: bool) -> dict[str, An
     pool = ThreadPool(threads, name="shardwise-bench-ceiling")
     try:
         started = time.perf_counter()
-        futures = [pool.submit(lambda b=b: len(remote.read_range(*b))) for b in blocks]
+        futures = [pool.submit(partial(_length, remote, b)) for b in blocks]
         got = sum(f.result() for f in futures)
         seconds = time.perf_counter() - started
     finally:
         pool.close()
     return {"bytes_per_s": got / seconds, "bytes": got, "seconds": seconds,
             "threads": threads}
+
+
+def _length(remote: Any, block: tuple[str, int, int]) -> int:
+    return len(remote.read_range(*block))
 
 
 def run(args: argparse.Namespace) -> int:

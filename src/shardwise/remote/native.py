@@ -109,7 +109,7 @@ class NativeGets:
             from obstore.store import S3Store
 
             p = self.policy
-            client = {"allow_http": self.args["http"],
+            client: Any = {"allow_http": self.args["http"],
                       "connect_timeout": f"{p.connect_timeout}s",
                       "read_timeout": f"{p.read_timeout}s",
                       "timeout": f"{p.try_limit(LARGEST_GET)}s",
