@@ -59,7 +59,6 @@ class BucketStore(ChunkStore):
     ``heads``: where the manifest, ledger and index are read (this node's snapshot of
     them, :mod:`shardwise.storage.heads`; None: from the store, as a build does)."""
 
-    prefetches = True
 
     def __init__(self, remote: RemoteStore, downloads: DownloadDir | None = None, *,
                  heads: NodeHeads | None = None) -> None:
@@ -245,6 +244,13 @@ class BucketStore(ChunkStore):
                 self._arriving.verify(c, self.tokens(c), self.name(info.stem + ".bin"))
 
     # -- downloads ahead -----------------------------------------------------------------
+    @property
+    def prefetches(self) -> bool:  # type: ignore[override]
+        """Worth a reader's work per batch while some chunk of the view is not mapped in
+        this process (a cache of a few chunks, all mapped: its batches skip the look-ahead
+        and the window assembly's ``here`` check)."""
+        return self._view is not None and len(self._maps) < len(self._view.chunks)
+
     def prefetch(self, chunks: Iterable[int]) -> bool:
         """Start downloading ``chunks`` as far ahead as the measured pace needs and
         ``local_bytes`` allows (:mod:`shardwise.storage.prefetch`); errors surface when
