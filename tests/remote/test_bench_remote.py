@@ -22,28 +22,37 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 def test_json_report_on_a_tiny_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                      ) -> None:
-    args = _parse("--tokens", "400000", "--chunks", "8", "--seq-len", "64", "--batches", "40",
-                  "--repeat", "1", "--latency", "0.02", "--json", "--tmp-dir", str(tmp_path))
+    """SeaweedFS behind the bench's own latency + bandwidth proxy: every path reads the
+    local path's batches (the bench checks), the levers are on where they should be, the
+    ceiling and the CPU figures are measured, the local copy is bounded."""
+    args = _parse("--tokens", "400000", "--chunk-mb", "0.1", "--seq-len", "64",
+                  "--batches", "40", "--latency", "0.02", "--local-mb", "0.5", "--json",
+                  "--tmp-dir", str(tmp_path))
     assert bench_remote.run(args) == 0  # it also checks every path read the same batches
     report = json.loads(capsys.readouterr().out)
-    assert set(report["best"]) == {"local", "remote", "fixed", "remote_0ms"}
-    assert set(report["ratios_vs_local"]) == {"remote", "fixed", "remote_0ms"}
-    assert report["local_bytes"] == 400000 * 2 // 4
+    assert set(report["best"]) == {"local", "before", "remote_0ms", "remote"}
+    assert set(report["ratios_vs_local"]) == {"before", "remote_0ms", "remote"}
+    assert report["local_bytes"] == 512 << 10 and report["chunks"] == 8
     assert 0 < report["max_local_bytes"] <= report["local_bytes"]
     assert report["targets"]["bounded"]
-    assert report["bounds"]["store_bytes_per_s"] > 0  # the server alone, measured
-    remote = report["best"]["remote"]
+    assert report["ceiling"]["bytes_per_s"] > 0 and report["ceiling"]["bytes"] == 800000
+    remote, before = report["best"]["remote"], report["best"]["before"]
+    assert remote["native"] and not before["native"]  # obstore vs s3fs
+    assert remote["prefetch"]["ranged_reads"] > 0 and before["prefetch"]["ranged_reads"] == 0
     assert remote["first_batch_s"] > 0.02 and remote["examples_per_s"] > 0
+    assert remote["received"] > 0 and remote["cpu_s_per_gib"] > 0
     assert remote["prefetch"]["fetch_s"] >= 0.01  # every request came 20 ms late
     assert not list((tmp_path / "shardwise-bench-remote").glob("node-*"))  # removed
 
 
 def test_without_moto_it_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardwise.bench.moto import moto_server
+
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "moto" else real(name, *a))
     with pytest.raises(MissingExtraError, match=r"shardwise\[bench\]"), \
-            bench_remote.moto_server(Path("/nonexistent/moto.log")):
+            moto_server(Path("/nonexistent/moto.log")):
         pass
 
 

@@ -86,7 +86,7 @@ def _pair(corpus: Path, out: str, tokenizer: Path, args: argparse.Namespace,
 
 def _bucket(corpus: Path, tokenizer: Path, args: argparse.Namespace, work: Path
             ) -> dict[str, Any]:
-    from shardwise.bench.remote import moto_server, store_options
+    from shardwise.bench.moto import moto_server, store_options
 
     with moto_server(work / "moto.log") as port:
         options = store_options(port)

@@ -5,7 +5,8 @@ reader of a real object store pays on every request — tens of milliseconds bef
 first byte. The proxy sits between the client and the server and delays each piece of
 the server's answer by ``latency`` from the moment it arrived, in order, like ``netem``'s
 fixed delay: a response's first byte comes ``latency`` late, and the rest streams right
-behind it (bandwidth is not limited, only latency added)::
+behind it. ``bandwidth`` (bytes/s, None: none) caps each connection's answers like one S3
+connection's: a piece leaves no sooner than the previous one's bytes at that rate::
 
     client ──request──▶ proxy ──▶ server          (forwarded at once)
     client ◀──────────── proxy ◀── server  t      (held until t + latency)
@@ -35,9 +36,11 @@ _READ = 1 << 18
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                latency: float) -> None:
+                latency: float, bandwidth: float | None = None) -> None:
     """Copy ``reader`` to ``writer``, each piece held until ``latency`` after it arrived
-    (a queue, so holding one piece never delays reading the next)."""
+    (a queue, so holding one piece never delays reading the next) and, with
+    ``bandwidth``, until the previous pieces have left at that many bytes/s."""
+    free_at = 0.0  # when the connection's bytes so far have left at ``bandwidth``
     queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
     async def receive() -> None:
@@ -55,8 +58,11 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
             due, data = await queue.get()
             if not data:
                 break
+            due = max(due, free_at)
             if (wait := due - time.monotonic()) > 0:
                 await asyncio.sleep(wait)
+            if bandwidth:
+                free_at = max(due, time.monotonic()) + len(data) / bandwidth
             writer.write(data)
             await writer.drain()
     except (ConnectionError, OSError):
@@ -67,7 +73,7 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
             writer.close()
 
 
-async def _serve_one(upstream: tuple[str, int], latency: float,
+async def _serve_one(upstream: tuple[str, int], latency: float, bandwidth: float | None,
                      creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
     try:
         ureader, uwriter = await asyncio.open_connection(*upstream)
@@ -75,7 +81,8 @@ async def _serve_one(upstream: tuple[str, int], latency: float,
         cwriter.close()
         return
     try:
-        await asyncio.gather(_pump(creader, uwriter, 0.0), _pump(ureader, cwriter, latency),
+        await asyncio.gather(_pump(creader, uwriter, 0.0),
+                             _pump(ureader, cwriter, latency, bandwidth),
                              return_exceptions=True)
     finally:  # also when cancelled at shutdown: no socket is left open
         for w in (uwriter, cwriter):
@@ -126,6 +133,14 @@ def check_latency(latency: float) -> float:
     return float(latency)
 
 
+def check_bandwidth(bandwidth: float | None) -> float | None:
+    if bandwidth is not None and (not isinstance(bandwidth, (int, float))
+                                  or not bandwidth > 0):
+        raise ConfigError(f"the proxy's bandwidth must be a positive number of bytes/s or "
+                          f"None, got {bandwidth!r}")
+    return None if bandwidth is None else float(bandwidth)
+
+
 class LatencyProxy:
     """The proxy on a background thread of this process; ``with`` it, then connect to
     ``127.0.0.1:port``.
@@ -134,8 +149,10 @@ class LatencyProxy:
     ...     url = f"http://127.0.0.1:{proxy.port}"
     """
 
-    def __init__(self, upstream: tuple[str, int], *, latency: float) -> None:
+    def __init__(self, upstream: tuple[str, int], *, latency: float,
+                 bandwidth: float | None = None) -> None:
         self.upstream, self.latency = upstream, check_latency(latency)
+        self.bandwidth = check_bandwidth(bandwidth)
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -163,7 +180,7 @@ class LatencyProxy:
 
     async def _serve_one(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         """One client connection (a subclass may answer otherwise: bench/faults.py)."""
-        await _serve_one(self.upstream, self.latency, r, w)
+        await _serve_one(self.upstream, self.latency, self.bandwidth, r, w)
 
     def __exit__(self, *exc: object) -> None:
         if self._loop is not None and self._stop is not None:
@@ -174,12 +191,14 @@ class LatencyProxy:
 
 
 @contextlib.contextmanager
-def start_proxy(upstream: tuple[str, int], *, latency: float) -> Iterator[int]:
+def start_proxy(upstream: tuple[str, int], *, latency: float,
+                bandwidth: float | None = None) -> Iterator[int]:
     """The proxy in a process of its own; yields its port, stops it on exit."""
     check_latency(latency)
+    cap = [] if check_bandwidth(bandwidth) is None else ["--bandwidth", str(bandwidth)]
     proc = subprocess.Popen([sys.executable, "-m", "shardwise.bench.proxy", "--upstream",
-                             f"{upstream[0]}:{upstream[1]}", "--latency", str(latency)],
-                            stdout=subprocess.PIPE, text=True)
+                             f"{upstream[0]}:{upstream[1]}", "--latency", str(latency),
+                             *cap], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -198,13 +217,15 @@ def main(argv: list[str] | None = None) -> int:
                                 description="a TCP proxy that delays every answer")
     p.add_argument("--upstream", required=True, metavar="HOST:PORT")
     p.add_argument("--latency", type=float, required=True, metavar="SECONDS")
+    p.add_argument("--bandwidth", type=float, default=None, metavar="BYTES_PER_S",
+                   help="cap each connection's answers (default: no cap)")
     p.add_argument("--port", type=int, default=0)
     args = p.parse_args(argv)
     host, _, port = args.upstream.rpartition(":")
-    latency = check_latency(args.latency)
+    latency, bandwidth = check_latency(args.latency), check_bandwidth(args.bandwidth)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(partial(_serve_one, (host, int(port)), latency), args.port, None,
-                           asyncio.Event()))
+        asyncio.run(_serve(partial(_serve_one, (host, int(port)), latency, bandwidth),
+                           args.port, None, asyncio.Event()))
     return 0
 
 

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from shardwise.bench import add_common, check_counts
+from shardwise.bench.moto import BUCKET, moto_server, store_options, upload
 from shardwise.bench.proxy import start_proxy
 from shardwise.bench.read_data import chunked_copy, make_corpus
-from shardwise.bench.remote import BUCKET, moto_server, store_options, upload
 from shardwise.errors import ConfigError
 from shardwise.storage.heads import HEAD_NAMES
 

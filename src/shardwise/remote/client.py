@@ -17,6 +17,10 @@ Every request goes through one fault policy (:mod:`shardwise.remote.policy`: tim
 bounded retries with backoff, :class:`~shardwise.errors.RemoteError` past them), carried
 by the store into every process and thread that uses it.
 
+GETs of ``s3://`` objects go through obstore where it is installed
+(:mod:`shardwise.remote.native`: no GIL held while a request runs; made per process),
+everything else through fsspec; ``client="fsspec"`` keeps fsspec for all.
+
 Credentials and endpoints come from fsspec/boto's usual environment and config
 (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ``~/.aws/…``) or from ``storage_options``
 given at run time; nothing of them is ever written into the cache. Keys named by a cache
@@ -29,7 +33,9 @@ import os
 from collections.abc import Callable
 from typing import Any, BinaryIO, TypeVar
 
+from shardwise.errors import ConfigError
 from shardwise.format.files import check_key
+from shardwise.remote.native import NativeGets, native_options
 from shardwise.remote.policy import DEFAULT_POLICY, RemotePolicy, is_transient
 
 T = TypeVar("T")
@@ -46,21 +52,32 @@ def is_url(path: str | os.PathLike[str] | RemoteStore) -> bool:
     return "://" in s and not s.startswith("file://")
 
 
+CLIENTS = ("auto", "fsspec")
+
+
 class RemoteStore:
-    """A cache prefix on an object store, through fsspec, every request under ``policy``
-    (default :data:`~shardwise.remote.policy.DEFAULT_POLICY`). Picklable, and safe
-    across fork: the filesystem is re-created in each process from the URL, the
-    ``storage_options`` and the policy (fsspec's async filesystems refuse to run in a
-    forked child, e.g. a DataLoader worker)."""
+    """A cache prefix on an object store, through fsspec (GETs through obstore where it
+    can: ``client="auto"``), every request under ``policy`` (default
+    :data:`~shardwise.remote.policy.DEFAULT_POLICY`). Picklable, and safe across fork:
+    the clients are re-created in each process from the URL, the ``storage_options`` and
+    the policy (fsspec's async filesystems refuse to run in a forked child, e.g. a
+    DataLoader worker; obstore's runtime does not survive one). ``received``: bytes this
+    process's GETs brought back."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *,
-                 policy: RemotePolicy | None = None) -> None:
+                 policy: RemotePolicy | None = None, client: str = "auto") -> None:
+        if client not in CLIENTS:
+            raise ConfigError(f"RemoteStore(client={client!r}): expected one of {CLIENTS}")
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
         self.policy = policy or DEFAULT_POLICY
+        self.client = client
         self._fs: Any = None
         self._fs_pid = 0  # the process that made ``_fs``
         self._path = ""
+        self.received = 0
+        args = native_options(self.url, self.storage_options) if client == "auto" else None
+        self._native = NativeGets(args, self.policy) if args is not None else None
 
     def __str__(self) -> str:
         return self.url
@@ -70,11 +87,21 @@ class RemoteStore:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "storage_options": self.storage_options,
-                "policy": self.policy}
+                "policy": self.policy, "client": self.client}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], state["storage_options"],  # type: ignore[misc]
-                      policy=state.get("policy"))
+                      policy=state.get("policy"), client=state.get("client", "auto"))
+
+    @property
+    def native(self) -> bool:
+        """Whether this process's ranged GETs go through obstore
+        (:mod:`shardwise.remote.native`)."""
+        return self._gets() is not None
+
+    def _gets(self) -> NativeGets | None:
+        native = self._native
+        return native if native is not None and native.usable() else None
 
     @property
     def fs(self) -> Any:
@@ -120,19 +147,30 @@ class RemoteStore:
 
     def get(self, relative: str) -> bytes:
         """The object's bytes; FileNotFoundError if it does not exist."""
-        key = self.key(relative)
-        return bytes(self._run("GET", relative,
-                               lambda t: self.fs.cat_file(key, **self._limit(t))))
+        key = self.key(relative)  # fsspec: botocore checks a whole object's checksum
+        got = bytes(self._run("GET", relative,
+                              lambda t: self.fs.cat_file(key, **self._limit(t))))
+        self.received += len(got)
+        return got
 
     def read_range(self, relative: str, start: int, stop: int) -> bytes:
-        """Bytes ``[start, stop)`` of the object (fewer at its end), in one ranged GET;
-        FileNotFoundError if it does not exist. (``open`` would ask for the object's
-        size first: one more round trip per file on a store far away.)"""
-        key = self.key(relative)
-        return bytes(self._run(f"GET bytes {start}-{stop} of", relative,
-                               lambda t: self.fs.cat_file(key, start=start, end=stop,
-                                                          **self._limit(t)),
-                               size=stop - start))
+        """Bytes ``[start, stop)`` of the object (fewer at its end), in one ranged GET
+        (no client checks a part's checksum: the caller's own do); FileNotFoundError if
+        it does not exist. (``open`` would ask for the object's size first: one more
+        round trip per file on a store far away.)"""
+        native = self._gets()
+        if native is not None:
+            rel = check_key(relative, where=self.url, root=self.url)
+            got = self._run(f"GET bytes {start}-{stop} of", relative,
+                            lambda t: native.get_range(rel, start, stop), size=stop - start)
+        else:
+            key = self.key(relative)
+            got = bytes(self._run(f"GET bytes {start}-{stop} of", relative,
+                                  lambda t: self.fs.cat_file(key, start=start, end=stop,
+                                                             **self._limit(t)),
+                                  size=stop - start))
+        self.received += len(got)
+        return got
 
     def get_many(self, relatives: list[str]) -> dict[str, bytes | Exception]:
         """Small whole objects (each under 64 MiB) fetched concurrently, each in one ranged
@@ -141,22 +179,30 @@ class RemoteStore:
         got = self.get_ranges([(r, 0, _SMALL) for r in relatives])
         return dict(zip(relatives, got, strict=True))
 
-    def get_ranges(self, ranges: list[tuple[str, int, int]]) -> list[bytes | Exception]:
+    def get_ranges(self, ranges: list[tuple[str, int, int]], *, checked: bool = False
+                   ) -> list[bytes | Exception]:
         """Bytes ``[start, stop)`` of each ``(relative, start, stop)`` (fewer at an
         object's end), all requested at once (one round trip for all on a store far
         away); in the same order, each the bytes or the exception its object raised
-        (``stop = SMALL_END``: the whole of a small object)."""
+        (``stop = SMALL_END``: the whole of a small object). ``checked``: the caller
+        checks every byte against checksums of its own (a chunk's xxh3, its metadata's in
+        the ledger), so the GIL-free client may serve whole objects too (it does not
+        check their checksums as botocore does)."""
         if not ranges:
             return []
-        paths = [self.key(r) for r, _, _ in ranges]
+        native = self._gets() if checked or all(b != _SMALL for _, _, b in ranges) else None
+        paths = ([check_key(r, where=self.url, root=self.url) for r, _, _ in ranges]
+                 if native is not None else [self.key(r) for r, _, _ in ranges])
         got: list[bytes | Exception | None] = [None] * len(ranges)
         todo = list(range(len(ranges)))
 
         def attempt(limit: float) -> None:  # the ranges not answered yet, all at once
-            answers = self.fs.cat_ranges([paths[i] for i in todo],
-                                         [ranges[i][1] for i in todo],
-                                         [ranges[i][2] for i in todo], on_error="return",
-                                         **self._limit(limit))
+            answers = (native.get_ranges([(paths[i], *ranges[i][1:]) for i in todo])
+                       if native is not None else
+                       self.fs.cat_ranges([paths[i] for i in todo],
+                                          [ranges[i][1] for i in todo],
+                                          [ranges[i][2] for i in todo], on_error="return",
+                                          **self._limit(limit)))
             for i, a in zip(list(todo), answers, strict=True):
                 got[i] = a if isinstance(a, Exception) else bytes(a)
                 if not (isinstance(a, Exception) and is_transient(a)):
@@ -170,6 +216,7 @@ class RemoteStore:
         except Exception as e:  # noqa: BLE001 - each range still failing gets the error
             for i in todo:
                 got[i] = e
+        self.received += sum(len(g) for g in got if isinstance(g, bytes))
         return got  # type: ignore[return-value]
 
     def exists(self, relative: str) -> bool:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import errno
 import random
+import re
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -76,6 +77,11 @@ _TRANSIENT_CODES = frozenset({
 })
 _TRANSIENT_TEXT = ("SlowDown", "reduce your request rate", "Service Unavailable",
                    "Internal Server Error", "Bad Gateway", "Gateway Timeout")
+# obstore's errors (a GenericError whose text names the cause: matched on it)
+_NATIVE_TRANSIENT = re.compile(
+    r"status code: (5\d\d|429)|SlowDown|Throttl|timed out|[Tt]imeout|error sending request|"
+    r"[Cc]onnection|error decoding response body|IncompleteBody|end of file before|"
+    r"unexpected EOF|reset by peer|[Bb]roken pipe")
 _TRANSIENT_ERRNOS = frozenset({errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED,
                                errno.EPIPE, errno.ETIMEDOUT, errno.EHOSTUNREACH,
                                errno.ENETUNREACH})
@@ -116,6 +122,9 @@ def is_transient(error: BaseException) -> bool:
         if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
             return True
         if isinstance(e, OSError) and any(t in str(e) for t in _TRANSIENT_TEXT):
+            return True
+        if type(e).__module__.startswith("obstore") and _NATIVE_TRANSIENT.search(str(e)) \
+                and type(e).__name__ not in ("PermissionDeniedError", "UnauthenticatedError"):
             return True
     return False
 

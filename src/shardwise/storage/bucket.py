@@ -11,17 +11,21 @@ file; downloads ahead follow the measured pace (:mod:`shardwise.storage.prefetch
 ``.bin`` comes with its metadata in one round trip (:mod:`shardwise.storage.chunk_fetch`).
 A missing or damaged object is a :class:`CorruptChunkError` naming its URL.
 
-Where ranged reads of just a batch's bytes will go while a chunk is still arriving (issue
-21 item 2): :meth:`BucketStore.gather` — today it waits for each chunk's local copy.
+A batch whose chunks are still arriving is read by ranged GETs of just its runs
+(:meth:`BucketStore.gather`, :mod:`shardwise.storage.ranged`) while the whole chunks
+download ahead; GETs go through a client without the GIL where one is installed
+(:mod:`shardwise.remote.native`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import numpy.typing as npt
 
 from shardwise.errors import CacheError
@@ -31,11 +35,12 @@ from shardwise.remote.client import RemoteStore
 from shardwise.storage import chunk_fetch
 from shardwise.storage.chunk_check import CheckDepth, ChunkExpect, check_remote_chunk
 from shardwise.storage.chunk_table import ChunkInfo
-from shardwise.storage.download import DownloadDir
+from shardwise.storage.download import GROUP, DownloadDir
 from shardwise.storage.heads import NodeHeads
 from shardwise.storage.owned import clear_keys, is_owned
 from shardwise.storage.prefetch import Prefetcher
-from shardwise.storage.store import ChunkStore
+from shardwise.storage.ranged import Arriving
+from shardwise.storage.store import ChunkStore, Runs, gather_runs
 from shardwise.storage.verify_report import VerifyReport
 
 _T = TypeVar("_T")
@@ -54,13 +59,17 @@ class BucketStore(ChunkStore):
     ``heads``: where the manifest, ledger and index are read (this node's snapshot of
     them, :mod:`shardwise.storage.heads`; None: from the store, as a build does)."""
 
-    prefetches = True
 
     def __init__(self, remote: RemoteStore, downloads: DownloadDir | None = None, *,
                  heads: NodeHeads | None = None) -> None:
         super().__init__()
         self.remote, self.downloads, self.heads = remote, downloads, heads
         self._ahead: Prefetcher | None = None  # downloads ahead
+        # the levers of issue 21 (on; ``bench remote`` switches them off to measure them):
+        self.ranged = True  # a batch's runs by ranged GETs while their chunk is arriving
+        self.paced_budget = True  # the look-ahead's bytes sized by the pace, not a half
+        self.group = GROUP  # a chunk file's blocks asked for at once
+        self._arriving = Arriving()
 
     def __repr__(self) -> str:
         return f"BucketStore({self.remote.url!r})"
@@ -161,9 +170,10 @@ class BucketStore(ChunkStore):
         if suffix == ".bin" and info.tokens and info.stem not in self._metas:
             size = info.tokens * self.view.dtype.itemsize
             return chunk_fetch.fetch_bin_with_meta(self.remote, downloads, info, size,
-                                                   partial(self._load_meta, info), until)
+                                                   partial(self._load_meta, info), until,
+                                                   self.group)
         return chunk_fetch.fetch_checked(self.remote, downloads, info, suffix,
-                                         self.meta_of(info), until)
+                                         self.meta_of(info), until, self.group)
 
     def _meta_bytes(self, info: ChunkInfo) -> bytes | Exception:
         """With those of the chunks ahead, in one round trip."""
@@ -176,12 +186,71 @@ class BucketStore(ChunkStore):
         """From the metadata: the ``.bin`` may not be here yet."""
         return int(self.meta_of(info).files.get(".bin", {}).get("bytes", -1))
 
+    def here(self, chunks: Iterable[int]) -> bool:
+        if self._arriving.pending:
+            self._verify_landed()
+        return not self.ranged or all(self._on_node(c) for c in chunks)
+
+    def _on_node(self, c: int) -> bool:
+        """Chunk ``c`` is mapped, or its checked copy is on this node."""
+        if c in self._maps:
+            return True
+        return os.path.exists(self._downloads().dir / (self.view.chunks[c].stem + ".bin"))
+
     def gather(self, runs: Any) -> npt.NDArray[Any]:
-        """From the local copy of each chunk (issue 21 item 2 adds ranged reads of just
-        these bytes while a chunk is still arriving)."""
-        return super().gather(runs)
+        """From the local copy of each chunk that is here; the runs of chunks still
+        arriving by ranged GETs, all at once (:mod:`shardwise.storage.ranged`), while
+        the whole chunks keep downloading."""
+        if not self.ranged:
+            return super().gather(runs)
+        if self._arriving.pending:
+            self._verify_landed()
+        runs, view = Runs.of(runs), self.view
+        runs.check(view.chunks.columns.tokens, view.location)
+        some = runs.length > 0
+        ahead, chunks = self._prefetcher(), view.chunks
+        etas = {c: ahead.eta(chunks[c].stem + ".bin")
+                for c in np.unique(runs.chunk[some]).tolist() if not self._on_node(c)}
+        # only chunks downloading are read by ranged GETs: one not downloading (queued
+        # for room) is downloaded now by the chunk's own read, and a download that ended
+        # without landing failed, so the chunk's own read raises its error
+        away = [c for c, eta in etas.items() if eta]
+        if not away or not self._arriving.worth([etas[c] for c in away]):  # type: ignore[misc]
+            return super().gather(runs)  # here, or landing sooner than ranged GETs
+        self._hand_over(away)
+        rows = np.flatnonzero(some & np.isin(runs.chunk, away))
+        pieces = self._arriving.fetch(self.remote, view, runs.chunk[rows].tolist(),
+                                      runs.offset[rows].tolist(), runs.length[rows].tolist())
+        chunk, offset = runs.chunk.copy(), runs.offset.copy()
+        chunk[rows], offset[rows] = -1 - np.arange(len(rows)), 0  # run k: pieces[k]
+        out = gather_runs(lambda c: pieces[-1 - c] if c < 0 else self.tokens(c),
+                          Runs(chunk, offset, runs.length), view.dtype)
+        self._checks().batch_ids(out, runs.stream_offset(view.cum_tokens))
+        return out
+
+    def _hand_over(self, chunks: list[int]) -> None:
+        """Make sure the whole of ``chunks`` is downloading (or queued to)."""
+        ahead, size = self._prefetcher(), self.view.dtype.itemsize
+        for c in chunks:
+            info = self.view.chunks[c]
+            ahead.add(info.stem + ".bin", info.tokens * size, partial(self._fetch, info, ".bin"))
+
+    def _verify_landed(self) -> None:
+        """The bytes ranged reads returned, against the checked copies of the chunks that
+        have landed since."""
+        for c in list(self._arriving.pending):
+            if self._on_node(c):
+                info = self.view.chunks[c]
+                self._arriving.verify(c, self.tokens(c), self.name(info.stem + ".bin"))
 
     # -- downloads ahead -----------------------------------------------------------------
+    @property
+    def prefetches(self) -> bool:  # type: ignore[override]
+        """Worth a reader's work per batch while some chunk of the view is not mapped in
+        this process (a cache of a few chunks, all mapped: its batches skip the look-ahead
+        and the window assembly's ``here`` check)."""
+        return self._view is not None and len(self._maps) < len(self._view.chunks)
+
     def prefetch(self, chunks: Iterable[int]) -> bool:
         """Start downloading ``chunks`` as far ahead as the measured pace needs and
         ``local_bytes`` allows (:mod:`shardwise.storage.prefetch`); errors surface when
@@ -200,11 +269,20 @@ class BucketStore(ChunkStore):
 
     def _prefetcher(self) -> Prefetcher:
         if self._ahead is None:
-            self._ahead = Prefetcher(self._downloads().max_bytes // 2)
+            local = self._downloads().max_bytes
+            self._ahead = (Prefetcher(local, held=self._held_bytes) if self.paced_budget
+                           else Prefetcher(local // 2))
         return self._ahead
 
+    def _held_bytes(self) -> int:
+        """Bytes of the chunks this reader has mapped (not room for downloads ahead)."""
+        tokens = self.view.chunks.columns.tokens
+        return int(sum(int(tokens[c]) for c in self._maps)) * self.view.dtype.itemsize
+
     def stats(self) -> dict[str, object]:
-        return self._prefetcher().stats()
+        a = self._arriving
+        return {**self._prefetcher().stats(), "ranged_reads": a.reads,
+                "ranged_bytes": a.read_bytes, "unverified_bytes": a.pending_bytes}
 
     def wait_for_prefetch(self) -> None:
         if self._ahead is not None:
@@ -217,7 +295,7 @@ class BucketStore(ChunkStore):
 
     def __getstate__(self) -> dict[str, object]:
         d = super().__getstate__()
-        d["_ahead"] = None
+        d["_ahead"], d["_arriving"] = None, Arriving()
         return d
 
 

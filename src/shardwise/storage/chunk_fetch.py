@@ -23,13 +23,14 @@ from shardwise.errors import CorruptChunkError
 from shardwise.format.chunk import META_SUFFIX, ChunkMeta
 from shardwise.remote.client import RemoteStore
 from shardwise.storage.chunk_table import ChunkInfo
-from shardwise.storage.download import DownloadDir, first_block, get_checked
+from shardwise.storage.download import GROUP, DownloadDir, first_block, get_checked
 
 MetaOf = Callable[[bytes | Exception], ChunkMeta]  # metadata bytes → checked metadata
 
 
 def fetch_bin_with_meta(remote: RemoteStore, downloads: DownloadDir, info: ChunkInfo,
-                        size: int, meta_of: MetaOf, until: float | None) -> Path:
+                        size: int, meta_of: MetaOf, until: float | None,
+                        group: int = GROUP) -> Path:
     """Chunk ``info``'s ``.bin`` of ``size`` bytes (from the ledger), its first block asked
     for beside its metadata (``meta_of`` checks and keeps that), pinned ``until``."""
     key = info.stem + ".bin"
@@ -37,17 +38,20 @@ def fetch_bin_with_meta(remote: RemoteStore, downloads: DownloadDir, info: Chunk
     def with_meta(tmp: Path) -> None:
         meta_data, first = first_block(remote, key, size, also=info.stem + META_SUFFIX)
         spec = file_spec(remote, meta_of(meta_data), info, ".bin")
-        get_checked(remote, key, spec, tmp, first=first)
+        get_checked(remote, key, spec, tmp, first=first, group=group)
 
     return downloads.fetch(key, size, with_meta, until)
 
 
 def fetch_checked(remote: RemoteStore, downloads: DownloadDir, info: ChunkInfo,
-                  suffix: str, meta: ChunkMeta, until: float | None) -> Path:
-    """Chunk file ``suffix`` whose metadata is known: one request, checked against it."""
+                  suffix: str, meta: ChunkMeta, until: float | None,
+                  group: int = GROUP) -> Path:
+    """Chunk file ``suffix`` whose metadata is known, checked against it (``group``: its
+    blocks asked for at once)."""
     key, spec = info.stem + suffix, file_spec(remote, meta, info, suffix)
     return downloads.fetch(key, int(spec["bytes"]),  # type: ignore[call-overload]
-                           lambda tmp: get_checked(remote, key, spec, tmp), until)
+                           lambda tmp: get_checked(remote, key, spec, tmp, group=group),
+                           until)
 
 
 def file_spec(remote: RemoteStore, meta: ChunkMeta, info: ChunkInfo,

@@ -19,8 +19,16 @@ one, and that many downloads run at once::
     fetch_s = 0.060 s, read_s = 0.010 s   →   6 chunks per download   →   13 ahead, 12 threads
     fetch_s = 0.005 s, read_s = 0.010 s   →   0.5                     →    2 ahead (minimum)
 
-The look-ahead is bounded in bytes by half of ``local_bytes`` (the other half holds the
-chunks being read), and a chunk downloaded ahead is **pinned** until the reader takes it:
+The look-ahead is bounded in bytes by what the pace needs in flight — the read rate
+(``chunk_bytes / read_s``) times ``fetch_s``, twice over, plus one chunk: that is
+``chunks_ahead × chunk_bytes`` (:func:`in_flight_budget`) — within the room ``local_bytes``
+leaves beside the chunks the reader holds mapped. (It was half of ``local_bytes``, which
+starves a small copy: 15 MiB where 28–58 MiB must be in flight at 50 ms.) Sizing
+``local_bytes``: the chunks an order reads at once (a window shuffle over the whole cache:
+all of them; a block shuffle: a group's) plus that in-flight need; the default 8 GiB serves
+64 MB chunks at 50 ms and 100 MB/s (``fetch_s`` ≈ 0.7 s) up to a read rate of about
+2.8 GB/s of chunk bytes with a 2 GiB working set. A chunk downloaded ahead is **pinned**
+until the reader takes it:
 its modification time is set in the future, and the download directory never evicts a
 file whose time has not come (:class:`~shardwise.storage.download.DownloadDir`), so a
 chunk is never evicted before it is read. A pin lapses after :data:`PIN_SECONDS` (a
@@ -124,19 +132,43 @@ class Pace:
         return max(2, min(MAX_THREADS, self.chunks_ahead() - 1))
 
 
+def in_flight_budget(local_bytes: int, held: int, pace: Pace, chunk_bytes: int) -> int:
+    """Bytes that may be downloading ahead: what the measured pace needs in flight
+    (``chunks_ahead × chunk_bytes`` = twice the read rate times ``fetch_s``, plus a chunk;
+    :data:`START_AHEAD` chunks before anything is measured) as far as the room
+    ``local_bytes`` leaves beside the ``held`` bytes of the chunks being read allows, and
+    never less than half of ``local_bytes`` (the budget before; a reader's maps may
+    outlive their evicted files, so ``held`` may overstate what the disk holds).
+
+    >>> p = Pace(clock=lambda: 0.0); p.fetched(0.7); p.read(0.07)  # 10 chunks per download
+    >>> in_flight_budget(1 << 30, 0, p, 64 << 20) // (64 << 20)    # 2 × 10 + 1, within 16
+    16
+    >>> in_flight_budget(2 << 30, 0, p, 64 << 20) // (64 << 20)    # not half: 21 chunks
+    21
+    >>> in_flight_budget(2 << 30, 1536 << 20, p, 64 << 20) // (64 << 20)  # half, at least
+    16
+    """
+    need = pace.chunks_ahead() * chunk_bytes
+    return max(local_bytes // 2, min(local_bytes - held, need))
+
+
 Fetch = Callable[[float | None], Path]
 GetMany = Callable[[list[str]], "dict[str, bytes | Exception]"]
 SMALL_BATCH = 64  # small objects fetched in one round trip at most
 
 
 class Prefetcher:
-    """A reader's downloads ahead, at most ``budget`` bytes: started by :meth:`add`,
-    collected by :meth:`take`. A ``fetch(pin_until)`` downloads (or finds on the node)
-    one file and returns its local path, pinned until ``pin_until`` (wall-clock seconds;
-    None: used now)."""
+    """A reader's downloads ahead, at most ``budget`` bytes (with ``held``: the reader's
+    mapped bytes, the budget is :func:`in_flight_budget` of ``budget`` = ``local_bytes``):
+    started by :meth:`add`, collected by :meth:`take`. A ``fetch(pin_until)`` downloads
+    (or finds on the node) one file and returns its local path, pinned until
+    ``pin_until`` (wall-clock seconds; None: used now)."""
 
-    def __init__(self, budget: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, budget: int, *, held: Callable[[], int] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.budget = budget
+        self._held = held
+        self._sizes = [0, 0]  # bytes and files handed over: the mean chunk
         self.pace = Pace(clock)
         self.waited_s = 0.0
         self._added_bytes = 0
@@ -153,6 +185,7 @@ class Prefetcher:
         d = dict(self.__dict__)
         d["_ahead"], d["_pool"], d["_wanted"], d["_small"] = {}, None, {}, {}
         d["_waiting"], d["_last_handed"] = {}, []
+        d["_held"] = None  # the store's bound method: the store sets it again
         del d["_small_lock"]
         return d
 
@@ -182,12 +215,19 @@ class Prefetcher:
     def ahead_bytes(self) -> int:
         return sum(entry[0] for entry in self._ahead.values())
 
+    def room(self) -> int:
+        """The bytes downloads ahead may take now."""
+        if self._held is None:
+            return self.budget
+        chunk = self._sizes[0] // max(1, self._sizes[1])
+        return in_flight_budget(self.budget, self._held(), self.pace, chunk)
+
     def wants_more(self) -> bool:
         """Whether the reader's coming chunks should be handed over sooner: fewer are
         ahead than the pace asks for, and there is room in the budget."""
         self._check_fork()
         return (not self._waiting and len(self._ahead) < self.pace.chunks_ahead()
-                and self.ahead_bytes < self.budget)
+                and self.ahead_bytes < self.room())
 
     def add(self, key: str, size: int, fetch: Fetch, needs: str | None = None) -> bool:
         """Start downloading ``key`` (``size`` bytes), or, while the budget is full, queue it:
@@ -199,6 +239,9 @@ class Prefetcher:
         self._check_fork()
         if key in self._ahead:
             return True
+        if key not in self._waiting:
+            self._sizes[0] += size
+            self._sizes[1] += 1
         self._drop_stale()
         self._forget_done(size)
         self._start_waiting()
@@ -211,9 +254,13 @@ class Prefetcher:
 
     def _start_waiting(self) -> None:
         """Start the queued downloads, oldest first, while they fit in the budget."""
+        if not self._waiting:
+            return
+        room, ahead = self.room(), self.ahead_bytes
         for key, (size, fetch, _) in list(self._waiting.items()):
-            if self.ahead_bytes + size > self.budget:
+            if ahead + size > room:
                 break
+            ahead += size
             del self._waiting[key]
             if self._pool is None:
                 self._pool = ThreadPool(self.pace.threads(), name="shardwise-download")
@@ -229,8 +276,9 @@ class Prefetcher:
         takes every chunk it was handed."""
         if self.pace.reading or self._added_bytes <= 2 * self.budget:
             return
+        room = self.room()
         for key in list(self._ahead):
-            if self.ahead_bytes + size <= self.budget or not self._ahead[key][1].done():
+            if self.ahead_bytes + size <= room or not self._ahead[key][1].done():
                 break
             del self._ahead[key]
 
@@ -311,6 +359,19 @@ class Prefetcher:
             self._pool.resize(self.pace.threads())
         return path
 
+    def eta(self, key: str) -> float | None:
+        """Seconds until the download of ``key`` is expected to end (its start plus the
+        measured ``fetch_s``; 0: ended; infinite: nothing measured yet); None: not
+        downloading (queued, or never handed over)."""
+        entry = self._ahead.get(key)
+        if entry is None:
+            return None
+        if entry[1].done():
+            return 0.0
+        if self.pace.fetch_s is None:
+            return math.inf
+        return max(0.0, entry[2] + self.pace.fetch_s - self.pace.clock())
+
     def wait(self) -> None:
         """Block until every download started so far has finished."""
         self._check_fork()
@@ -330,7 +391,7 @@ class Prefetcher:
         return {"ahead": len(self._ahead), "ahead_bytes": self.ahead_bytes,
                 "target": self.pace.chunks_ahead(), "threads": self.pace.threads(),
                 "fetch_s": self.pace.fetch_s, "read_s": self.pace.read_s,
-                "waited_s": self.waited_s, "budget": self.budget}
+                "waited_s": self.waited_s, "budget": self.room()}
 
 
-__all__ = ["PIN_SECONDS", "Pace", "Prefetcher"]
+__all__ = ["PIN_SECONDS", "Pace", "Prefetcher", "in_flight_budget"]

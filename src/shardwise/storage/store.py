@@ -53,10 +53,8 @@ _T = TypeVar("_T")
 
 MAX_OPEN_CHUNKS = 64
 
-# up to FEW_RUNS runs, or runs of LONG_RUN tokens on average, are joined as memoryview
-# slices (~0.2 us of Python each); more, shorter runs take one fancy index per chunk (~10 ns
-# a token). One chunk, joined / indexed: 64 runs of ~2 tokens 33 / 37 us, 512 of ~2 152 /
-# 79 us, 2048 of ~16 648 / 986 us.
+# FEW_RUNS runs or runs of LONG_RUN tokens on average: memoryview slices joined; more, shorter:
+# a fancy index per chunk (joined/indexed: 64x2 tok 33/37us, 512x2 152/79, 2048x16 648/986)
 FEW_RUNS = 64
 LONG_RUN = 16
 
@@ -338,8 +336,7 @@ class ChunkStore(ABC):
 
     def gather(self, runs: Any) -> npt.NDArray[np.generic]:
         """The tokens of ``runs`` concatenated, in the cache's dtype, their ids checked
-        against the vocabulary. Where a remote chunk's bytes come from while it is still
-        arriving is the store's business (:meth:`tokens` waits for the chunk)."""
+        against the vocabulary (a store may read chunks still arriving otherwise)."""
         runs = Runs.of(runs)
         view = self.view
         runs.check(view.chunks.columns.tokens, view.location)
@@ -366,21 +363,24 @@ class ChunkStore(ABC):
         """Block until every download :meth:`prefetch` started has finished."""
         return None
 
+    def here(self, chunks: Iterable[int]) -> bool:
+        """Whether ``chunks`` are read without waiting for a download (if not, a reader's
+        fast path through the maps reads by :meth:`gather`)."""
+        return True
+
     def stats(self) -> dict[str, object]:
         """The downloads ahead: how far, how many at once, and the pace they follow."""
         return {}
 
     # -- threads, close, pickling --------------------------------------------------------
     def submit(self, job: Callable[[], _T]) -> Future[_T]:
-        """Run ``job`` on this process's two background verification threads, started on
-        first use (a forked child starts its own)."""
+        """Run ``job`` on this process's two verification threads (a fork starts its own)."""
         if self._threads is None:
             self._threads = ThreadPool(2, name="shardwise-verify")
         return self._threads.submit(job)
 
     def close(self) -> None:
-        """Stop background work (queued jobs are dropped; a chunk being hashed is
-        finished) and drop memory maps."""
+        """Stop background work (a chunk being hashed is finished); drop memory maps."""
         if self.checks is not None and self.checks.verifier is not None:
             self.checks.verifier.stop()
         if self._threads is not None:

@@ -138,6 +138,11 @@ class WindowReader:
         and ``input_ids`` / ``labels`` are its two shifted views converted to int64 in one
         call each."""
         L, B = self.cfg.seq_len, len(windows)
+        if self.cache.store.prefetches and self._arriving(windows):
+            from shardwise.read.orders.windows import window_runs
+
+            return self.from_runs(window_runs(np.asarray(windows, dtype=np.int64), L,
+                                              self._total, self._cum_np))
         valid = [L + 1] * B
         stage = self._gather_from_one_chunk(windows) if B else None
         if stage is None:
@@ -149,6 +154,15 @@ class WindowReader:
                       for w, v in zip(windows, valid, strict=True)]
         return self._finish(stage[:, :L].astype(np.int64), stage[:, 1:].astype(np.int64),
                             valid, bounds)
+
+    def _arriving(self, windows: list[int]) -> bool:
+        """Whether a chunk these windows read is still on its way from an object store:
+        the batch is then read as runs (``cache.gather``: ranged GETs of just its bytes,
+        :class:`~shardwise.storage.bucket.BucketStore`), not from the chunk's map."""
+        L, cum, last = self.cfg.seq_len, self._cum, self._total - 1
+        chunks = {bisect_right(cum, min(w * L + k, last)) - 1
+                  for w in windows if w >= 0 for k in (0, L)}
+        return not self.cache.store.here(chunks)
 
     def _gather_from_one_chunk(self, windows: list[int]) -> npt.NDArray[Any] | None:
         """All rows in one numpy call when every window lies whole inside one chunk (a

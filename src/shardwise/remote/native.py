@@ -1,0 +1,157 @@
+"""GETs of ``s3://`` objects through obstore (Rust: the request, TLS and the copy of the
+body run without the GIL), for the reader's hot path.
+
+Why: through s3fs a GET costs the reader's process 6–8.6 ms of Python per 4 MiB (aiohttp,
+botocore's signing, the event loop), all of it under the GIL that the reader's own thread
+needs; obstore does the same work in Rust threads and hands back the bytes. Only ranged GETs go
+this way (a chunk's blocks, a batch's ranges, and small objects the caller checks
+itself: a whole object's checksum is botocore's to check): everything else a store does
+(PUT, LIST, HEAD, DELETE) stays on fsspec, which remains the whole client when obstore is
+not installed, for other schemes than ``s3://``, and for options obstore does not take
+(:func:`native_options`).
+
+The client is **not fork-safe**: obstore runs every request on one Tokio runtime per
+process, started on first use, and a forked child inherits it without its threads — a
+request there waits for ever, past any timeout. So the client is made lazily per process,
+keyed on ``os.getpid()`` (like the fsspec filesystem of
+:class:`~shardwise.remote.client.RemoteStore`), and a process that may have inherited a
+started runtime uses fsspec instead (:meth:`NativeGets.usable`): a forked copy of a store
+whose client was made in its parent, and a multiprocessing child (a DataLoader worker)
+that finds obstore already imported at its first GET. A spawned worker, a torchrun rank
+and a Ray worker import obstore afresh and make their own client.
+
+Faults meet the one policy (:mod:`shardwise.remote.policy`): obstore's own retries are off
+(``max_retries=0``); its timeouts are the policy's (``connect_timeout``, ``read_timeout``
+without a byte, and every try cut after ``try_limit`` of the reader's 8 MiB blocks, its
+largest GETs: 32 s by default, so a silent store is a ``RemoteError`` within
+``deadline + 32 s`` = 92 s, as through fsspec);
+its errors are classified by the policy's ``is_transient``. Credentials come from
+``storage_options`` (``key``/``secret``/``token``) or obstore's own environment chain
+(``AWS_ACCESS_KEY_ID``…, web identity, container and instance credentials, refreshed
+before they expire); a named ``AWS_PROFILE`` without explicit keys keeps fsspec (botocore
+reads profiles, obstore does not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import multiprocessing
+import os
+import sys
+from typing import Any
+
+from shardwise.remote.policy import RemotePolicy
+
+LARGEST_GET = 8 << 20  # the reader's blocks: the most one GET asks for in practice
+# fsspec/s3fs options that mean the same to obstore; any other keeps fsspec
+_TAKEN = frozenset({"endpoint_url", "key", "secret", "token", "anon", "client_kwargs",
+                    "config_kwargs", "skip_instance_cache", "use_ssl"})
+
+
+def native_options(url: str, storage_options: dict[str, Any]) -> dict[str, Any] | None:
+    """obstore's ``S3Store`` arguments for ``url`` with fsspec's ``storage_options``, or None
+    where obstore cannot serve it (not installed, not ``s3://``, an option it has no
+    equivalent of, a named profile without keys)."""
+    scheme, _, rest = url.partition("://")
+    if scheme not in ("s3", "s3a") or importlib.util.find_spec("obstore") is None:
+        return None
+    if set(storage_options) - _TAKEN:
+        return None
+    client_kwargs = dict(storage_options.get("client_kwargs") or {})
+    if set(client_kwargs) - {"endpoint_url", "region_name"}:
+        return None
+    if os.environ.get("AWS_PROFILE") and "key" not in storage_options:
+        return None
+    bucket, _, prefix = rest.partition("/")
+    config: dict[str, Any] = {}
+    endpoint = (storage_options.get("endpoint_url") or client_kwargs.get("endpoint_url")
+                or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+    if endpoint:
+        config["endpoint"] = endpoint
+    if "region_name" in client_kwargs:
+        config["region"] = client_kwargs["region_name"]
+    elif not os.environ.get("AWS_REGION") and not os.environ.get("AWS_DEFAULT_REGION"):
+        config["region"] = "us-east-1"
+    for ours, theirs in (("key", "access_key_id"), ("secret", "secret_access_key"),
+                         ("token", "session_token")):
+        if storage_options.get(ours):
+            config[theirs] = storage_options[ours]
+    if storage_options.get("anon"):
+        config["skip_signature"] = True
+    return {"bucket": bucket, "prefix": prefix.strip("/") or None, "config": config,
+            "http": str(endpoint or "").startswith("http://")}
+
+
+class NativeGets:
+    """obstore GETs under one prefix, its client made per process (see the module doc)."""
+
+    def __init__(self, args: dict[str, Any], policy: RemotePolicy) -> None:
+        self.args, self.policy = args, policy
+        self._store: Any = None
+        self._pid = 0
+        self._usable: tuple[int, bool] = (0, False)  # (pid, answer) of usable()
+
+    def usable(self) -> bool:
+        """Whether this process may use obstore: not a fork of a process whose runtime
+        may have started (see the module doc); asked once per process."""
+        pid = os.getpid()
+        if self._usable[0] != pid:
+            forked_after_use = self._store is not None and self._pid != pid
+            child = multiprocessing.parent_process() is not None
+            ok = not forked_after_use and not (child and "obstore" in sys.modules)
+            self._usable = (pid, ok)
+        return self._usable[1]
+
+    @property
+    def store(self) -> Any:
+        if self._store is None or self._pid != os.getpid():
+            from obstore.store import S3Store
+
+            p = self.policy
+            client: Any = {"allow_http": self.args["http"],
+                      "connect_timeout": f"{p.connect_timeout}s",
+                      "read_timeout": f"{p.read_timeout}s",
+                      "timeout": f"{p.try_limit(LARGEST_GET)}s",
+                      "pool_idle_timeout": "30s"}
+            self._store = S3Store(self.args["bucket"], prefix=self.args["prefix"],
+                                  config=self.args["config"], client_options=client,
+                                  retry_config={"max_retries": 0})
+            self._pid = os.getpid()
+        return self._store
+
+    def get_range(self, key: str, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of ``key`` (fewer at its end; an error from past it)."""
+        import obstore
+
+        if stop <= start:
+            return b""
+        return bytes(obstore.get_range(self.store, key, start=start, end=stop))
+
+    def get_ranges(self, ranges: list[tuple[str, int, int]]) -> list[bytes | Exception]:
+        """Each ``(key, start, stop)`` at once (one round trip for all), each its bytes or
+        its error."""
+        if len(ranges) == 1:
+            key, start, stop = ranges[0]
+            try:
+                return [self.get_range(key, start, stop)]
+            except Exception as e:  # noqa: BLE001 - returned, as for many
+                return [e]
+        return asyncio.run(self._get_ranges(ranges))
+
+    async def _get_ranges(self, ranges: list[tuple[str, int, int]]
+                          ) -> list[bytes | Exception]:
+        import obstore
+
+        store = self.store
+
+        async def one(key: str, start: int, stop: int) -> bytes:
+            if stop <= start:
+                return b""
+            return bytes(await obstore.get_range_async(store, key, start=start, end=stop))
+
+        got = await asyncio.gather(*(one(*r) for r in ranges), return_exceptions=True)
+        return [g if isinstance(g, (bytes, Exception)) else Exception(repr(g)) for g in got]
+
+
+__all__ = ["LARGEST_GET", "NativeGets", "native_options"]

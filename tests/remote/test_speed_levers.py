@@ -1,0 +1,239 @@
+"""Issue 21 item 2's levers, for correctness (their speed is ``shardwise bench remote``'s):
+ranged reads of a batch's runs while its chunks are still arriving give the batches of a
+local read (also through transient faults, and wrong bytes are caught when the chunk
+lands); the GIL-free client (obstore) is made per process, a forked DataLoader worker
+making its own, with fsspec the fallback; the look-ahead's byte budget follows the pace."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardwise as sw
+from shardwise.bench.faults import Fault, FaultProxy
+from shardwise.bench.proxy import LatencyProxy
+from shardwise.errors import CorruptChunkError
+from shardwise.remote import RemotePolicy, RemoteStore
+from shardwise.remote.native import native_options
+from shardwise.storage.prefetch import START_AHEAD, Pace, Prefetcher, in_flight_budget
+from shardwise.storage.ranged import Arriving
+from shardwise.world import World
+
+SEQ_LEN = 32
+PATIENT = RemotePolicy(connect_timeout=5, read_timeout=5, first_backoff=0.01,
+                       max_backoff=0.2, deadline=30)
+
+
+def _batches(cache: sw.Cache | Path, n: int, **kw: object) -> list[np.ndarray]:
+    from shardwise.torch import loader
+
+    ds = sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=3, shuffle="window")
+    dl = loader(ds, global_batch_size=4, micro_batch_size=4, world=World.single(), **kw)
+    it = iter(dl)
+    try:
+        return [next(it)["input_ids"].numpy() for _ in range(n)]
+    finally:
+        it.close()
+
+
+def _open(endpoint: str, url: str, tmp: Path, **kw: object) -> sw.Cache:
+    store = RemoteStore(url, {"endpoint_url": endpoint}, policy=PATIENT)
+    return sw.open_cache(store, local_dir=tmp / "node", **kw)
+
+
+def _same(got: list[np.ndarray], want: list[np.ndarray]) -> None:
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_ranged_reads_while_chunks_arrive_give_the_local_batches(
+        built: tuple[str, Path], s3_server: object, tmp_path: Path) -> None:
+    """Behind 30 ms and 2 MB/s per connection, whole chunks arrive slowly: the first
+    batches are read by ranged GETs through the GIL-free client, the rest from the local
+    copy, and every batch is the local read's; the ranged bytes are checked against each
+    chunk when it lands."""
+    url, local = built
+    want = _batches(local, 40)
+    with LatencyProxy(s3_server.address, latency=0.03, bandwidth=2e6) as proxy:  # type: ignore[attr-defined]
+        cache = _open(f"http://127.0.0.1:{proxy.port}", url, tmp_path)
+        assert cache.store.remote.native  # type: ignore[attr-defined]
+        got = _batches(cache, 40)
+        stats = cache.prefetch_stats()
+        cache.store.wait_for_prefetch()
+        cache.store.here(range(len(cache.chunks)))  # verifies the chunks that landed
+        left = cache.prefetch_stats()["unverified_bytes"]
+        cache.close()
+    _same(got, want)
+    assert stats["ranged_reads"] > 0 and stats["ranged_bytes"] > 0, stats
+    assert left == 0
+
+
+def test_ranged_reads_survive_transient_faults(built: tuple[str, Path],
+                                               fault_proxy: FaultProxy,
+                                               tmp_path: Path) -> None:
+    """503 SlowDown on 10 % of requests and chunk GETs cut mid-body: the ranged reads
+    and the downloads are retried under the one policy, and the batches are identical."""
+    url, local = built
+    want = _batches(local, 30)
+    fault_proxy.inject(Fault("slowdown", rate=0.1),
+                       Fault("reset", match=r"^GET .*\.bin", rate=0.1),
+                       Fault("short", match=r"^GET .*\.bin", rate=0.1))
+    cache = _open(fault_proxy.endpoint, url, tmp_path, local_bytes=1 << 20)
+    got = _batches(cache, 30)
+    stats = cache.prefetch_stats()
+    cache.close()
+    _same(got, want)
+    assert stats["ranged_reads"] > 0, stats
+    assert sum(fault_proxy.hits.values()) >= 1, fault_proxy.hits
+
+
+def test_ranged_bytes_that_differ_from_the_landed_chunk_are_an_error() -> None:
+    arriving = Arriving()
+    arriving.pending[3] = [(2, np.asarray([7, 8], dtype=np.uint16).tobytes())]
+    arriving.pending_bytes = 4
+    chunk = np.arange(10, dtype=np.uint16)
+    with pytest.raises(CorruptChunkError, match=r"s3://b/c/3\.bin: a ranged GET of tokens "
+                                                r"\[2, 4\) returned other bytes"):
+        arriving.verify(3, chunk, "s3://b/c/3.bin")
+    arriving.pending[3] = [(2, chunk[2:4].tobytes())]
+    arriving.verify(3, chunk, "s3://b/c/3.bin")  # the same bytes: fine, and forgotten
+    assert not arriving.pending
+
+
+def test_waiting_beats_ranged_reads_when_the_chunks_land_within_two_round_trips() -> None:
+    arriving = Arriving()
+    arriving.rtt_s = 0.05
+    assert arriving.worth([math.inf])  # downloading, nothing measured yet
+    assert arriving.worth([0.02, 0.5])  # one lands late
+    assert not arriving.worth([0.02, 0.09])
+    arriving.pending_bytes = 1 << 40  # too much waits for its check: whole chunks only
+    assert not arriving.worth([math.inf])
+
+
+def _child_reads(store: RemoteStore, key: str, out: multiprocessing.Queue) -> None:
+    import os
+
+    n = len(store.read_range(key, 0, 100))
+    made = store._native is not None and store._native._pid == os.getpid()  # noqa: SLF001
+    out.put((store.native, made, n))
+
+
+SPAWNED = """
+import os, pickle, sys
+store, key = pickle.load(sys.stdin.buffer)
+n = len(store.read_range(key, 0, 100))
+print(store.native, store._native._pid == os.getpid(), n)
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_the_native_client_is_made_per_process(built: tuple[str, Path], method: str) -> None:
+    """obstore's runtime does not survive a fork (a request in the child would wait for
+    ever): a forked copy of a store its parent used reads through fsspec; a new process
+    given the store (pickled, as a spawned worker is) makes its own obstore client.
+    Either reads, and the parent's client is kept."""
+    import pickle
+    import subprocess
+    import sys
+
+    url, _ = built
+    store = RemoteStore(url)
+    key = next(k for k in store.list_keys() if k.endswith(".bin"))
+    assert store.native and len(store.read_range(key, 0, 100)) == 100
+    parent = store._native.store  # type: ignore[union-attr]  # noqa: SLF001
+    if method == "fork":
+        ctx = multiprocessing.get_context("fork")
+        q: multiprocessing.Queue = ctx.Queue()
+        p = ctx.Process(target=_child_reads, args=(store, key, q))
+        p.start()
+        native, made, n = q.get(timeout=120)
+        p.join(60)
+        assert p.exitcode == 0 and (native, made, n) == (False, False, 100)
+    else:
+        out = subprocess.run([sys.executable, "-c", SPAWNED], input=pickle.dumps((store, key)),
+                             capture_output=True, timeout=120, check=True)
+        assert out.stdout.decode().split() == ["True", "True", "100"], out
+    assert store.native and store._native.store is parent  # type: ignore[union-attr]  # noqa: SLF001
+
+
+def test_a_forked_dataloader_worker_reads_the_same_batches(
+        built: tuple[str, Path], tmp_path: Path) -> None:
+    """The parent's reads went through obstore; the worker, forked, through fsspec."""
+    url, local = built
+    want = _batches(local, 12)
+    cache = sw.open_cache(url, local_dir=tmp_path / "node", local_bytes=1 << 20)
+    assert cache.store.remote.native  # type: ignore[attr-defined]
+    got = _batches(cache, 12, num_workers=1)
+    cache.close()
+    _same(got, want)
+
+
+def test_fsspec_is_the_fallback(built: tuple[str, Path], tmp_path: Path,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another scheme, an option obstore has no equivalent of, a named profile, or
+    ``client="fsspec"``: GETs through fsspec, and the batches are the same."""
+    url, local = built
+    assert native_options("memory://x/y", {}) is None
+    assert native_options(url, {"requester_pays": True}) is None
+    assert native_options(url, {"endpoint_url": "http://h:1"})["http"]  # type: ignore[index]
+    monkeypatch.setenv("AWS_PROFILE", "someone")
+    assert native_options(url, {}) is None
+    monkeypatch.delenv("AWS_PROFILE")
+    store = RemoteStore(url, client="fsspec")
+    assert not store.native
+    cache = sw.open_cache(store, local_dir=tmp_path / "node")
+    _same(_batches(cache, 10), _batches(local, 10))
+    cache.close()
+
+
+def test_the_in_flight_budget_follows_the_pace() -> None:
+    """``chunks_ahead × chunk`` (twice the read rate × fetch_s, plus a chunk) within the
+    room local_bytes leaves beside the chunks the reader holds — not local_bytes / 2,
+    which stays the floor."""
+    mib = 1 << 20
+    pace = Pace(clock=lambda: 0.0)
+    assert in_flight_budget(8 << 30, 0, pace, 64 * mib) == 4 << 30  # half: START_AHEAD less
+    assert START_AHEAD * 64 * mib < 4 << 30
+    pace.fetched(0.69)  # 50 ms + 64 MB at 100 MB/s
+    pace.read(0.1)      # the reader goes through a chunk in 0.1 s: 640 MB/s
+    assert pace.chunks_ahead() == 15  # 2 × 6.9 + 1
+    assert in_flight_budget(1 << 30, 0, pace, 64 * mib) == 15 * 64 * mib  # not 512 MiB
+    assert in_flight_budget(1 << 30, 256 * mib, pace, 64 * mib) == 768 * mib  # the room
+    assert in_flight_budget(1 << 30, 2 << 30, pace, 64 * mib) == 512 * mib  # half, at least
+    held = [0]
+    ahead = Prefetcher(1 << 30, held=lambda: held[0])
+    ahead.pace = pace
+    ahead._sizes = [64 * mib * 3, 3]  # noqa: SLF001 - three 64 MiB chunks handed over
+    assert ahead.room() == 15 * 64 * mib  # more than local_bytes / 2 = 512 MiB
+    held[0] = 384 * mib
+    assert ahead.room() == 640 * mib
+    assert Prefetcher(1 << 30).room() == 1 << 30  # no reader's holdings given: the budget
+
+
+@pytest.mark.parametrize("size", [(16 << 20) + 3, 16 << 20, 40 << 20])
+def test_a_file_of_many_blocks_downloads_in_groups_checked(built: tuple[str, Path],
+                                                           tmp_path: Path, size: int) -> None:
+    """A chunk file of several 8 MiB blocks: GROUP blocks asked for at once, written and
+    hashed in order — also an exact multiple of the block (nothing asked past its end)
+    — and one longer than its metadata says is refused."""
+    import xxhash
+
+    from shardwise.storage.download import get_checked
+
+    url, _ = built
+    store = RemoteStore(url)
+    data = np.random.default_rng(size).integers(0, 255, size, dtype=np.uint8).tobytes()
+    store.put(f"blocks/{size}.bin", data)
+    spec = {"bytes": size, "xxh3_64": xxhash.xxh3_64(data).hexdigest()}
+    get_checked(store, f"blocks/{size}.bin", spec, tmp_path / "got")
+    assert (tmp_path / "got").read_bytes() == data
+    short = {"bytes": size - 1, "xxh3_64": xxhash.xxh3_64(data[:-1]).hexdigest()}
+    with pytest.raises(CorruptChunkError,
+                       match=rf"{size}\.bin: {size}\+ bytes, the metadata says {size - 1}"):
+        get_checked(store, f"blocks/{size}.bin", short, tmp_path / "got")
+    store.remove([f"blocks/{size}.bin"])
