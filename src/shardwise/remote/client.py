@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any, BinaryIO, TypeVar
 
 from shardwise.format.files import check_key
-from shardwise.remote.policy import DEFAULT_POLICY, RemotePolicy, is_transient
+from shardwise.remote.policy import RemotePolicy, is_transient
 
 T = TypeVar("T")
 
@@ -48,7 +48,8 @@ def is_url(path: str | os.PathLike[str] | RemoteStore) -> bool:
 
 class RemoteStore:
     """A cache prefix on an object store, through fsspec, every request under ``policy``
-    (default :data:`~shardwise.remote.policy.DEFAULT_POLICY`). Picklable, and safe
+    (default: :meth:`RemotePolicy.from_env`, the default policy unless
+    ``SHARDWISE_REMOTE_POLICY`` is set). Picklable, and safe
     across fork: the filesystem is re-created in each process from the URL, the
     ``storage_options`` and the policy (fsspec's async filesystems refuse to run in a
     forked child, e.g. a DataLoader worker)."""
@@ -57,7 +58,7 @@ class RemoteStore:
                  policy: RemotePolicy | None = None) -> None:
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
-        self.policy = policy or DEFAULT_POLICY
+        self.policy = policy or RemotePolicy.from_env()
         self._fs: Any = None
         self._fs_pid = 0  # the process that made ``_fs``
         self._path = ""
