@@ -1,5 +1,5 @@
 """Shared fixtures: the bundled sample, corpora the tests make, and one real S3 server
-per session (SeaweedFS: tests/s3server.py)."""
+per session (SeaweedFS: shardwise.bench.seaweed)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from tests.s3server import S3Server
-
     from shardwise.bench.faults import FaultProxy
+    from shardwise.bench.seaweed import S3Server
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample"
@@ -54,7 +53,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """SeaweedFS on 127.0.0.1, one per session, its credentials and endpoint in the
     environment (``AWS_ENDPOINT_URL``…) for the rest of the session; make a bucket with
     ``s3_server.make_bucket(name)`` (a name of the test file's own)."""
-    from tests.s3server import s3_environment, seaweed_s3
+    from shardwise.bench.seaweed import s3_environment, seaweed_s3
 
     with seaweed_s3(tmp_path_factory.mktemp("seaweedfs")) as server, \
             s3_environment(server.env):

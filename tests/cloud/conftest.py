@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import sample_texts
-from tests.s3server import S3Server
+
+from shardwise.bench.seaweed import S3Server
 
 BUCKET = "sw-cloud"
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.s3server import S3Server
 
 import shardwise as sw
+from shardwise.bench.seaweed import S3Server
 from shardwise.world import World
 
 RANK_SCRIPT = Path(__file__).resolve().parents[1] / "remote" / "_node_rank.py"

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.s3server import S3Server
 
 import shardwise as sw
+from shardwise.bench.seaweed import S3Server
 
 BUCKET = "sw-test"
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.s3server import FAKE_ENV, S3Server
 
 import shardwise as sw
+from shardwise.bench.seaweed import FAKE_ENV, S3Server
 
 PROVIDER = textwrap.dedent("""
     import datetime, json, os, sys

@@ -9,9 +9,9 @@ import socket
 import urllib.parse
 
 import pytest
-from tests.s3server import FAKE_ENV, S3Server
 
 from shardwise.bench.faults import Fault, FaultProxy
+from shardwise.bench.seaweed import FAKE_ENV, S3Server
 from shardwise.errors import ConfigError
 
 BUCKET = "sw-faults-proxy"

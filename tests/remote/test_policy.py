@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.s3server import FAKE_ENV, S3Server
 
+from shardwise.bench.seaweed import FAKE_ENV, S3Server
 from shardwise.errors import ConfigError, RemoteError
 from shardwise.remote import RemotePolicy, RemoteStore, is_transient
 
@@ -99,6 +99,26 @@ def test_the_policy_travels_with_the_store() -> None:
     opts = QUICK.s3fs_options({"config_kwargs": {"read_timeout": 99}})["config_kwargs"]
     assert opts == {"read_timeout": 99, "connect_timeout": QUICK.connect_timeout,
                     "retries": {"total_max_attempts": 1, "mode": "standard"}}
+
+
+def test_the_environment_sets_the_policy_of_stores_made_without_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SHARDWISE_REMOTE_POLICY`` reaches every store a run makes itself (a build's
+    writers and sources, in every worker process); an explicit policy wins."""
+    from shardwise.remote.policy import POLICY_ENV
+
+    monkeypatch.setenv(POLICY_ENV, " read_timeout=2, deadline=7 ,attempts=3")
+    want = RemotePolicy(read_timeout=2, deadline=7, attempts=3)
+    assert RemotePolicy.from_env() == want == RemoteStore("s3://b/p").policy
+    assert RemoteStore("s3://b/p", policy=QUICK).policy == QUICK
+    for bad, why in (("deadlin=2", "is not name=number"), ("deadline", "is not name="),
+                     ("deadline=x", "is not name="), ("attempts=1.5", "is not name="),
+                     ("deadline=-1", "deadline must be a positive")):
+        monkeypatch.setenv(POLICY_ENV, bad)
+        with pytest.raises(ConfigError, match=f"{POLICY_ENV}=.*{why}"):
+            RemoteStore("s3://b/p")
+    monkeypatch.setenv(POLICY_ENV, "")
+    assert RemotePolicy.from_env() == RemotePolicy()
 
 
 def test_expiring_credentials_are_refreshed_by_the_provider_chain(

@@ -348,10 +348,14 @@ def test_stream_placement_reads_its_chunks_through_the_bounded_download_dir(
 
 
 def test_inspect_a_remote_cache(built: tuple[str, Path], tmp_path: Path,
-                                capsys: pytest.CaptureFixture[str]) -> None:
+                                capsys: pytest.CaptureFixture[str],
+                                monkeypatch: pytest.MonkeyPatch) -> None:
     from shardwise.cli.main import main
 
     url, _ = built
+    # the node's copy of the head files is keyed by the URL under the user's cache dir,
+    # which other test sessions on this machine (their own servers, the same URL) share
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert main(["inspect", url]) == 0
     out = capsys.readouterr().out
     assert url in out and "516 documents" in out

@@ -105,7 +105,8 @@ def _figures(runs: list[dict[str, Any]], text_bytes: int) -> dict[str, Any]:
     """The best (shortest) of ``runs``, as rates; every run is kept for the record."""
     best = min(r["seconds"] for r in runs)
     return {"seconds": best, "cpu_seconds": min(r["cpu_seconds"] for r in runs),
-            "runs": [r["seconds"] for r in runs], "tokens": runs[0]["tokens"],
+            "runs": [r["seconds"] for r in runs],
+            "cpu_runs": [r["cpu_seconds"] for r in runs], "tokens": runs[0]["tokens"],
             "tokens_per_s": runs[0]["tokens"] / best, "mb_per_s": text_bytes / MB / best}
 
 
@@ -141,16 +142,19 @@ def _more_builds(corpus: Corpus, tokenizer: Path, n: int, work: Path, r: int, ra
 
         return RayExecutor(n) if ray else None
 
-    said = ""
-    if ray:
-        runs["ray"][n].append(measure_build(corpus, tokenizer, n, work / f"ray-{r}-{n}",
-                                            executor()))
-        said += f"; on Ray {runs['ray'][n][-1]['seconds']:.2f} s"
-    if bucket is not None:
-        runs["bucket"][n].append(measure_bucket_build(
-            bucket[0], tokenizer, n, f"{bucket[1]}/cache-{r}-{n}", executor()))
-        said += f"; bucket to bucket {runs['bucket'][n][-1]['seconds']:.2f} s"
-    return said
+    said = {}
+    # the bucket build and the disk build it is compared with take turns going first
+    # (rounds 2, 4…: the bucket's first), so a trend in the machine's load hits both alike
+    for kind in (("ray", "bucket") if r % 2 == 0 or bucket is None else ("bucket", "ray")):
+        if kind == "ray" and ray:
+            runs["ray"][n].append(measure_build(corpus, tokenizer, n, work / f"ray-{r}-{n}",
+                                                executor()))
+            said["ray"] = f"; on Ray {runs['ray'][n][-1]['seconds']:.2f} s"
+        if kind == "bucket" and bucket is not None:
+            runs["bucket"][n].append(measure_bucket_build(
+                bucket[0], tokenizer, n, f"{bucket[1]}/cache-{r}-{n}", executor()))
+            said["bucket"] = f"; bucket to bucket {runs['bucket'][n][-1]['seconds']:.2f} s"
+    return "".join(said.get(k, "") for k in ("ray", "bucket"))
 
 
 def _report(corpus: Corpus, runs: dict[str, Any], ray: bool, bucket: bool
@@ -194,10 +198,24 @@ def _versus(runs: dict[int, list[dict[str, Any]]], base: list[dict[str, Any]],
     for x, b, t in zip(out, base, parallel, strict=False):
         x.update(vs_local=x["mb_per_s"] / b["mb_per_s"],
                  vs_local_cpu=b["cpu_seconds"] / x["cpu_seconds"],
+                 **_paired(x, b),
                  vs_one_worker=x["mb_per_s"] / out[0]["mb_per_s"],
                  vs_tokenizer=x["mb_per_s"] / tok["mb_per_s"],
                  vs_tokenizer_same_count=x["mb_per_s"] / t["mb_per_s"])
     return out
+
+
+def _paired(x: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """The ratio round by round (each run over the ``base`` run of the same round): its
+    median and its range, by wall and by CPU time; a round's burst of load on a shared
+    machine moves one ratio, not the median."""
+    import statistics
+
+    wall = [b / s for s, b in zip(x["runs"], base["runs"], strict=False)]
+    cpu = [b / s for s, b in zip(x["cpu_runs"], base["cpu_runs"], strict=False)]
+    return {"vs_local_rounds": wall, "vs_local_median": statistics.median(wall),
+            "vs_local_range": [min(wall), max(wall)],
+            "vs_local_cpu_median": statistics.median(cpu)}
 
 
 def add_executor_argument(parser: argparse.ArgumentParser) -> None:

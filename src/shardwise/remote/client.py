@@ -36,7 +36,7 @@ from typing import Any, BinaryIO, TypeVar
 from shardwise.errors import ConfigError
 from shardwise.format.files import check_key
 from shardwise.remote.native import NativeGets, native_options
-from shardwise.remote.policy import DEFAULT_POLICY, RemotePolicy, is_transient
+from shardwise.remote.policy import RemotePolicy, is_transient
 
 T = TypeVar("T")
 
@@ -57,12 +57,12 @@ CLIENTS = ("auto", "fsspec")
 
 class RemoteStore:
     """A cache prefix on an object store, through fsspec (GETs through obstore where it
-    can: ``client="auto"``), every request under ``policy`` (default
-    :data:`~shardwise.remote.policy.DEFAULT_POLICY`). Picklable, and safe across fork:
-    the clients are re-created in each process from the URL, the ``storage_options`` and
-    the policy (fsspec's async filesystems refuse to run in a forked child, e.g. a
-    DataLoader worker; obstore's runtime does not survive one). ``received``: bytes this
-    process's GETs brought back."""
+    can: ``client="auto"``), every request under ``policy`` (default:
+    :meth:`RemotePolicy.from_env`, the default policy unless ``SHARDWISE_REMOTE_POLICY`` is
+    set). Picklable, and safe across fork: the clients are re-created in each process from
+    the URL, the ``storage_options`` and the policy (fsspec's async filesystems refuse to
+    run in a forked child, e.g. a DataLoader worker; obstore's runtime does not survive
+    one). ``received``: bytes this process's GETs brought back."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *,
                  policy: RemotePolicy | None = None, client: str = "auto") -> None:
@@ -70,7 +70,7 @@ class RemoteStore:
             raise ConfigError(f"RemoteStore(client={client!r}): expected one of {CLIENTS}")
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
-        self.policy = policy or DEFAULT_POLICY
+        self.policy = policy or RemotePolicy.from_env()
         self.client = client
         self._fs: Any = None
         self._fs_pid = 0  # the process that made ``_fs``

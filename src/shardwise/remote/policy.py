@@ -25,6 +25,14 @@ download threads), opening a cache, ``verify``, and the build's writers:
   size / min_rate`` = 92 s by default for the reader's 8 MiB blocks, 106 s for a 64 MiB
   chunk's PUT — at most 2 minutes — never a hang.
 
+**Another bound** for one store: ``RemoteStore(url, policy=RemotePolicy(...))`` (and
+``open_cache`` takes that store). For everything a run makes itself — a build's writers
+and bucket sources in every worker process, ``verify``, the CLI — the environment variable
+``SHARDWISE_REMOTE_POLICY`` sets the fields to change, e.g.
+``SHARDWISE_REMOTE_POLICY="read_timeout=5,deadline=20"`` (:meth:`RemotePolicy.from_env`;
+the others keep their defaults). Processes started here inherit it; on a Ray cluster
+started elsewhere, give it to the tasks too (``runtime_env={"env_vars": {...}}``).
+
 Anything else (a missing object: ``FileNotFoundError``; access denied; a bad request)
 is raised at once, unchanged. Wrong bytes that reach shardwise are caught by the cache's
 own checksums (:class:`~shardwise.errors.CorruptChunkError`, naming the object's URL).
@@ -43,18 +51,21 @@ instance metadata) and do not pass a fixed ``key``/``secret``/``token`` in
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import os
 import random
 import re
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from shardwise.errors import ConfigError, RemoteError
 
 T = TypeVar("T")
+POLICY_ENV = "SHARDWISE_REMOTE_POLICY"
 _SMALL = 8 << 20  # the size assumed for a request whose size is not known
 
 # error names of the client libraries (botocore, aiohttp, urllib3, obstore…) that mean
@@ -161,6 +172,36 @@ class RemotePolicy:
                 or self.attempts < 1:
             raise ConfigError(f"RemotePolicy.attempts must be an int ≥ 1, got "
                               f"{self.attempts!r}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RemotePolicy:
+        """The policy ``SHARDWISE_REMOTE_POLICY`` sets (``"read_timeout=5,deadline=20"``:
+        fields of this class; the others keep their defaults), or the default if it is
+        unset or empty.
+
+        >>> RemotePolicy.from_env({"SHARDWISE_REMOTE_POLICY": "deadline=5"}).deadline
+        5.0
+        """
+        text = (os.environ if environ is None else environ).get(POLICY_ENV, "").strip()
+        if not text:
+            return DEFAULT_POLICY
+        names = {f.name for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for item in filter(None, (x.strip() for x in text.split(","))):
+            name, eq, value = (x.strip() for x in item.partition("="))
+            try:
+                if not eq or name not in names:
+                    raise ValueError
+                values[name] = int(value) if name == "attempts" else float(value)
+            except ValueError:
+                raise ConfigError(
+                    f"{POLICY_ENV}={text!r}: {item!r} is not name=number with a name of "
+                    f"{sorted(names)}; e.g. {POLICY_ENV}='read_timeout=5,deadline=20'"
+                ) from None
+        try:
+            return cls(**values)
+        except ConfigError as e:
+            raise ConfigError(f"{POLICY_ENV}={text!r}: {e}") from None
 
     def try_limit(self, size: int | None = None) -> float:
         """Seconds one try of a request moving ``size`` bytes (None: a small object, at

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from shardwise._version import __version__
 from shardwise.choice import Choice
-from shardwise.errors import CacheError, ConfigError
+from shardwise.errors import CacheError, ConfigError, RemoteError
 from shardwise.format.chunk import ChunkKind
 from shardwise.format.journal import Journal
 from shardwise.format.ledger import ChunkEntry, Ledger
@@ -48,6 +48,10 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 LEDGER_SAVE_INTERVAL = 0.25
+LEDGER_SHARE = 0.02
+"""A build saves its progress (a journal record) at most every 0.25 s, and only while
+its saves so far took at most 2 % of its time: where a save is slow (a loaded disk's
+fsync, a far store's PUT) records come further apart instead of slowing the build."""
 
 
 def _make_processor(tokenizer: str | os.PathLike[str] | Tokenizer | None,
@@ -121,17 +125,19 @@ def _make_executor(executor: str | ExecutorKind | Executor | None, workers: int 
 
 class _Coordinator:
     """Applies worker messages to the ledger and saves what changed as a journal record
-    (at most every 0.25 s; the whole ledger only when the journal is compacted:
-    :mod:`shardwise.format.journal`)."""
+    (at most every 0.25 s, within :data:`LEDGER_SHARE` of the run's time; the whole ledger
+    only when the journal is compacted: :mod:`shardwise.format.journal`)."""
 
     def __init__(self, root: ChunkStore, ledger: Ledger, reporter: ProgressReporter,
                  infos: list[SourceInfo]) -> None:
         self.root, self.ledger, self.reporter, self.infos = root, ledger, reporter, infos
         self.journal = Journal(root, ledger)
         self.dirty = False
+        self.started = self.saved_at = time.monotonic()
         self.saved_at = 0.0
         self.new_chunks = 0
         self.rebuilt: set[str] = set()  # stems republished by repair tasks
+        self.stems: dict[tuple[int, int], dict[str, ChunkEntry]] = {}  # see _known
 
     def __call__(self, msg: object) -> None:
         if isinstance(msg, Progress):
@@ -142,12 +148,13 @@ class _Coordinator:
             return
         if isinstance(msg, ChunkDone):
             seg = self.ledger.sources[msg.source].segments[msg.seg_index]
-            known = {c.stem: c for c in seg.chunks}
+            known = self._known(msg.source, msg.seg_index)
             if msg.entry.stem in known:  # a repair, or a retried task reporting it again
                 self._check_same(known[msg.entry.stem], msg)
                 self.rebuilt.add(msg.entry.stem)
                 return
             seg.chunks.append(msg.entry)
+            known[msg.entry.stem] = msg.entry
             seg.position, seg.line, seg.errors = msg.position, msg.line, msg.errors
             self.journal.touch(msg.source, msg.seg_index)
             self.new_chunks += 1
@@ -162,6 +169,15 @@ class _Coordinator:
         self.dirty = True
         self.save(force=False)
 
+    def _known(self, source: int, segment: int) -> dict[str, ChunkEntry]:
+        """The segment's chunks by stem, kept as they are reported (made once per
+        segment: a dict made again per chunk cost O(chunks²) — minutes at 100,000)."""
+        key = (source, segment)
+        if key not in self.stems:
+            chunks = self.ledger.sources[source].segments[segment].chunks
+            self.stems[key] = {c.stem: c for c in chunks}
+        return self.stems[key]
+
     def _check_same(self, recorded: ChunkEntry, msg: ChunkDone) -> None:
         """A chunk made again must be the one the ledger names: its ``.json`` (which holds
         every data file's size and xxh3) must hash the same."""
@@ -175,13 +191,15 @@ class _Coordinator:
                              "overwrite=True (--overwrite), or build into a new directory")
 
     def save(self, force: bool) -> None:
-        """A journal record at most every 0.25 s; ``force`` (the end of a run, whatever
+        """A journal record at most every 0.25 s, while the saves took at most
+        :data:`LEDGER_SHARE` of the time since the start; ``force`` (the end of a run, whatever
         ended it): the whole ledger, compacted."""
         now = time.monotonic()
         if force:
             self.journal.compact()
             self.saved_at, self.dirty = now, False
-        elif self.dirty and now - self.saved_at >= LEDGER_SAVE_INTERVAL:
+        elif self.dirty and now - self.saved_at >= LEDGER_SAVE_INTERVAL \
+                and self.journal.seconds <= LEDGER_SHARE * (now - self.started):
             self.journal.save()
             self.saved_at, self.dirty = now, False
 
@@ -255,7 +273,7 @@ def _manifest(proc: Processor, policy: ChunkPolicy, infos: list[SourceInfo],
 def _run(root: ChunkStore, runner: Executor, release: Callable[[], None], job: Job, ledger: Ledger,
          check: Check, infos: list[SourceInfo], progress: bool | None) -> _Coordinator:
     """Run the repair tasks, then the unfinished segments; the ledger is saved as chunks
-    are reported and once more at the end, whatever happens."""
+    are reported and once more at the end, whatever happens (:func:`_finish`)."""
     tasks = repair_tasks(root, ledger, infos, check.damaged) + _ordered_tasks(ledger, infos)
     reporter = ProgressReporter(sum(len(s.segments) for s in ledger.sources)
                                 + sum(t.rebuild > 0 for t in tasks), enabled=progress)
@@ -263,11 +281,31 @@ def _run(root: ChunkStore, runner: Executor, release: Callable[[], None], job: J
     coordinator = _Coordinator(root, ledger, reporter, infos)
     try:
         runner.run(job, tasks, coordinator)
-    finally:
-        release()
-        coordinator.save(force=True)
-        reporter.close()
+    except BaseException as e:
+        _finish(release, coordinator, failed=e)
+        raise
+    _finish(release, coordinator, failed=None)
     return coordinator
+
+
+def _finish(release: Callable[[], None], coordinator: _Coordinator,
+            failed: BaseException | None) -> None:
+    """Release the executor and save the whole ledger — but not after a RemoteError
+    (``failed``): the store may have stopped answering, and the save would wait out the
+    policy's bound a second time; the records already saved keep the cache resumable (a
+    rerun makes the last 0.25 s of chunks again, the same bytes). A failed last save
+    after another error is noted on that error, which stays raised."""
+    try:
+        release()
+        if isinstance(failed, RemoteError):
+            return
+        coordinator.save(force=True)
+    except Exception as e:
+        if failed is None:
+            raise
+        failed.add_note(f"(the ledger's last save failed too: {type(e).__name__}: {e})")
+    finally:
+        coordinator.reporter.close()
 
 
 def _summary(root: ChunkStore, ledger: Ledger, check: Check, coordinator: _Coordinator,
