@@ -127,9 +127,9 @@ class DownloadDir:
                 return final
             if self._claim(final, claim, size, now=until is None):
                 try:
-                    self._download(final, download, until)
+                    self._download(final, claim, download, until)
                 finally:
-                    claim.unlink(missing_ok=True)
+                    claim.unlink(missing_ok=True)  # a failed download's
                 self.downloaded[key] += 1
                 return final
             self.waits += first
@@ -141,14 +141,20 @@ class DownloadDir:
                               f"{final}: waited {waited:.0f}s for another process's "
                               f"download or for room within local_bytes={self.max_bytes}"))
 
-    def _download(self, final: Path, download: Callable[[Path], None],
+    def _download(self, final: Path, claim: Path, download: Callable[[Path], None],
                   until: float | None) -> None:
+        """Download into a temporary file, then, under the node's lock, rename it into
+        place and drop the claim in one step: no other process sees both (its reserved
+        bytes counted twice, evicting a file for room that is there) or neither (and
+        downloads the file again)."""
         tmp = temp_path(final)
         try:
             download(tmp)
             if until is not None:
                 os.utime(tmp, (until, until))
-            os.replace(tmp, final)
+            with self._locked():
+                os.replace(tmp, final)
+                claim.unlink(missing_ok=True)
         finally:
             tmp.unlink(missing_ok=True)
 
