@@ -116,8 +116,10 @@ def test_waiting_beats_ranged_reads_when_the_chunks_land_within_two_round_trips(
 
 
 def _child_reads(store: RemoteStore, key: str, out: multiprocessing.Queue) -> None:
+    import faulthandler
     import os
 
+    faulthandler.dump_traceback_later(90, exit=True)  # a hang shows where, in the log
     n = len(store.read_range(key, 0, 100))
     made = store._native is not None and store._native._pid == os.getpid()  # noqa: SLF001
     out.put((store.native, made, n))
@@ -237,3 +239,36 @@ def test_a_file_of_many_blocks_downloads_in_groups_checked(built: tuple[str, Pat
                        match=rf"{size}\.bin: {size}\+ bytes, the metadata says {size - 1}"):
         get_checked(store, f"blocks/{size}.bin", short, tmp_path / "got")
     store.remove([f"blocks/{size}.bin"])
+
+
+def test_a_store_made_after_a_plain_fork_does_not_use_the_dead_runtime(
+        built: tuple[str, Path]) -> None:
+    """os.fork (no multiprocessing parent to see) of a process whose obstore runtime ran:
+    a store made in the child, never used before, still reads through fsspec."""
+    import os
+
+    url, _ = built
+    used = RemoteStore(url)
+    key = next(k for k in used.list_keys() if k.endswith(".bin"))
+    assert used.native and len(used.read_range(key, 0, 100)) == 100  # the runtime runs
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answer through the pipe, never return into pytest
+        code = 1
+        try:
+            fresh = RemoteStore(url)
+            n = len(fresh.read_range(key, 0, 100))
+            os.write(w, f"{fresh.native} {n}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    import select
+    import signal
+
+    if not select.select([r], [], [], 60)[0]:  # a request on the dead runtime never ends
+        os.kill(pid, signal.SIGKILL)
+    with os.fdopen(r) as f:
+        answer = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and answer == "False 100", answer

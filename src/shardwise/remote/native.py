@@ -83,6 +83,13 @@ def native_options(url: str, storage_options: dict[str, Any]) -> dict[str, Any] 
             "http": str(endpoint or "").startswith("http://")}
 
 
+# The processes whose obstore runtime may have started (a client was made there). A copy
+# of this set in a process not in it is a fork of one of those, by whatever means (os.fork
+# too, which multiprocessing.parent_process() does not see): its runtime is dead. The one
+# piece of process state here, as obstore's runtime itself is per process.
+_STARTED_IN: set[int] = set()
+
+
 class NativeGets:
     """obstore GETs under one prefix, its client made per process (see the module doc)."""
 
@@ -97,7 +104,8 @@ class NativeGets:
         may have started (see the module doc); asked once per process."""
         pid = os.getpid()
         if self._usable[0] != pid:
-            forked_after_use = self._store is not None and self._pid != pid
+            forked_after_use = (self._store is not None and self._pid != pid
+                                or any(p != pid for p in _STARTED_IN))
             child = multiprocessing.parent_process() is not None
             ok = not forked_after_use and not (child and "obstore" in sys.modules)
             self._usable = (pid, ok)
@@ -118,6 +126,7 @@ class NativeGets:
                                   config=self.args["config"], client_options=client,
                                   retry_config={"max_retries": 0})
             self._pid = os.getpid()
+            _STARTED_IN.add(self._pid)
         return self._store
 
     def get_range(self, key: str, start: int, stop: int) -> bytes:
