@@ -24,7 +24,8 @@ from shardwise.errors import (
     StateError,
 )
 from shardwise.integrations.guards import register_framework_guards
-from shardwise.read.tokens.dataset import PAD, Shuffle, TokenDataset
+from shardwise.read.orders import PAD
+from shardwise.read.tokens.dataset import Shuffle, TokenDataset
 from shardwise.storage.cache import Cache
 from shardwise.storage.opening import open_cache
 from shardwise.world import World

@@ -389,5 +389,4 @@ def _refuse_worker_process() -> None:
                           "batch_size= to StreamDataset")
 
 
-# first_example moved to run.py with the iteration; imported from here by the tests
-__all__ = ["STREAM_ORDER_VERSION", "StreamConfig", "StreamDataset", "first_example"]
+__all__ = ["STREAM_ORDER_VERSION", "StreamConfig", "StreamDataset"]
