@@ -23,11 +23,17 @@ from shardwise.errors import (
     ShardwiseError,
     StateError,
 )
-from shardwise.read.tokens.dataset import PAD, Shuffle, TokenDataset
+from shardwise.integrations.guards import register_framework_guards
+from shardwise.read.orders import PAD
+from shardwise.read.tokens.dataset import Shuffle, TokenDataset
 from shardwise.storage.cache import Cache
 from shardwise.storage.opening import open_cache
 from shardwise.world import World
 from shardwise.writer.api import build
+
+# the frameworks' guards (read/guard's registry): every reader refuses a wrapper that would
+# lose data, whether or not the program imports an integration (contract 7)
+register_framework_guards()
 
 # name -> module, imported on first attribute access (keeps `import shardwise` light)
 _LAZY = {

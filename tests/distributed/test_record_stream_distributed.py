@@ -146,7 +146,7 @@ def test_ranks_and_workers_share_one_global_order(sources: list[str], tmp_path: 
                        [x for x in mine if x is not None]
 
     # resume: the two ranks' states at global example 600, merged, restore 4 ranks
-    from shardwise.read.records.stream import merge_states
+    from shardwise.read.records.ranks import merge_states
 
     merged = merge_states([res["state"] for res in by_config[(2, 0)]])
     state_path = tmp_path / "merged.json"
@@ -161,7 +161,7 @@ def test_ranks_and_workers_share_one_global_order(sources: list[str], tmp_path: 
 
 def test_all_ranks_state_is_the_merged_state_on_every_rank(sources: list[str],
                                                            tmp_path: Path) -> None:
-    from shardwise.read.records.stream import merge_states
+    from shardwise.read.records.ranks import merge_states
 
     store = tmp_path / "gloo-store"
     ranks = _run([{"rank": r, "world": 2, "store": str(store), "sources": sources,

@@ -59,7 +59,10 @@ INTEGRATIONS: dict[str, str | None] = {
 }
 # modules placed through another row, with where their multi-rank runs are checked
 NOT_A_ROW = {"shardwise.integrations.megatron": "builds shardwise.torch.loader; "
-             "tests/distributed/test_megatron_train.py runs Megatron's own code"}
+             "tests/distributed/test_megatron_train.py runs Megatron's own code",
+             "shardwise.integrations.guards": "no loader: the frameworks' wrappers every "
+             "reader refuses; tests/integrations/test_hf_trainer.py (accelerate, torchrun), "
+             "test_trl.py, test_lightning_bare.py, tests/test_framework_seam.py"}
 # readers that are not example readers (records, not model inputs), where their
 # placement on real ranks is checked
 RECORD_READERS = {

@@ -12,12 +12,9 @@ import numpy as np
 import pytest
 
 from shardwise.errors import ConfigError, StateError
-from shardwise.read.external.contiguous import (
-    ContiguousSampler,
-    ContiguousShards,
-    OneAhead,
-    check_sampler,
-)
+from shardwise.read.external.contiguous import ContiguousSampler, ContiguousShards
+from shardwise.read.external.one_ahead import OneAhead
+from shardwise.read.guard import check_sampler
 from shardwise.world import World
 
 LENGTHS = [5, 0, 9, 3, 12, 7, 4, 3]  # 43 examples: 4 ranks of 10, tail of 3

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from shardwise.errors import ConfigError, InputError, ProducerTimeoutError, StateError
-from shardwise.read.external.contiguous import check_sampler
 from shardwise.read.external.producer_dir import (
     ProducerDirDataset,
     ProducerDirStream,
@@ -25,6 +24,7 @@ from shardwise.read.external.producer_dir import (
     publish_chunk,
     write_expected,
 )
+from shardwise.read.guard import check_sampler
 from shardwise.read.records.consumer import SequentialConsumer
 from shardwise.world import World
 

@@ -18,8 +18,11 @@ import pytest
 import zstandard
 
 from shardwise.errors import ConfigError, InputError, StateError
+from shardwise.read.records.pipeline import is_pad
+from shardwise.read.records.pool import Reject
 from shardwise.read.records.ranges import iter_range, plan_ranges, resolve_files
-from shardwise.read.records.stream import RecordStream, Reject, is_pad, merge_states
+from shardwise.read.records.ranks import merge_states
+from shardwise.read.records.stream import RecordStream
 from shardwise.read.records.streams import StreamOrder
 from shardwise.testing import assert_resumes_exactly, assert_same_global_order
 from shardwise.world import World

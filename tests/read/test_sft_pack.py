@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardwise.errors import ConfigError, InputError, StateError
-from shardwise.read.compose.sft_pack import IGNORE_INDEX, PackedSFT
+from shardwise.format.chunk import IGNORE_INDEX
+from shardwise.read.compose.sft_pack import PackedSFT
 from shardwise.testing import assert_resumes_exactly, take
 
 

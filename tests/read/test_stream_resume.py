@@ -15,7 +15,8 @@ from tests.cachefactory import make_cache, sample_docs
 
 import shardwise as sw
 from shardwise.errors import StateError
-from shardwise.read.stream.dataset import StreamDataset, first_example
+from shardwise.read.stream.dataset import StreamDataset
+from shardwise.read.stream.run import first_example
 from shardwise.read.stream.schedule import StreamLayout
 from shardwise.testing import assert_resumes_exactly
 

@@ -13,7 +13,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import shardwise as sw
 from shardwise.errors import ConfigError, InputError
-from shardwise.writer.chat import BUILTIN_TEMPLATE, IGNORE_INDEX, ChatProcessor
+from shardwise.format.chunk import IGNORE_INDEX
+from shardwise.writer.chat import ChatProcessor
+from shardwise.writer.chat_template import BUILTIN_TEMPLATE
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 LLAMA_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",

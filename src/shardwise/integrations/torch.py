@@ -42,9 +42,10 @@ import numpy as np
 
 from shardwise.checkpoint import SKIP_KEY, Configured, LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, MissingExtraError, StateError
+from shardwise.integrations.guards import refuse_bare_lightning
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import refuse_epoch_view
-from shardwise.read.guard import refuse_bare_lightning, refuse_framework_sharding
+from shardwise.read.guard import refuse_framework_sharding
 from shardwise.read.rows import stacked
 from shardwise.read.sampler import BatchSampler, SamplerKind, skip_from_steps
 from shardwise.world import World

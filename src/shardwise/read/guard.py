@@ -1,124 +1,144 @@
-"""Refusing a framework wrapper that would shard a per-rank reader again, or dispatch it.
+"""The hook readers call to refuse a framework that would lose data around them, and the
+registry that framework knowledge registers into.
 
-shardwise's readers already serve one rank's share. accelerate (and so HF Trainer) wraps
-what it is given: ``BatchSamplerShard`` splits a batch sampler's batches over the ranks,
-``IterableDatasetShard`` makes every rank read everything and keep ``1/R``, and
-``DataLoaderDispatcher`` reads on rank 0 and scatters. Over a shardwise reader each of these
-silently drops (or funnels) data, so a reader calls :func:`refuse_framework_sharding` when
-an iteration starts: it looks up the Python call stack (a few frames, once per ``iter()``,
-never per example) for such a wrapper and raises :class:`ConfigError` naming the fix.
+shardwise's readers already serve one rank's share. A framework's wrapper that shards what
+it is given again, reads it on one rank and scatters, or replays a run by skipping batches
+silently drops (or funnels) data over such a reader; a trainer that accepts only its own
+dataset types fails naming no fix. Which classes those are, what each does and what to do
+instead is framework knowledge: it lives in :mod:`shardwise.integrations.guards`, which
+registers :class:`Wrapper` and :class:`ForeignTrainer` entries here when ``shardwise`` is
+imported (the front door registers them, so a user who never imports ``shardwise.hf`` is
+refused all the same, contract 7). This module knows only the mechanism:
 
-Detection point: the wrapper is on the stack when it starts iterating what it wraps
-(``BatchSamplerShard.__iter__`` → our batch sampler's ``__iter__``;
-``IterableDatasetShard.__iter__`` → the reader's; the dispatcher's fetch loop → torch's
-fetcher → the reader's, in the main process). A DataLoader *worker* process under a
-dispatcher has no dispatcher frame and is not detected; the batch sampler and
-``IterableDatasetShard`` cases are detected in workers too.
+- :func:`refuse_framework_sharding`, called as an iteration starts, looks up the Python call
+  stack (a few frames, once per ``iter()``, never per example) for a frame of a registered
+  wrapper class that spans more than one process and raises :class:`ConfigError`;
+- :func:`refuse_sharding_sampler`, called from a map-style reader's ``__len__`` (every
+  sampler asks it), does the same for a registered sampler that draws from the reader;
+- :class:`GuardedReader`, the base of every reader, refuses a registered trainer's failed
+  ``isinstance`` check on it.
+
+Detection point: the wrapper is on the stack when it starts iterating what it wraps (a
+sharding batch sampler's ``__iter__`` → our batch sampler's ``__iter__``; a sharding
+iterable wrapper's ``__iter__`` → the reader's; a dispatcher's fetch loop → torch's fetcher
+→ the reader's, in the main process). A DataLoader *worker* process under a dispatcher has
+no dispatcher frame and is not detected; the other cases are detected in workers too.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from shardwise.errors import ConfigError
 
-# class names (anywhere in the MRO) of samplers / loaders that split indices across ranks
-SHARDING_SAMPLERS = ("DistributedSampler", "DistributedBatchSampler", "BatchSamplerShard",
-                     "DataLoaderDispatcher")
-SHARDING_WRAPPERS = (*SHARDING_SAMPLERS, "IterableDatasetShard", "SkipBatchSampler")
-WHAT_IT_DOES = {"SkipBatchSampler": "replays the run by skipping batches from the start "
-                "(shardwise resumes from its state; skipping as well would skip twice)",
-                "DataLoaderDispatcher": "reads on rank 0 and scatters (a bottleneck; with "
-                "World.detect() the data would also be sharded twice)"}
 MAX_FRAMES = 24
-
-FIX = ("use shardwise.hf.ShardwiseTrainer (or ShardwiseTrainerMixin) with HF Trainer; with "
-       "accelerate, do not pass a shardwise loader or reader through accelerator.prepare() "
-       "(iterate shardwise.torch.loader(...) / the reader yourself and move batches with "
-       "batch.to(accelerator.device))")
+SHARDS_AGAIN = ("shards it a second time (shardwise readers already serve this rank's "
+                "share: each rank would read 1/world_size of it)")
 
 
-def sharding_class(obj: object, among: Sequence[str] = SHARDING_WRAPPERS) -> str | None:
-    """The first name in ``among`` (sorted) among ``obj``'s classes, else None."""
+def _always(owner: object) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """A framework class that, iterating (or dealing the indices of) a per-rank reader,
+    would lose or funnel data. Matched by class name anywhere in an object's MRO, and by a
+    frame's qualified name (``BatchSamplerShard.__iter__``)."""
+
+    name: str  # the class name
+    framework: str  # whose class it is, for the message ("accelerate"; "" when several)
+    fix: str  # what to do instead
+    does: str = SHARDS_AGAIN  # what it does to a reader that already serves one rank
+    sampler: bool = False  # deals indices: refused from __len__ and by check_sampler too
+    spans: Callable[[object], bool] = _always  # whether an instance spans > 1 process
+
+
+@dataclass(frozen=True)
+class ForeignTrainer:
+    """Code (by qualified name, in a module of ``package``) that type-checks a dataset
+    before anything of ours runs and would tokenize, pack and shard a reader again."""
+
+    qualname: str  # "SFTTrainer.__init__"
+    package: str  # "trl"
+    fix: str
+
+
+GUARDS: dict[str, Wrapper | ForeignTrainer] = {}
+"""The registry, by class name (a wrapper) or qualified name (a trainer's method): the one
+piece of module state here, filled by :mod:`shardwise.integrations.guards`."""
+
+
+def register_guard(guard: Wrapper | ForeignTrainer,
+                   guards: dict[str, Wrapper | ForeignTrainer] | None = None) -> None:
+    """Refuse readers to ``guard`` from now on; registering the same entry again is a no-op,
+    another entry under a taken name is refused."""
+    known = GUARDS if guards is None else guards
+    key = guard.name if isinstance(guard, Wrapper) else guard.qualname
+    if known.get(key, guard) != guard:
+        raise ConfigError(f"a guard for {key!r} is already registered ({known[key]!r}); "
+                          "register each framework class once")
+    known[key] = guard
+
+
+def wrappers(*, samplers: bool = False) -> dict[str, Wrapper]:
+    """The registered wrappers by class name (only the samplers, if ``samplers``)."""
+    return {k: g for k, g in GUARDS.items()
+            if isinstance(g, Wrapper) and (g.sampler or not samplers)}
+
+
+def _whose(w: Wrapper) -> str:
+    return f"{w.framework}'s {w.name}" if w.framework else w.name
+
+
+def sharding_class(obj: object, among: Collection[str] | None = None) -> str | None:
+    """The first name in ``among`` (sorted; the registered wrappers by default) among
+    ``obj``'s classes, else None."""
     names = {c.__name__ for c in type(obj).__mro__}
-    hit = sorted(names.intersection(among))
+    hit = sorted(names.intersection(wrappers() if among is None else among))
     return hit[0] if hit else None
 
 
-def _frame_class(code: object) -> str:
+def frame_class(code: object) -> str:
     """The class part of a frame's qualified name (``BatchSamplerShard.__iter__``)."""
     qualname = getattr(code, "co_qualname", getattr(code, "co_name", ""))
     return str(qualname).split(".<locals>")[0].rpartition(".")[0]
 
 
-def _wrappers_on_stack(classes: tuple[str, ...], depth: int = 2
-                       ) -> Iterator[tuple[str, object]]:
-    """``(class name, self)`` of each caller frame (from ``depth`` frames up) whose code
-    belongs to a class named in ``classes`` and that spans more than one process. Frames
-    are matched by their code's qualified name; only a matching frame's ``self`` is looked
-    at (reading ``f_locals`` pins a snapshot of a frame's locals on Python < 3.13, which
-    would keep e.g. a deleted DataLoader iterator and its workers alive)."""
+def caller_classes(depth: int = 2) -> Iterator[tuple[str, Any]]:
+    """``(class part of the qualified name, frame)`` of each caller frame from ``depth``
+    frames up (at most :data:`MAX_FRAMES`). Reads no frame's locals: reading ``f_locals``
+    pins a snapshot of a frame's locals on Python < 3.13, which would keep e.g. a deleted
+    DataLoader iterator and its workers alive."""
     frame = sys._getframe(depth)
     for _ in range(MAX_FRAMES):
         frame = frame.f_back  # type: ignore[assignment]
         if frame is None:
             return
-        if _frame_class(frame.f_code) not in classes:
+        yield frame_class(frame.f_code), frame
+
+
+def _wrappers_on_stack(known: dict[str, Wrapper]) -> Iterator[tuple[Wrapper, object]]:
+    """``(wrapper, self)`` of each caller frame whose code belongs to a class in ``known``
+    and whose ``self`` spans more than one process (only a matching frame's ``self`` is
+    looked at)."""
+    for name, frame in caller_classes(3):
+        if name not in known:
             continue
         owner = frame.f_locals.get("self")
-        name = None if owner is None else sharding_class(owner)
-        if name is not None and _shards(owner):
-            yield name, owner
+        hit = None if owner is None else sharding_class(owner, known)
+        if hit is not None and known[hit].spans(owner):
+            yield known[hit], owner
 
 
 def refuse_framework_sharding(what: str) -> None:
-    """Raise if a sharding or dispatching wrapper is iterating ``what`` (see module docs)."""
-    for name, _ in _wrappers_on_stack(SHARDING_WRAPPERS):
-        does = WHAT_IT_DOES.get(name, "shards it a second time (shardwise readers already "
-                                "serve this rank's share: each rank would read "
-                                "1/world_size of it)")
-        raise ConfigError(f"{what} is being read through accelerate's {name}, which "
-                          f"{does}: {FIX}")
-
-
-LIGHTNING_FETCHERS = ("_DataFetcher", "_PrefetchDataFetcher", "_DataLoaderIterDataFetcher")
-LIGHTNING_WRAPPER = "LightningLoader"  # shardwise.integrations.lightning's
-
-
-def refuse_bare_lightning(what: str) -> None:
-    """Raise if Lightning's fetcher iterates ``what`` directly. The fetcher reads a
-    micro-batch ahead of the step it trains, so the loader's own state, saved in a
-    checkpoint, would be one micro-batch past what was trained: a resume would skip it and
-    shift every later step (contract 10). ``shardwise.lightning.loader`` between them
-    saves the last *trained* position; a frame of it nearer on the stack than the fetcher
-    means all is well."""
-    frame = sys._getframe(1)  # the loader's own frame: the walk starts at its caller
-    for _ in range(MAX_FRAMES):
-        frame = frame.f_back  # type: ignore[assignment]
-        if frame is None:
-            return
-        name = _frame_class(frame.f_code)
-        if name == LIGHTNING_WRAPPER:
-            return
-        if name in LIGHTNING_FETCHERS:
-            raise ConfigError(
-                f"Lightning is iterating {what} directly; its fetcher reads a micro-batch "
-                "ahead of the step it trains, so a checkpoint would hold a position one "
-                "micro-batch past the trained one and a resume would skip data. Return "
-                "shardwise.lightning.loader(your_loader) from train_dataloader() and add "
-                "shardwise.lightning.TrainedPosition() to the Trainer's callbacks")
-
-
-def _shards(owner: object) -> bool:
-    """A wrapper over one process (``num_processes`` / ``num_replicas`` 1) neither shards
-    nor scatters."""
-    n = getattr(owner, "num_processes", None)
-    if n is None:
-        state = getattr(owner, "state", None)
-        n = getattr(state, "num_processes", getattr(owner, "num_replicas", None))
-    return n is None or n > 1
+    """Raise if a registered sharding or dispatching wrapper is iterating ``what``."""
+    for w, _ in _wrappers_on_stack(wrappers()):
+        raise ConfigError(f"{what} is being read through {_whose(w)}, which {w.does}: "
+                          f"{w.fix}")
 
 
 def draws_from(obj: object, dataset: object) -> bool:
@@ -139,20 +159,19 @@ def draws_from(obj: object, dataset: object) -> bool:
 
 
 def refuse_sharding_sampler(dataset: object, what: str) -> None:
-    """For a per-rank map-style dataset's ``__len__``: raise if a sampler that splits
-    indices across ranks (torch's DistributedSampler, accelerate's BatchSamplerShard) is
-    drawing from it. The dataset never sees such a sampler, but every sampler asks its
-    length — DistributedSampler in ``__init__``, BatchSamplerShard through its inner
-    sampler — so the sampler is on the stack then. Matched by qualified name, like
-    :func:`refuse_framework_sharding`."""
-    for name, owner in _wrappers_on_stack(SHARDING_SAMPLERS):
+    """For a per-rank map-style dataset's ``__len__``: raise if a registered sampler that
+    splits indices across ranks is drawing from it. The dataset never sees such a sampler,
+    but every sampler asks its length (torch's DistributedSampler in ``__init__``, a
+    sampler wrapping another through its inner sampler), so the sampler is on the stack
+    then. Matched by qualified name, like :func:`refuse_framework_sharding`."""
+    for w, owner in _wrappers_on_stack(wrappers(samplers=True)):
         if draws_from(owner, dataset):
-            raise ConfigError(f"{name} splits the indices across ranks, but {what} is "
+            raise ConfigError(f"{w.name} splits the indices across ranks, but {what} is "
                               "already this rank's share: each rank would read only "
                               "1/world_size of its own share (and never the rest). Iterate "
-                              "it in order on every rank (a SequentialSampler, "
-                              "shardwise.torch.loader(..., world=World.single()), or "
-                              f"shardwise.hf.ShardwiseTrainer with HF Trainer). {FIX}")
+                              "it in order on every rank (a SequentialSampler or "
+                              "shardwise.torch.loader(..., world=World.single())). "
+                              f"{w.fix}")
 
 
 def check_sampler(sampler_or_loader: Any) -> None:
@@ -163,15 +182,15 @@ def check_sampler(sampler_or_loader: Any) -> None:
         inner = getattr(sampler_or_loader, attr, None)
         if inner is not None:
             candidates += [inner, getattr(inner, "sampler", None)]
+    known = wrappers(samplers=True)
     for obj in candidates:
-        name = None if obj is None else sharding_class(obj, SHARDING_SAMPLERS)
+        name = None if obj is None else sharding_class(obj, known)
         if name is not None:
             raise ConfigError(f"{name} splits the indices across ranks, but this dataset is "
                               "already this rank's share (is_sharded = True): each rank "
                               "would read only 1/world_size of its own share. Use a "
                               "per-rank sampler (ContiguousSampler, SequentialSampler or "
-                              "RandomSampler); with accelerate / HF Trainer, build the "
-                              "DataLoader yourself and do not pass it through prepare()")
+                              f"RandomSampler). {known[name].fix}")
 
 
 def sampler_over(dataset: Any, names: Sequence[str], depth: int = 12
@@ -208,32 +227,23 @@ def torch_worker() -> tuple[int, int] | None:
     return None if info is None else (int(info.id), int(info.num_workers))
 
 
-# code (by qualified name, in a module of the package named) that type-checks a dataset
-# before anything of ours runs, and would tokenize, pack and shard a shardwise reader again
-FOREIGN_TRAINERS = {"SFTTrainer.__init__": "trl", "SFTTrainer._prepare_dataset": "trl"}
-TRAINER_FIX = ("use `class Trainer(ShardwiseTrainerMixin, SFTTrainer)` (from shardwise.hf "
-               "import ShardwiseTrainerMixin) with the same arguments: it skips TRL's dataset "
-               "preparation and reads in shardwise's order, each rank its share, with exact "
-               "resume")
-
-
 def refuse_foreign_trainer(reader: object) -> None:
-    """Raise if the caller's caller is a trainer of :data:`FOREIGN_TRAINERS` type-checking
-    ``reader`` (see :class:`GuardedReader`)."""
+    """Raise if the caller's caller is a registered trainer type-checking ``reader`` (see
+    :class:`GuardedReader`)."""
     frame = sys._getframe(2)
-    package = FOREIGN_TRAINERS.get(_frame_qualname(frame.f_code))
-    if package is not None and str(frame.f_globals.get("__name__", "")).startswith(package):
-        name = _frame_class(frame.f_code)
+    hit = GUARDS.get(_frame_qualname(frame.f_code))
+    if (isinstance(hit, ForeignTrainer)
+            and str(frame.f_globals.get("__name__", "")).startswith(hit.package)):
         raise ConfigError(f"{type(reader).__name__} is a shardwise reader (already "
-                          f"tokenized, packed, labelled and placed per rank); {package}'s "
-                          f"{name} accepts only datasets' Dataset / IterableDataset and would "
-                          f"prepare and shard it again: {TRAINER_FIX}")
+                          f"tokenized, packed, labelled and placed per rank); "
+                          f"{hit.package}'s {frame_class(frame.f_code)} accepts only its "
+                          f"own dataset types and would prepare and shard it again: "
+                          f"{hit.fix}")
 
 
 class GuardedReader:
     """A base of every reader: a trainer that refuses anything but its own dataset types
-    (TRL's SFTTrainer: ``TypeError: train_dataset must be a Dataset or IterableDataset``,
-    naming no fix) is refused naming the fix instead.
+    is refused naming the fix instead (see :func:`refuse_foreign_trainer`).
 
     Detection point: ``isinstance(reader, C)`` for a class ``C`` the reader is not an
     instance of asks the reader's ``__class__`` (CPython's ``object_isinstance``); this
@@ -260,7 +270,8 @@ def register_with_torch(cls: type) -> None:
         base.register(cls)
 
 
-__all__ = ["FIX", "FOREIGN_TRAINERS", "SHARDING_SAMPLERS", "SHARDING_WRAPPERS", "TRAINER_FIX",
-           "GuardedReader", "check_sampler", "draws_from", "refuse_foreign_trainer",
-           "refuse_framework_sharding", "refuse_sharding_sampler", "register_with_torch",
-           "sampler_over", "sharding_class", "torch_worker"]
+__all__ = ["GUARDS", "MAX_FRAMES", "SHARDS_AGAIN", "ForeignTrainer", "GuardedReader", "Wrapper",
+           "caller_classes", "check_sampler", "draws_from", "frame_class",
+           "refuse_foreign_trainer", "refuse_framework_sharding", "refuse_sharding_sampler",
+           "register_guard", "register_with_torch", "sampler_over", "sharding_class",
+           "torch_worker", "wrappers"]

@@ -36,7 +36,7 @@ Options = dict[str, Any] | None
 READ_BUFFER = 4 << 20  # one GET per 4 MiB read sequentially
 _WILDCARDS = re.compile(r"[*?\[]")
 
-__all__ = ["RangedFile", "expand_url", "is_url", "line_probes", "object_exists", "object_size",
+__all__ = ["RangedFile", "expand_url", "line_probes", "object_exists", "object_size",
            "open_source", "parquet_input", "read_samples"]
 
 

@@ -22,11 +22,11 @@ import xxhash
 from shardwise.errors import ConfigError
 from shardwise.format.ledger import Segment
 from shardwise.format.manifest import SourceInfo
+from shardwise.remote.client import is_url
 from shardwise.sources import hf
 from shardwise.sources.bucket import (
     Options,
     expand_url,
-    is_url,
     line_probes,
     object_exists,
     object_size,

@@ -55,7 +55,7 @@ from shardwise.checkpoint import as_count
 from shardwise.choice import Choice
 from shardwise.errors import ConfigError, InputError
 from shardwise.format.chunk import IGNORE_INDEX
-from shardwise.writer.chat_template import BUILTIN_TEMPLATE, compile_template, load_template
+from shardwise.writer.chat_template import compile_template, load_template
 from shardwise.writer.processors import Document, find_eod, load_tokenizer, parse_tokenizer
 
 
@@ -341,5 +341,4 @@ def _check_messages(value: Any, key: str) -> list[dict[str, Any]]:
     return value
 
 
-__all__ = ["BUILTIN_TEMPLATE", "IGNORE_INDEX", "ChatConfig", "ChatProcessor", "Overflow",
-           "compile_template", "load_template"]
+__all__ = ["ChatConfig", "ChatProcessor", "Overflow"]

@@ -14,11 +14,11 @@ import os
 from collections.abc import Callable, Iterable
 
 from shardwise.checkpoint import as_count
-from shardwise.concurrency.pool import ProcessPool, WorkerCrashed, default_start_method
+from shardwise.concurrency.pool import ProcessPool, default_start_method
 from shardwise.errors import ConfigError
 from shardwise.writer.worker import Job, Task, run_task
 
-__all__ = ["LocalExecutor", "WorkerCrashed"]
+__all__ = ["LocalExecutor"]
 
 _RESUME = "the ledger is intact: run the same build again to resume"
 

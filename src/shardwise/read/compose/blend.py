@@ -71,8 +71,9 @@ from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import EpochView
 from shardwise.read.examples import NEXT_TOKEN, check_same_layout
 from shardwise.read.guard import GuardedReader
+from shardwise.read.orders import PAD
 from shardwise.read.rows import ROW_FREE, Rows, stacked
-from shardwise.read.tokens.dataset import PAD, TokenDataset
+from shardwise.read.tokens.dataset import TokenDataset
 
 _PLAN_AHEAD = 1024
 Batch = dict[str, npt.NDArray[Any]]

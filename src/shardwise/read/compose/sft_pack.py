@@ -56,6 +56,7 @@ import numpy.typing as npt
 
 from shardwise.checkpoint import LoaderState, Resumable, as_count, fingerprint
 from shardwise.errors import ConfigError, InputError, StateError
+from shardwise.format.chunk import IGNORE_INDEX
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation, derive_seed
 from shardwise.plan.sft_packing import (
     SFT_PACKING_VERSION,
@@ -67,7 +68,7 @@ from shardwise.plan.sft_packing import (
 )
 from shardwise.read.deprecated import renamed
 from shardwise.read.drops import Drop, describe_drops
-from shardwise.read.examples import IGNORE_INDEX, NEXT_TOKEN
+from shardwise.read.examples import NEXT_TOKEN
 from shardwise.read.guard import (
     GuardedReader,
     refuse_framework_sharding,
@@ -390,4 +391,4 @@ def _keep(d: dict[Any, Any], n: int) -> None:
         del d[next(iter(d))]
 
 
-__all__ = ["IGNORE_INDEX", "PackedSFT", "source_identity"]
+__all__ = ["PackedSFT", "source_identity"]

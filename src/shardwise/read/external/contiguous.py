@@ -24,8 +24,8 @@ search over the cumulative lengths: O(log shards), no shard before it is opened.
 
 The dataset is already this rank's share (``is_sharded = True``): a sampler that shards
 again (torch's ``DistributedSampler``, accelerate's ``BatchSamplerShard``) would make each
-rank read ``1/R`` of its own share. :func:`check_sampler` refuses such samplers; use
-:class:`ContiguousSampler` (resumable) or any plain per-rank sampler.
+rank read ``1/R`` of its own share. :func:`~shardwise.read.guard.check_sampler` refuses such
+samplers; use :class:`ContiguousSampler` (resumable) or any plain per-rank sampler.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from shardwise.errors import ConfigError
 from shardwise.plan.permutation import Permutation
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.external.one_ahead import OneAhead
-from shardwise.read.guard import GuardedReader, check_sampler, refuse_sharding_sampler, sampler_over
+from shardwise.read.guard import GuardedReader, refuse_sharding_sampler
 from shardwise.world import World
 
 
@@ -258,7 +258,4 @@ class ContiguousSampler:
         return self.n - self.start
 
 
-# check_sampler and sampler_over moved to read/guard.py, OneAhead to read/external/one_ahead.py;
-# imported from here by users and the seed-system adapters
-__all__ = ["ContiguousSampler", "ContiguousShards", "OneAhead", "Order", "SizedDataset",
-           "check_sampler", "sampler_over", "shard_order"]
+__all__ = ["ContiguousSampler", "ContiguousShards", "Order", "SizedDataset", "shard_order"]

@@ -18,7 +18,7 @@ different numbers of chunks when ``R`` does not divide ``num_chunks``.
 
 It is already this rank's share (``is_sharded = True``): give each rank a plain
 DataLoader over it; a ``DistributedSampler`` or accelerate's ``prepare()`` would shard it
-again (:func:`~shardwise.read.external.contiguous.check_sampler` refuses those). With HF Trainer,
+again (:func:`~shardwise.read.guard.check_sampler` refuses those). With HF Trainer,
 override ``get_train_dataloader`` to return ``DataLoader(ds, batch_size=…)``.
 
 Memory: the chunk in use plus at most the next one (prefetched by a background thread

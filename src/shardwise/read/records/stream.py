@@ -52,18 +52,15 @@ from shardwise.read.guard import (
 )
 from shardwise.read.records.pipeline import (
     FINISHED,
-    PAD_KEY,
     Pipeline,
-    is_pad,
     make_pad,
     pad_batch,
 )
-from shardwise.read.records.pool import Processor, Reject
+from shardwise.read.records.pool import Processor
 from shardwise.read.records.ranges import RangeKind, plan_ranges, resolve_files
 from shardwise.read.records.ranks import (
     default_all_done,
     gather_states,
-    merge_states,
     take_shared,
 )
 from shardwise.read.records.streams import (
@@ -385,5 +382,4 @@ class RecordStream(GuardedReader, Resumable):
         return self._pipe
 
 
-__all__ = ["OnError", "PAD_KEY", "RecordStream", "RecordStreamConfig", "Reject", "is_pad",
-           "make_pad", "merge_states"]
+__all__ = ["RecordStream", "RecordStreamConfig"]

@@ -386,4 +386,4 @@ def _refuse_worker_process() -> None:
                           "batch_size= to StreamDataset")
 
 
-__all__ = ["STREAM_ORDER_VERSION", "StreamDataset", "first_example"]
+__all__ = ["STREAM_ORDER_VERSION", "StreamDataset"]

@@ -32,7 +32,7 @@ from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import EpochView
 from shardwise.read.examples import NEXT_TOKEN
 from shardwise.read.guard import GuardedReader
-from shardwise.read.orders import PAD, Order, Runs, WindowOrder, order_class  # noqa: F401 (PAD: part of this API)
+from shardwise.read.orders import Order, Runs, WindowOrder, order_class
 from shardwise.read.reader_config import ReaderConfig
 from shardwise.read.rows import ROW_FREE, Rows
 from shardwise.read.tokens.assemble import WindowReader
