@@ -128,8 +128,11 @@ class DownloadDir:
             if self._claim(final, claim, size, now=until is None):
                 try:
                     self._download(final, claim, download, until)
-                finally:
-                    claim.unlink(missing_ok=True)  # a failed download's
+                except BaseException:
+                    # a failed download's claim; a finished one's is gone with it, and
+                    # unlinking it again could take another process's later claim
+                    claim.unlink(missing_ok=True)
+                    raise
                 self.downloaded[key] += 1
                 return final
             self.waits += first
