@@ -171,9 +171,8 @@ class DownloadDir:
         the reader needs it now, so pinned files may go as a last resort)."""
         with self._locked():
             # the claim before the file: a downloader renames its file into place, then
-            # drops its claim (outside the lock), so looking at the file first could miss
-            # both — the file not there yet, the claim gone a moment later — and download
-            # the file a second time
+            # drops its claim (both under this lock since; the order still holds without
+            # it: looking at the file first could miss both and download it again)
             if claim.exists() and self._live_claim(claim) is not None:
                 return False
             if final.exists():
