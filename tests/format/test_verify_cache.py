@@ -204,3 +204,29 @@ def test_refresh_keeps_the_kind_of_record_chunks(tmp_path: Path) -> None:
     make_cache(root, [docs[:6], docs[6:]], chunk_docs=2, kind="records")
     assert cache.refresh() == 1
     assert {c.kind.value for c in cache.chunks} == {"records"}
+
+
+def test_block_sums_that_are_not_the_bins_are_named(tokens_cache: Path) -> None:
+    """A .json (consistent with the ledger) whose .bin block sums are not the .bin's
+    blocks': every ranged read of the chunk would be refused, so verify names it."""
+    import base64
+
+    from shardwise.format.checksum import bytes_checksum
+
+    path = tokens_cache / f"{STEM}.json"
+    meta = orjson.loads(path.read_bytes())
+    sums = bytearray(base64.b64decode(meta["files"][".bin"]["block_xxh3_64"]))
+    sums[0] ^= 1
+    meta["files"][".bin"]["block_xxh3_64"] = base64.b64encode(bytes(sums)).decode()
+    data = orjson.dumps(meta, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2)
+    path.write_bytes(data)
+
+    def rehash(ledger: dict) -> None:
+        for seg in ledger["sources"][0]["segments"]:
+            for c in seg["chunks"]:
+                if c["stem"] == STEM:
+                    c["meta_xxh3"] = bytes_checksum(data)
+    _edit_ledger(tokens_cache, rehash)
+    report = verify_cache(tokens_cache)
+    assert [(p.path, "block sums" in p.what) for p in report.problems] == [
+        (str(tokens_cache / f"{STEM}.bin"), True)], report.problems

@@ -6,6 +6,7 @@ the batches identical; the build's writers survive them too."""
 
 from __future__ import annotations
 
+import itertools
 import time
 import traceback
 from pathlib import Path
@@ -75,8 +76,9 @@ def test_flipped_bytes_are_caught_by_a_checksum(built: tuple[str, Path],
                                                 fault_proxy: FaultProxy,
                                                 tmp_path: Path) -> None:
     """A whole-object GET is checked by the client (botocore's checksum: retried, then
-    identical); a ranged GET of a chunk is checked by the cache's xxh3: CorruptChunkError
-    naming the object's URL."""
+    identical); a chunk's bytes by the cache's checksums before any batch holds them: a
+    whole download by the chunk's xxh3, a batch's ranged GETs by its block sums. Either is
+    a CorruptChunkError naming the object's URL, and no batch comes out."""
     url, local = built
     store = _store(fault_proxy, url)
     fault_proxy.inject(Fault("flip", match=r"^GET .*manifest\.json", times=1))
@@ -84,11 +86,17 @@ def test_flipped_bytes_are_caught_by_a_checksum(built: tuple[str, Path],
     assert fault_proxy.hits["flip"] == 1
     cache = _open(fault_proxy, url, tmp_path, local_bytes=64 << 20)
     fault_proxy.inject(Fault("flip", match=BIN_GET))
-    # batches read by ranged GETs while the chunk downloads may come first (their ids in
-    # the vocabulary); the chunk's download, checked against its xxh3, then raises
-    with pytest.raises(CorruptChunkError, match=r"s3://sw-test/cache/chunks/.*\.bin: xxh3"):
-        _batches(cache, 500, look_ahead=0)
+    from shardwise.torch import loader
+
+    dl = loader(sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=3, shuffle="window"),
+                global_batch_size=4, micro_batch_size=4, world=World.single(), look_ahead=0)
+    handed: list[object] = []
+    with pytest.raises(CorruptChunkError, match=r"s3://sw-test/cache/chunks/.*\.bin: "
+                                                r"(xxh3|a ranged GET returned bytes of block)"):
+        for batch in itertools.islice(dl, 500):
+            handed.append(batch)
     cache.close()
+    assert not handed
     assert fault_proxy.hits["flip"] >= 1
 
 
@@ -127,7 +135,9 @@ def test_a_stalled_store_raises_remote_error_in_the_main_process_and_download_th
     assert took <= FAST.bound() + SLACK, took
     assert f"{url}/chunks/" in message, message
     frames = traceback.extract_tb(error.__traceback__)
-    where = ("fetch", "ranged.py") if ranged else ("_run", "threads.py")
+    # ranged: the batch's chunk metadata (their block sums) or ranged GETs, on the reader's
+    # thread; else a download thread
+    where = ("gather", "bucket.py") if ranged else ("_run", "threads.py")
     assert any(f.name == where[0] and f.filename.endswith(where[1]) for f in frames), \
         f"the error was not raised by {where}"
     assert fault_proxy.hits["stall"] >= 1

@@ -179,11 +179,14 @@ def test_a_source_changed_where_its_fingerprint_does_not_look_is_refused(
               progress=False)
 
 
-def test_a_chunk_built_before_skipped_lines_existed_is_rebuilt_as_it_was(
-        tmp_path: Path, tokenizer_path: Path) -> None:
-    """Chunk metadata gained ``skipped_lines``; a cache built before it (the field absent
-    although records were skipped) must still repair to its own bytes, not stop as if the
-    source had changed."""
+@pytest.mark.parametrize("lacks", [("skipped_lines",), ("block sums",),
+                                   ("skipped_lines", "block sums")])
+def test_a_chunk_an_older_build_wrote_is_rebuilt_as_it_was(
+        tmp_path: Path, tokenizer_path: Path, lacks: tuple[str, ...]) -> None:
+    """Chunk metadata gained ``skipped_lines`` and then a ``.bin``'s block sums; a cache
+    built before either (the field absent although records were skipped, or the ``.bin``
+    without sums) must still repair to its own bytes, not stop as if the source had
+    changed."""
     from dataclasses import replace
 
     from shardwise.format.checksum import bytes_checksum
@@ -203,8 +206,15 @@ def test_a_chunk_built_before_skipped_lines_existed_is_rebuilt_as_it_was(
         for k, entry in enumerate(seg.chunks):
             path = out / (entry.stem + ".json")
             meta = read_meta(path)
-            if meta.skipped_lines:
-                old[entry.stem] = replace(meta, skipped_lines=None).to_json()
+            if meta.skipped_lines and "skipped_lines" in lacks:
+                meta = replace(meta, skipped_lines=None)
+            if "block sums" in lacks:
+                assert "block_xxh3_64" in meta.files[".bin"]
+                meta = replace(meta, files={s: {k: v for k, v in e.items()
+                                                if not k.startswith("block_")}
+                                            for s, e in meta.files.items()})
+            if meta.to_json() != path.read_bytes():
+                old[entry.stem] = meta.to_json()
                 path.write_bytes(old[entry.stem])
                 seg.chunks[k] = replace(entry, meta_xxh3=bytes_checksum(old[entry.stem]))
     ledger.save(LocalFiles(out))

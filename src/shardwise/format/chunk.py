@@ -9,7 +9,8 @@ store (no rename) each file is one whole-object PUT, in the same order.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from shardwise.format.checksum import bytes_checksum
+from shardwise.format.checksum import BLOCK_BYTES, block_checksums, bytes_checksum
 from shardwise.format.files import Files
 from shardwise.format.megatron import idx_bytes
 
@@ -92,28 +93,57 @@ class ChunkMeta:
         return cls(**d)
 
 
+def _file_entry(suffix: str, data: bytes | memoryview) -> dict[str, Any]:
+    """A data file's entry in the metadata: size and xxh3-64; a ``.bin``'s also the sums
+    of its blocks (``block_bytes``, ``block_xxh3_64``: ranged reads are checked by them)."""
+    entry: dict[str, Any] = {"bytes": len(data), "xxh3_64": bytes_checksum(data)}
+    if suffix == ".bin":
+        entry.update(block_bytes=BLOCK_BYTES, block_xxh3_64=block_checksums(data))
+    return entry
+
+
+def _as_it_was(meta: ChunkMeta) -> Iterator[ChunkMeta]:
+    """``meta``, then how an older build wrote the same chunk: without the optional fields
+    added since (``skipped_lines``, the ``.bin``'s block sums), one and both dropped."""
+    no_blocks = {s: {k: v for k, v in e.items() if not k.startswith("block_")}
+                 for s, e in meta.files.items()}
+    yield meta
+    yield replace(meta, files=no_blocks)
+    if meta.skipped_lines is not None:
+        yield replace(meta, skipped_lines=None)
+        yield replace(meta, files=no_blocks, skipped_lines=None)
+
+
 def _publish(root: Files, stem: str, payloads: dict[str, bytes | memoryview],
-             meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
+             meta_fields: dict[str, Any], expect: str = "") -> tuple[ChunkMeta, str]:
     """Publish the data files, then the metadata, last (:meth:`Files.publish`: temp name,
-    fsync, rename locally; one whole-object PUT each on an object store)."""
-    files = {suffix: {"bytes": len(data), "xxh3_64": bytes_checksum(data)}
-             for suffix, data in payloads.items()}
+    fsync, rename locally; one whole-object PUT each on an object store). ``expect``: the
+    checksum the metadata must have (a repair's, from the ledger): a chunk an older build
+    wrote is written as it was (format/SPEC.md, "Repair"); if no form has it, the
+    current form is written and the caller names the difference."""
+    files = {suffix: _file_entry(suffix, data) for suffix, data in payloads.items()}
     meta = ChunkMeta(stem=stem, files=files, **meta_fields)
     meta_bytes = meta.to_json()
+    if expect and bytes_checksum(meta_bytes) != expect:
+        for older in _as_it_was(meta):
+            if bytes_checksum(older.to_json()) == expect:
+                meta, meta_bytes = older, older.to_json()
+                break
     root.publish(stem, {**payloads, META_SUFFIX: meta_bytes})
     return meta, bytes_checksum(meta_bytes)
 
 
 def publish_token_chunk(root: Files, stem: str, tokens: npt.NDArray[np.generic],
-                        doc_lengths: npt.NDArray[np.int64],
-                        meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
-    """Publish a Megatron ``.bin/.idx`` chunk; returns its metadata and the metadata's checksum."""
+                        doc_lengths: npt.NDArray[np.int64], meta_fields: dict[str, Any],
+                        expect: str = "") -> tuple[ChunkMeta, str]:
+    """Publish a Megatron ``.bin/.idx`` chunk; returns its metadata and the metadata's
+    checksum (``expect``: see :func:`_publish`)."""
     payloads: dict[str, bytes | memoryview] = {
         ".bin": np.ascontiguousarray(tokens).data.cast("B"),  # a view: no copy
         ".idx": idx_bytes(doc_lengths, tokens.dtype)}
     fields = dict(meta_fields, kind=ChunkKind.TOKENS, documents=len(doc_lengths),
                   tokens=int(np.sum(doc_lengths, dtype=np.int64)))
-    return _publish(root, stem, payloads, fields)
+    return _publish(root, stem, payloads, fields, expect)
 
 
 def parquet_bytes(table: Any) -> bytes:
@@ -127,10 +157,11 @@ def parquet_bytes(table: Any) -> bytes:
 
 
 def publish_record_chunk(root: Files, stem: str, table: Any, tokens: int,
-                         meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
+                         meta_fields: dict[str, Any], expect: str = ""
+                         ) -> tuple[ChunkMeta, str]:
     """Publish a Parquet chunk of processed records (token ids plus other fields)."""
     fields = dict(meta_fields, kind=ChunkKind.RECORDS, documents=table.num_rows, tokens=tokens)
-    return _publish(root, stem, {".parquet": parquet_bytes(table)}, fields)
+    return _publish(root, stem, {".parquet": parquet_bytes(table)}, fields, expect)
 
 
 def read_meta(path: Path) -> ChunkMeta:

@@ -39,7 +39,7 @@ from shardwise.storage.download import GROUP, DownloadDir
 from shardwise.storage.heads import NodeHeads
 from shardwise.storage.owned import clear_keys, is_owned
 from shardwise.storage.prefetch import Prefetcher
-from shardwise.storage.ranged import Arriving
+from shardwise.storage.ranged import Arriving, BlockSums
 from shardwise.storage.store import ChunkStore, Runs, gather_runs
 from shardwise.storage.verify_report import VerifyReport
 
@@ -187,8 +187,6 @@ class BucketStore(ChunkStore):
         return int(self.meta_of(info).files.get(".bin", {}).get("bytes", -1))
 
     def here(self, chunks: Iterable[int]) -> bool:
-        if self._arriving.pending:
-            self._verify_landed()
         return not self.ranged or all(self._on_node(c) for c in chunks)
 
     def _on_node(self, c: int) -> bool:
@@ -199,12 +197,10 @@ class BucketStore(ChunkStore):
 
     def gather(self, runs: Any) -> npt.NDArray[Any]:
         """From the local copy of each chunk that is here; the runs of chunks still
-        arriving by ranged GETs, all at once (:mod:`shardwise.storage.ranged`), while
-        the whole chunks keep downloading."""
+        arriving by ranged GETs, all at once, checked by the chunks' block sums
+        (:mod:`shardwise.storage.ranged`), while the whole chunks keep downloading."""
         if not self.ranged:
             return super().gather(runs)
-        if self._arriving.pending:
-            self._verify_landed()
         runs, view = Runs.of(runs), self.view
         runs.check(view.chunks.columns.tokens, view.location)
         some = runs.length > 0
@@ -218,9 +214,15 @@ class BucketStore(ChunkStore):
         if not away or not self._arriving.worth([etas[c] for c in away]):  # type: ignore[misc]
             return super().gather(runs)  # here, or landing sooner than ranged GETs
         self._hand_over(away)
+        sums = self._block_sums(away)
+        away = [c for c in away if c in sums]
         rows = np.flatnonzero(some & np.isin(runs.chunk, away))
-        pieces = self._arriving.fetch(self.remote, view, runs.chunk[rows].tolist(),
-                                      runs.offset[rows].tolist(), runs.length[rows].tolist())
+        if not len(rows):
+            return super().gather(runs)
+        pieces = self._arriving.fetch(self.remote, view.dtype, [
+            (chunks[c].stem, o, n, sums[c]) for c, o, n in zip(
+                runs.chunk[rows].tolist(), runs.offset[rows].tolist(),
+                runs.length[rows].tolist(), strict=True)])
         chunk, offset = runs.chunk.copy(), runs.offset.copy()
         chunk[rows], offset[rows] = -1 - np.arange(len(rows)), 0  # run k: pieces[k]
         out = gather_runs(lambda c: pieces[-1 - c] if c < 0 else self.tokens(c),
@@ -228,20 +230,26 @@ class BucketStore(ChunkStore):
         self._checks().batch_ids(out, runs.stream_offset(view.cum_tokens))
         return out
 
+    def _block_sums(self, chunks: list[int]) -> dict[int, BlockSums | None]:
+        """What checks ranged reads of each of ``chunks`` (metadata this process lacks read
+        in one round trip): its block sums; None where not verifying. A chunk without
+        sums (an older build's) is left out when verifying: it is read whole."""
+        infos = [self.view.chunks[c] for c in chunks]
+        missing = [i for i in infos if i.stem not in self._metas]
+        for info, data in zip(missing, self.read_many([i.stem + META_SUFFIX for i in missing]),
+                              strict=True):
+            self._load_meta(info, data)
+        if not self.view.verify:
+            return dict.fromkeys(chunks)
+        sums = {c: BlockSums.of(self.meta_of(i)) for c, i in zip(chunks, infos, strict=True)}
+        return {c: s for c, s in sums.items() if s is not None}
+
     def _hand_over(self, chunks: list[int]) -> None:
         """Make sure the whole of ``chunks`` is downloading (or queued to)."""
         ahead, size = self._prefetcher(), self.view.dtype.itemsize
         for c in chunks:
             info = self.view.chunks[c]
             ahead.add(info.stem + ".bin", info.tokens * size, partial(self._fetch, info, ".bin"))
-
-    def _verify_landed(self) -> None:
-        """The bytes ranged reads returned, against the checked copies of the chunks that
-        have landed since."""
-        for c in list(self._arriving.pending):
-            if self._on_node(c):
-                info = self.view.chunks[c]
-                self._arriving.verify(c, self.tokens(c), self.name(info.stem + ".bin"))
 
     # -- downloads ahead -----------------------------------------------------------------
     @property
@@ -282,7 +290,7 @@ class BucketStore(ChunkStore):
     def stats(self) -> dict[str, object]:
         a = self._arriving
         return {**self._prefetcher().stats(), "ranged_reads": a.reads,
-                "ranged_bytes": a.read_bytes, "unverified_bytes": a.pending_bytes}
+                "ranged_bytes": a.read_bytes}
 
     def wait_for_prefetch(self) -> None:
         if self._ahead is not None:

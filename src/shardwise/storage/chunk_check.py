@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 
 from shardwise.errors import CorruptChunkError, ManifestError
-from shardwise.format.checksum import bytes_checksum, file_checksum
+from shardwise.format.checksum import block_checksums, bytes_checksum, file_checksum
 from shardwise.format.chunk import DATA_SUFFIXES, META_SUFFIX, ChunkKind, ChunkMeta
 from shardwise.format.ledger import ChunkEntry
 from shardwise.format.megatron import MegatronIndex, check_index, first_bad_id, open_bin, read_idx
@@ -221,7 +221,27 @@ def _check_file(path: Path, info: dict[str, Any] | None, report: VerifyReport, *
     if digest != info.get("xxh3_64"):
         report.bad(path, f"xxh3_64 {digest}, the metadata says {info.get('xxh3_64')}")
         return False
+    if "block_xxh3_64" in info and not _blocks_match(path, info):
+        report.bad(path, "intact (its xxh3_64 holds), but the block sums its metadata "
+                   "records are not its blocks': a reader refuses ranged reads of it; a "
+                   "shardwise bug, please report it")
     return True
+
+
+def _blocks_match(path: Path, info: dict[str, Any]) -> bool:
+    """The sums of the file's blocks are those ``info`` records (format/SPEC.md)."""
+    import mmap
+
+    with open(path, "rb") as f:
+        if not info["bytes"]:
+            return block_checksums(b"", int(info["block_bytes"])) == info["block_xxh3_64"]
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            view = memoryview(m)
+            try:
+                return bool(block_checksums(view, int(info["block_bytes"]))
+                            == info["block_xxh3_64"])
+            finally:
+                view.release()
 
 
 def _check_token_chunk(exp: ChunkExpect, intact: set[str], report: VerifyReport) -> None:

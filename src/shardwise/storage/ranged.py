@@ -10,42 +10,81 @@ for the batches after::
               whole 3.bin, 7.bin, 9.bin downloading ahead (started by prefetch)
     batch k   3.bin here: its runs from the map; 7.bin still arriving: ranged GET
 
-Integrity: the ids are checked against the vocabulary at once (as every batch's are); the
-bytes themselves against the chunk's checked copy when it lands (:meth:`Arriving.verify`:
-the download is checked against the chunk's xxh3 as it streams), so bytes a store got
-wrong are a :class:`~shardwise.errors.CorruptChunkError` naming the URL, raised by the
-reader's next batch after the chunk lands. At most :data:`MAX_PENDING` bytes wait for that
-check; past it the reader waits for whole chunks, as without ranged reads.
+Integrity, before the bytes are used: a ``.bin``'s metadata holds the xxh3-64 of each of
+its 64 KiB blocks (:func:`~shardwise.format.checksum.block_checksums`; the metadata itself
+is checked against the ledger). A run is read as the whole blocks around it, runs of one
+chunk sharing blocks in one range, and every block is checked against its sum before the
+run is cut out of it: bytes a store got wrong are a
+:class:`~shardwise.errors.CorruptChunkError` naming the URL and the block, raised by the
+batch that would have read them. A chunk an older build wrote has no block sums: a
+verifying reader waits for its whole (checked) file instead; one opened with
+``verify=False`` reads just the runs' bytes.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from shardwise.errors import CorruptChunkError
+from shardwise.format.checksum import decode_block_checksums, first_bad_block
+from shardwise.format.chunk import ChunkMeta
 from shardwise.remote.client import RemoteStore
-from shardwise.storage.chunk_table import View
 
-MAX_PENDING = 64 << 20
+
+@dataclass(frozen=True)
+class BlockSums:
+    """What checks ranged reads of one ``.bin``: its size, block size and block sums."""
+
+    size: int
+    block: int
+    sums: npt.NDArray[np.uint64]
+
+    @classmethod
+    def of(cls, meta: ChunkMeta) -> BlockSums | None:
+        """From a chunk's metadata; None if its build wrote no block sums."""
+        spec = meta.files.get(".bin", {})
+        if "block_xxh3_64" not in spec:
+            return None
+        try:
+            sums, block, size = (decode_block_checksums(spec["block_xxh3_64"]),
+                                 int(spec["block_bytes"]), int(spec["bytes"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptChunkError(f"{meta.stem}.json: its .bin's block sums are not "
+                                    f"valid ({e})") from e
+        if block < 1 or len(sums) != -(-size // block):
+            raise CorruptChunkError(f"{meta.stem}.json: {len(sums)} block sums of "
+                                    f"{block} bytes for a .bin of {size} bytes")
+        return cls(size, block, sums)
+
+    def around(self, start: int, stop: int) -> tuple[int, int]:
+        """The bytes of the whole blocks holding ``[start, stop)``."""
+        return (start // self.block * self.block,
+                min(-(-stop // self.block) * self.block, self.size))
+
+
+def _spans(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``ranges`` merged where they overlap or touch, in order."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
 
 
 class Arriving:
-    """The ranged reads of one process and the bytes they returned that still wait for
-    their chunk's checked copy (``pending``: chunk → [(token offset, bytes)])."""
+    """The ranged reads of one process: how many, and how long a batch's take."""
 
     def __init__(self) -> None:
-        self.pending: dict[int, list[tuple[int, bytes]]] = {}
-        self.pending_bytes = 0
-        self.reads = 0  # ranges read so far
-        self.read_bytes = 0
+        self.reads = 0  # runs read so far
+        self.read_bytes = 0  # bytes received for them (whole blocks)
         self.rtt_s: float | None = None  # how long one batch's ranged GETs take
-
-    def room(self) -> bool:
-        return self.pending_bytes < MAX_PENDING
 
     def worth(self, etas: list[float]) -> bool:
         """Whether to read a batch by ranged GETs rather than wait for its chunks, whose
@@ -53,54 +92,63 @@ class Arriving:
         yes unless every one of them lands within two of the batch's round trips (then
         waiting costs less, and ranged GETs would only take bandwidth from the
         downloads)."""
-        if not self.room():
-            return False
         rtt = self.rtt_s if self.rtt_s is not None else 0.05
         return any(e > 2 * rtt for e in etas)
 
-    def fetch(self, remote: RemoteStore, view: View, chunk: list[int], offset: list[int],
-              length: list[int]) -> list[npt.NDArray[Any]]:
-        """The tokens of each run ``(chunk, offset, length)``, all asked for at once."""
-        size, dtype = view.dtype.itemsize, view.dtype
-        keys = [view.chunks[c].stem + ".bin" for c in chunk]
+    def fetch(self, remote: RemoteStore, dtype: np.dtype[Any],
+              runs: list[tuple[str, int, int, BlockSums | None]]) -> list[npt.NDArray[Any]]:
+        """The tokens of each run ``(stem, token offset, tokens, block sums)``, all asked
+        for at once; those of a chunk with block sums checked by them first."""
+        size = dtype.itemsize
+        wanted: dict[str, list[tuple[int, int]]] = {}
+        for stem, o, n, sums in runs:
+            a, b = o * size, (o + n) * size
+            wanted.setdefault(stem, []).append(sums.around(a, b) if sums else (a, b))
+        spans = [(stem, a, b) for stem, rs in wanted.items() for a, b in _spans(rs)]
         started = time.monotonic()
-        got = remote.get_ranges([(k, o * size, (o + n) * size)
-                                 for k, o, n in zip(keys, offset, length, strict=True)],
-                                checked=True)
+        got = remote.get_ranges([(stem + ".bin", a, b) for stem, a, b in spans], checked=True)
         took = time.monotonic() - started
         self.rtt_s = took if self.rtt_s is None else 0.7 * self.rtt_s + 0.3 * took
-        pieces = []
-        for k, c, o, n, g in zip(keys, chunk, offset, length, got, strict=True):
-            if isinstance(g, FileNotFoundError):
-                raise CorruptChunkError(f"{remote.url_of(k)}: named by the ledger but "
-                                        f"missing; run 'shardwise verify {remote.url}'")
-            if isinstance(g, Exception):
-                raise g
-            if len(g) != n * size:
-                raise CorruptChunkError(
-                    f"{remote.url_of(k)}: a ranged GET of tokens [{o}, {o + n}) returned "
-                    f"{len(g)} bytes, expected {n * size}; run 'shardwise verify "
-                    f"{remote.url}'")
-            self.pending.setdefault(c, []).append((o, g))
-            self.pending_bytes += len(g)
-            pieces.append(np.frombuffer(g, dtype=dtype))
-        self.reads += len(pieces)
-        self.read_bytes += sum(len(g) for g in got if isinstance(g, bytes))
-        return pieces
-
-    def verify(self, c: int, tokens: npt.NDArray[Any], name: str) -> None:
-        """Compare the bytes ranged reads returned for chunk ``c`` with its checked copy
-        ``tokens`` (its map)."""
-        size = tokens.itemsize
-        for o, g in self.pending.pop(c, ()):
-            self.pending_bytes -= len(g)
-            if tokens[o: o + len(g) // size].tobytes() != g:
-                raise CorruptChunkError(
-                    f"{name}: a ranged GET of tokens [{o}, {o + len(g) // size}) returned "
-                    "other bytes than the chunk's checked copy holds: the store answered "
-                    "with wrong bytes, and a batch read them (their ids were in the "
-                    "vocabulary); restart from the last checkpoint, and check the store "
-                    "or the network between")
+        sums_of = {stem: sums for stem, _, _, sums in runs}
+        read: dict[str, list[tuple[int, bytes]]] = {}
+        for (stem, a, b), data in zip(spans, got, strict=True):
+            _check(remote, stem + ".bin", a, b, data, sums_of[stem])
+            read.setdefault(stem, []).append((a, data))  # type: ignore[arg-type]
+            self.read_bytes += b - a
+        self.reads += len(runs)
+        return [np.frombuffer(_cut(read[stem], o * size, (o + n) * size), dtype=dtype)
+                for stem, o, n, _ in runs]
 
 
-__all__ = ["MAX_PENDING", "Arriving"]
+def _cut(spans: list[tuple[int, bytes]], a: int, b: int) -> bytes:
+    """Bytes ``[a, b)`` of the file, out of the span that holds them."""
+    for start, data in spans:
+        if start <= a and b <= start + len(data):
+            return data[a - start:b - start]
+    raise AssertionError(f"no span holds bytes [{a}, {b})")
+
+
+def _check(remote: RemoteStore, key: str, a: int, b: int, data: bytes | Exception,
+           sums: BlockSums | None) -> None:
+    """A ranged GET's answer: all of ``[a, b)``, each block matching its sum."""
+    url = remote.url_of(key)
+    if isinstance(data, FileNotFoundError):
+        raise CorruptChunkError(f"{url}: named by the ledger but missing; run 'shardwise "
+                                f"verify {remote.url}'")
+    if isinstance(data, Exception):
+        raise data
+    if len(data) != b - a:
+        raise CorruptChunkError(f"{url}: a ranged GET of bytes [{a}, {b}) returned "
+                                f"{len(data)} bytes; run 'shardwise verify {remote.url}'")
+    if sums is None:
+        return
+    bad = first_bad_block(data, a // sums.block, sums.sums, sums.block)
+    if bad >= 0:
+        raise CorruptChunkError(
+            f"{url}: a ranged GET returned bytes of block {bad} (bytes "
+            f"[{bad * sums.block}, {min((bad + 1) * sums.block, sums.size)})) whose xxh3_64 "
+            "is not the one its metadata records: the store answered with wrong bytes (none "
+            "was used); retry, and check the store or the network between")
+
+
+__all__ = ["Arriving", "BlockSums"]

@@ -59,8 +59,9 @@ class Task:
     ``rebuild`` > 0 makes it a repair: republish only the ``rebuild`` chunks that start at
     ``segment.position`` (numbered from ``len(segment.chunks)``), then end with
     :class:`ChunksRebuilt` instead of :class:`SegmentDone`. ``expect``: the ledger's
-    ``meta_xxh3`` of those chunks, in order (a chunk written before ``skipped_lines``
-    existed is republished without it, so it hashes as it did)."""
+    ``meta_xxh3`` of those chunks, in order (a chunk an older build wrote, before
+    ``skipped_lines`` or block sums existed, is republished as it was, so it hashes as it
+    did)."""
 
     source: int
     info: SourceInfo
@@ -206,13 +207,11 @@ class SegmentBuilder:
         skipped = _skipped_lines(p.lines, p.line_start, line)
         if skipped:
             fields["skipped_lines"] = skipped
-        meta, meta_sum = self._publish_files(stem, fields)
         k = self.next_index - len(t.segment.chunks)
-        if skipped and k < len(t.expect) and meta_sum != t.expect[k]:
-            # a repair of a chunk built before ``skipped_lines`` existed: write it as it was
-            # (format/SPEC.md); any other difference is the coordinator's to name
-            del fields["skipped_lines"]
-            meta, meta_sum = self._publish_files(stem, fields)
+        # a repair republishes a chunk as an older build wrote it (format/SPEC.md); any
+        # other difference is the coordinator's to name
+        meta, meta_sum = self._publish_files(stem, fields,
+                                             t.expect[k] if k < len(t.expect) else "")
         self.emit(ChunkDone(t.source, t.seg_index,
                             ChunkEntry(stem, meta.documents, meta.tokens, meta_sum, p.empty),
                             end, line, dict(self.errors if errors is None else errors)))
@@ -220,19 +219,21 @@ class SegmentBuilder:
         self.pending = _Pending(start=end, line_start=line)
 
 
-    def _publish_files(self, stem: str, fields: dict[str, Any]) -> tuple[Any, str]:
+    def _publish_files(self, stem: str, fields: dict[str, Any], expect: str
+                       ) -> tuple[Any, str]:
         """Write the pending chunk's files and metadata; (metadata, its checksum)."""
         p, job = self.pending, self.job
         root = open_store(job.root, job.storage_options)
         if job.records:
-            return publish_record_chunk(root, stem, _records_table(p.docs), p.tokens, fields)
+            return publish_record_chunk(root, stem, _records_table(p.docs), p.tokens, fields,
+                                        expect)
         lengths = np.fromiter((len(d) for d in p.docs), dtype=np.int64, count=len(p.docs))
         ids = p.docs[0] if len(p.docs) == 1 else np.concatenate(p.docs)
         if ids.size and (int(ids.max()) >= job.vocab_size or int(ids.min()) < 0):
             for doc, line in zip(p.docs, p.lines, strict=True):  # name the record
                 self._check_ids(doc, line)
         tokens = ids.astype(job.dtype, copy=False)
-        return publish_token_chunk(root, stem, tokens, lengths, fields)
+        return publish_token_chunk(root, stem, tokens, lengths, fields, expect)
 
 
 def _skipped_lines(lines: list[int], start: int, stop: int) -> list[int]:
