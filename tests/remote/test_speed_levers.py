@@ -128,11 +128,17 @@ def test_ranged_reads_cut_runs_out_of_checked_blocks(s3_env: dict[str, str],
     tokens = np.arange(1000, dtype=np.uint16)
     data = tokens.tobytes()  # 2,000 bytes in blocks of 64: the last one is 16 bytes
     store.put("c.bin", data)
-    sums = BlockSums(len(data), 64, decode_block_checksums(block_checksums(data, 64)))
+    sums = {"c": BlockSums(len(data), 64, decode_block_checksums(block_checksums(data, 64)))}
     runs = [(5, 40), (30, 3), (100, 1), (990, 10), (0, 1)]  # tokens: offset, length
     arriving = Arriving()
-    got = arriving.fetch(store, tokens.dtype, [("c", o, n, sums) for o, n in runs])
-    for (o, n), g in zip(runs, got, strict=True):
+
+    def read(runs: list[tuple[int, int]], sums: dict[str, BlockSums | None]) -> list[object]:
+        fetched = arriving.fetch(store, [("c", 2 * o, 2 * (o + n)) for o, n in runs],
+                                 {"c": len(data)}, 64)
+        assert fetched.check(sums) == {"c"}
+        return [fetched.tokens("c", 2 * o, 2 * (o + n), tokens.dtype) for o, n in runs]
+
+    for (o, n), g in zip(runs, read(runs, sums), strict=True):
         np.testing.assert_array_equal(g, tokens[o:o + n])
     # blocks 0-1, 3 and the last two: spans merged where runs share or touch blocks
     assert arriving.read_bytes == 128 + 64 + 80
@@ -141,8 +147,12 @@ def test_ranged_reads_cut_runs_out_of_checked_blocks(s3_env: dict[str, str],
     store.put("c.bin", bytes(wrong))
     with pytest.raises(CorruptChunkError, match=r"blocks/c\.bin: a ranged GET returned "
                                                 r"bytes of block 1 \(bytes \[64, 128\)\)"):
-        arriving.fetch(store, tokens.dtype, [("c", 5, 40, sums)])
-    arriving.fetch(store, tokens.dtype, [("c", 100, 1, sums)])  # block 3: intact
+        read([(5, 40)], sums)
+    read([(100, 1)], sums)  # block 3: intact
+    # sums of other blocks than those read, or none: not used (the file is read whole)
+    fetched = arriving.fetch(store, [("c", 10, 20)], {"c": len(data)}, 64)
+    assert fetched.check({"c": BlockSums(len(data), 32, sums["c"].sums)}) == set()
+    assert fetched.check({}) == set()
 
 
 def test_a_chunk_without_block_sums_is_read_whole_unless_not_verifying(

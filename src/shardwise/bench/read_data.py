@@ -77,7 +77,8 @@ def make_corpus(prefix: Path, tokens: int, seed: int) -> dict[str, Any]:
 
 def chunked_copy(prefix: Path, chunks: int) -> tuple[Path, int]:
     """``prefix`` imported as a shardwise cache of about ``chunks`` chunks (reused when one
-    of that size is there); its directory and chunk count."""
+    of that size is there, written by a build that records block sums: ranged reads of
+    an older one are off); its directory and chunk count."""
     from shardwise.storage.opening import open_cache
     from shardwise.writer.convert import from_megatron
 
@@ -86,7 +87,8 @@ def chunked_copy(prefix: Path, chunks: int) -> tuple[Path, int]:
     out = prefix.with_name(f"{prefix.name}.cache-{chunks}")
     with contextlib.suppress(OSError, ShardwiseError):  # absent or damaged: import again
         cache = open_cache(out)
-        if cache.finished and cache.num_tokens * 2 == token_bytes:
+        if (cache.finished and cache.num_tokens * 2 == token_bytes
+                and "block_xxh3_64" in cache.store.meta(0).files[".bin"]):
             return out, len(cache.chunks)
     shutil.rmtree(out, ignore_errors=True)
     summary = from_megatron(prefix, out, chunk_mb=chunk_mb)

@@ -28,7 +28,9 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import CacheError
+from shardwise.format.checksum import BLOCK_BYTES
 from shardwise.format.chunk import META_SUFFIX
 from shardwise.format.files import Payload
 from shardwise.remote.client import RemoteStore
@@ -39,7 +41,7 @@ from shardwise.storage.download import GROUP, DownloadDir
 from shardwise.storage.heads import NodeHeads
 from shardwise.storage.owned import clear_keys, is_owned
 from shardwise.storage.prefetch import Prefetcher
-from shardwise.storage.ranged import Arriving, BlockSums
+from shardwise.storage.ranged import Arriving, BlockSums, Fetched
 from shardwise.storage.store import ChunkStore, Runs, gather_runs
 from shardwise.storage.verify_report import VerifyReport
 
@@ -203,7 +205,7 @@ class BucketStore(ChunkStore):
             return super().gather(runs)
         runs, view = Runs.of(runs), self.view
         runs.check(view.chunks.columns.tokens, view.location)
-        some = runs.length > 0
+        some, size = runs.length > 0, view.dtype.itemsize
         ahead, chunks = self._prefetcher(), view.chunks
         etas = {c: ahead.eta(chunks[c].stem + ".bin")
                 for c in np.unique(runs.chunk[some]).tolist() if not self._on_node(c)}
@@ -214,15 +216,15 @@ class BucketStore(ChunkStore):
         if not away or not self._arriving.worth([etas[c] for c in away]):  # type: ignore[misc]
             return super().gather(runs)  # here, or landing sooner than ranged GETs
         self._hand_over(away)
-        sums = self._block_sums(away)
-        away = [c for c in away if c in sums]
         rows = np.flatnonzero(some & np.isin(runs.chunk, away))
-        if not len(rows):
-            return super().gather(runs)
-        pieces = self._arriving.fetch(self.remote, view.dtype, [
-            (chunks[c].stem, o, n, sums[c]) for c, o, n in zip(
-                runs.chunk[rows].tolist(), runs.offset[rows].tolist(),
-                runs.length[rows].tolist(), strict=True)])
+        usable, fetched = self._ranged(away, rows, runs)
+        if fetched is None:
+            return super().gather(runs)  # no chunk of them has block sums to check by
+        rows = rows[np.isin(runs.chunk[rows], usable)]
+        self._arriving.reads += len(rows)
+        pieces = [fetched.tokens(chunks[c].stem, o * size, (o + n) * size, view.dtype)
+                  for c, o, n in zip(runs.chunk[rows].tolist(), runs.offset[rows].tolist(),
+                                     runs.length[rows].tolist(), strict=True)]
         chunk, offset = runs.chunk.copy(), runs.offset.copy()
         chunk[rows], offset[rows] = -1 - np.arange(len(rows)), 0  # run k: pieces[k]
         out = gather_runs(lambda c: pieces[-1 - c] if c < 0 else self.tokens(c),
@@ -230,17 +232,50 @@ class BucketStore(ChunkStore):
         self._checks().batch_ids(out, runs.stream_offset(view.cum_tokens))
         return out
 
-    def _block_sums(self, chunks: list[int]) -> dict[int, BlockSums | None]:
-        """What checks ranged reads of each of ``chunks`` (metadata this process lacks read
-        in one round trip): its block sums; None where not verifying. A chunk without
-        sums (an older build's) is left out when verifying: it is read whole."""
+    def _ranged(self, away: list[int], rows: npt.NDArray[np.int64], runs: Runs
+                ) -> tuple[list[int], Fetched | None]:
+        """Ranged GETs of ``runs[rows]`` (runs in chunks ``away``), checked: the chunks
+        whose bytes may be used (the others' are read whole) and the bytes (None: none
+        was asked for). When verifying, the whole 64 KiB blocks around each run are
+        asked for while the chunks' metadata (their block sums) is read, on a thread,
+        in the same round trip; once this process holds the metadata, only chunks
+        with block sums are asked for."""
+        view, size = self.view, self.view.dtype.itemsize
+        infos = {c: view.chunks[c] for c in away}
+        sums_of: ReadAhead[dict[int, BlockSums]] | None = None
+        if not view.verify:
+            sums: dict[int, BlockSums | None] = dict.fromkeys(away)
+        elif all(i.stem in self._metas for i in infos.values()):
+            sums = dict(self._block_sums(away))  # no request
+            rows = rows[np.isin(runs.chunk[rows], list(sums))]
+            if not len(rows):
+                return [], None
+        else:
+            sums_of = ReadAhead.call(self._block_sums, away, name="shardwise-block-sums")
+        try:
+            fetched = self._arriving.fetch(
+                self.remote, [(infos[c].stem, o * size, (o + n) * size) for c, o, n in zip(
+                    runs.chunk[rows].tolist(), runs.offset[rows].tolist(),
+                    runs.length[rows].tolist(), strict=True)],
+                {i.stem: i.tokens * size for i in infos.values()},
+                BLOCK_BYTES if view.verify else 0)
+            if sums_of is not None:
+                sums = dict(sums_of.get())
+        finally:
+            if sums_of is not None:
+                sums_of.close(None)
+        usable = fetched.check({infos[c].stem: s for c, s in sums.items()})
+        return [c for c in away if infos[c].stem in usable], fetched
+
+    def _block_sums(self, chunks: list[int]) -> dict[int, BlockSums]:
+        """The block sums of each of ``chunks`` that has them (an older build's chunk has
+        none: it is read whole), from their metadata (what this process lacks read in
+        one round trip, checked against the ledger)."""
         infos = [self.view.chunks[c] for c in chunks]
         missing = [i for i in infos if i.stem not in self._metas]
         for info, data in zip(missing, self.read_many([i.stem + META_SUFFIX for i in missing]),
                               strict=True):
             self._load_meta(info, data)
-        if not self.view.verify:
-            return dict.fromkeys(chunks)
         sums = {c: BlockSums.of(self.meta_of(i)) for c, i in zip(chunks, infos, strict=True)}
         return {c: s for c, s in sums.items() if s is not None}
 

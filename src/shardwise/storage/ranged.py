@@ -61,11 +61,6 @@ class BlockSums:
                                     f"{block} bytes for a .bin of {size} bytes")
         return cls(size, block, sums)
 
-    def around(self, start: int, stop: int) -> tuple[int, int]:
-        """The bytes of the whole blocks holding ``[start, stop)``."""
-        return (start // self.block * self.block,
-                min(-(-stop // self.block) * self.block, self.size))
-
 
 def _spans(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """``ranges`` merged where they overlap or touch, in order."""
@@ -82,8 +77,8 @@ class Arriving:
     """The ranged reads of one process: how many, and how long a batch's take."""
 
     def __init__(self) -> None:
-        self.reads = 0  # runs read so far
-        self.read_bytes = 0  # bytes received for them (whole blocks)
+        self.reads = 0  # runs a batch took from ranged GETs so far
+        self.read_bytes = 0  # bytes ranged GETs received (whole blocks)
         self.rtt_s: float | None = None  # how long one batch's ranged GETs take
 
     def worth(self, etas: list[float]) -> bool:
@@ -95,37 +90,58 @@ class Arriving:
         rtt = self.rtt_s if self.rtt_s is not None else 0.05
         return any(e > 2 * rtt for e in etas)
 
-    def fetch(self, remote: RemoteStore, dtype: np.dtype[Any],
-              runs: list[tuple[str, int, int, BlockSums | None]]) -> list[npt.NDArray[Any]]:
-        """The tokens of each run ``(stem, token offset, tokens, block sums)``, all asked
-        for at once; those of a chunk with block sums checked by them first."""
-        size = dtype.itemsize
+    def fetch(self, remote: RemoteStore, runs: list[tuple[str, int, int]],
+              sizes: dict[str, int], block: int) -> Fetched:
+        """The bytes ``[start, stop)`` of each run ``(stem, start, stop)`` of a ``.bin`` of
+        ``sizes[stem]`` bytes, all asked for at once: the whole ``block``-byte blocks
+        around them (0: just their bytes), runs of one file sharing blocks in one range.
+        Nothing is checked yet (:meth:`Fetched.check`: the block sums may still be on
+        their way)."""
         wanted: dict[str, list[tuple[int, int]]] = {}
-        for stem, o, n, sums in runs:
-            a, b = o * size, (o + n) * size
-            wanted.setdefault(stem, []).append(sums.around(a, b) if sums else (a, b))
+        for stem, a, b in runs:
+            if block:
+                a, b = a // block * block, min(-(-b // block) * block, sizes[stem])
+            wanted.setdefault(stem, []).append((a, b))
         spans = [(stem, a, b) for stem, rs in wanted.items() for a, b in _spans(rs)]
         started = time.monotonic()
         got = remote.get_ranges([(stem + ".bin", a, b) for stem, a, b in spans], checked=True)
         took = time.monotonic() - started
         self.rtt_s = took if self.rtt_s is None else 0.7 * self.rtt_s + 0.3 * took
-        sums_of = {stem: sums for stem, _, _, sums in runs}
-        read: dict[str, list[tuple[int, bytes]]] = {}
-        for (stem, a, b), data in zip(spans, got, strict=True):
-            _check(remote, stem + ".bin", a, b, data, sums_of[stem])
-            read.setdefault(stem, []).append((a, data))  # type: ignore[arg-type]
-            self.read_bytes += b - a
-        self.reads += len(runs)
-        return [np.frombuffer(_cut(read[stem], o * size, (o + n) * size), dtype=dtype)
-                for stem, o, n, _ in runs]
+        self.read_bytes += sum(b - a for _, a, b in spans)
+        return Fetched(remote, block, spans, got)
 
 
-def _cut(spans: list[tuple[int, bytes]], a: int, b: int) -> bytes:
-    """Bytes ``[a, b)`` of the file, out of the span that holds them."""
-    for start, data in spans:
-        if start <= a and b <= start + len(data):
-            return data[a - start:b - start]
-    raise AssertionError(f"no span holds bytes [{a}, {b})")
+@dataclass
+class Fetched:
+    """What one batch's ranged GETs returned: ``(stem, start, stop)`` spans (whole blocks
+    of ``block`` bytes; 0: exact) and each one's answer."""
+
+    remote: RemoteStore
+    block: int
+    spans: list[tuple[str, int, int]]
+    got: list[bytes | Exception]
+
+    def check(self, sums: dict[str, BlockSums | None]) -> set[str]:
+        """The files whose bytes may be used: every span whole, and each block of a file
+        with sums in ``sums`` matching its sum (else :class:`CorruptChunkError`); a file
+        whose sums are None is used unchecked (not verifying); one missing from ``sums``,
+        or read in other blocks than its sums', is not used (it is read whole instead)."""
+        usable = set()
+        for (stem, a, b), data in zip(self.spans, self.got, strict=True):
+            s = sums.get(stem, False)
+            if s is False or (s is not None and s.block != self.block):
+                continue
+            _check(self.remote, stem + ".bin", a, b, data, s)
+            usable.add(stem)
+        return usable
+
+    def tokens(self, stem: str, start: int, stop: int, dtype: np.dtype[Any]
+               ) -> npt.NDArray[Any]:
+        """The run's tokens (bytes ``[start, stop)`` of the file), out of its span."""
+        for (s, a, _), data in zip(self.spans, self.got, strict=True):
+            if s == stem and isinstance(data, bytes) and a <= start and stop <= a + len(data):
+                return np.frombuffer(data[start - a:stop - a], dtype=dtype)
+        raise AssertionError(f"{stem}.bin: no span holds bytes [{start}, {stop})")
 
 
 def _check(remote: RemoteStore, key: str, a: int, b: int, data: bytes | Exception,
@@ -151,4 +167,4 @@ def _check(remote: RemoteStore, key: str, a: int, b: int, data: bytes | Exceptio
             "was used); retry, and check the store or the network between")
 
 
-__all__ = ["Arriving", "BlockSums"]
+__all__ = ["Arriving", "BlockSums", "Fetched"]
