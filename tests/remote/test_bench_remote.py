@@ -72,3 +72,39 @@ def test_remote_open_counts_one_fetch_per_node(tmp_path: Path,
     assert report["one_process_requests"] == 3  # manifest, ledger, index: one GET each
     assert [r["requests"] for r in report["rounds"]] == [3, 6]  # 4 processes, 2 nodes
     assert [r["fetchers"] for r in report["rounds"]] == [1, 2] and report["ok"]
+
+
+def test_sigterm_stops_the_servers_the_bench_started(tmp_path: Path) -> None:
+    """``kill`` (SIGTERM) of a running ``bench remote`` is Ctrl-C: SeaweedFS and the
+    proxies it started are stopped and it exits 130 (the default action left them)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    cmd = [sys.executable, "-c", "import sys; from shardwise.cli.main import main; "
+           "sys.exit(main(sys.argv[1:]))", "bench", "remote", "--tokens", "400000",
+           "--chunk-mb", "0.1", "--seq-len", "64", "--batches", "40000", "--repeat", "50",
+           "--tmp-dir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline, servers = time.monotonic() + 120, []
+        while not servers and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            servers = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                       if "weed" in p.name()]
+        assert servers, "the bench never started SeaweedFS"
+        time.sleep(1.0)  # the rounds are running
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert b"interrupted" in err
+    gone, alive = psutil.wait_procs(servers, timeout=15)
+    assert not alive, alive

@@ -16,8 +16,10 @@ import contextlib
 import errno
 import importlib
 import os
+import signal
 import sys
 import textwrap
+import threading
 import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
@@ -98,6 +100,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
     stdout, sys.stdout = sys.stdout, _NamedStream(sys.stdout, STDOUT)
+    # SIGTERM (a scheduler's preemption, ``kill``) is handled as Ctrl-C is: the command
+    # stops its workers and the servers a bench started and exits 130, where the default
+    # action killed this process alone and left them running (only the main thread can
+    # set a handler)
+    on_main = threading.current_thread() is threading.main_thread()
+    term = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
     try:
         code = int(args._run(args))
         sys.stdout.flush()  # a full disk under `--json > file` is this command's error
@@ -106,6 +114,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(args, e, stdout)
     finally:
         sys.stdout = stdout
+        if on_main:
+            signal.signal(signal.SIGTERM, term if term is not None else signal.SIG_DFL)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt("SIGTERM")
 
 
 def _fail(args: argparse.Namespace, e: BaseException, stdout: TextIO) -> int:
