@@ -351,3 +351,28 @@ def test_a_store_made_after_a_plain_fork_does_not_use_the_dead_runtime(
         answer = f.read()
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0 and answer == "False 100", answer
+
+
+def test_chunks_on_the_node_for_good_are_mapped_at_once_and_evicted_ones_fetched_again(
+        built: tuple[str, Path], s3_env: dict[str, str], tmp_path: Path) -> None:
+    """Every file of the cache fits in ``local_bytes``, so none is ever evicted: a chunk
+    seen on the node is mapped again from its file directly (no download task, no stat
+    per batch: a cache with more chunks than stay mapped maps several per batch). If one
+    disappears after all (a process of the node opened with a smaller ``local_bytes``),
+    it is downloaded again, and the batches stay the local read's."""
+    url, local = built
+    want = _batches(local, 40)
+    cache = _open(s3_env["AWS_ENDPOINT_URL"], url, tmp_path)
+    store = cache.store
+    _same(_batches(cache, 40), want)
+    store._maps.clear()  # noqa: SLF001  (as a reader whose maps were dropped)
+    _same(_batches(cache, 40), want)
+    assert store._all_fit() and store._here  # noqa: SLF001
+    bins = sorted((tmp_path / "node").rglob("chunks/*/*.bin"))
+    assert len(bins) >= len(store._here)  # noqa: SLF001
+    for path in bins:  # evicted behind this reader's back
+        path.unlink()
+    store._maps.clear()  # noqa: SLF001
+    _same(_batches(cache, 40), want)
+    cache.close()
+    assert len(list((tmp_path / "node").rglob("chunks/*/*.bin"))) >= 1

@@ -72,6 +72,9 @@ class BucketStore(ChunkStore):
         self.paced_budget = True  # the look-ahead's bytes sized by the pace, not a half
         self.group = GROUP  # a chunk file's blocks asked for at once
         self._arriving = Arriving()
+        self._here: set[int] = set()  # chunks on the node for good (see _on_node)
+        self._here_stems: set[str] = set()  # their stems
+        self._fit = (-1, False)  # (chunks of the view, all their files fit on the node)
 
     def __repr__(self) -> str:
         return f"BucketStore({self.remote.url!r})"
@@ -155,12 +158,19 @@ class BucketStore(ChunkStore):
             try:
                 return use(self._download(info, suffix))
             except FileNotFoundError:
+                # evicted after all (a process of the node with a smaller local_bytes):
+                # forget what was thought to stay, and download it
+                self._here.clear()
+                self._here_stems.clear()
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
 
     def _download(self, info: ChunkInfo, suffix: str) -> Path:
-        """The local copy of a chunk file: a prefetched one if its download succeeded."""
+        """The local copy of a chunk file: a prefetched one if its download succeeded; a
+        ``.bin`` on the node for good (:meth:`_on_node`) at once, as a local cache's."""
+        if suffix == ".bin" and info.stem in self._here_stems and self._all_fit():
+            return self._downloads().dir / (info.stem + suffix)
         return self._prefetcher().take(info.stem + suffix, partial(self._fetch, info, suffix),
                                        new_chunk=suffix == ".bin")
 
@@ -192,10 +202,30 @@ class BucketStore(ChunkStore):
         return not self.ranged or all(self._on_node(c) for c in chunks)
 
     def _on_node(self, c: int) -> bool:
-        """Chunk ``c`` is mapped, or its checked copy is on this node."""
-        if c in self._maps:
+        """Chunk ``c`` is mapped, or its checked copy is on this node (remembered where
+        nothing is ever evicted, :meth:`_all_fit`: no stat per chunk and batch)."""
+        if c in self._maps or c in self._here:
             return True
-        return os.path.exists(self._downloads().dir / (self.view.chunks[c].stem + ".bin"))
+        here = os.path.exists(self._downloads().dir / (self.view.chunks[c].stem + ".bin"))
+        if here and self._all_fit():
+            self._here.add(c)
+            self._here_stems.add(self.view.chunks[c].stem)
+        return here
+
+    def _all_fit(self) -> bool:
+        """Whether every chunk file of the view fits in the node's local copy at once (the
+        ``.idx`` and metadata sizes overestimated), so that none is ever evicted and a
+        file seen on the node stays there. Checked again when the view grows."""
+        n = len(self.view.chunks)
+        if self._fit[0] != n:
+            cols = self.view.chunks.columns
+            need = (int(cols.tokens.sum()) * self.view.dtype.itemsize
+                    + 24 * int(cols.documents.sum()) + (64 << 10) * n)
+            self._fit = n, need <= self._downloads().max_bytes
+            if not self._fit[1]:
+                self._here.clear()
+                self._here_stems.clear()
+        return self._fit[1]
 
     def gather(self, runs: Any) -> npt.NDArray[Any]:
         """From the local copy of each chunk that is here; the runs of chunks still
@@ -303,8 +333,8 @@ class BucketStore(ChunkStore):
         if ahead.same_as_last(chunks):  # a batch like the one before: handed over already
             return ahead.wants_more()
         for c in chunks:
-            if c in self._maps:  # already mapped: its file is here
-                continue
+            if c in self._maps or (self._all_fit() and self._on_node(c)):
+                continue  # mapped, or on the node for good: nothing to download or pin
             info = self.view.chunks[c]
             ahead.add(info.stem + ".bin", info.tokens * self.view.dtype.itemsize,
                       partial(self._fetch, info, ".bin"))  # its metadata comes with it

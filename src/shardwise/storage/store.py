@@ -274,13 +274,12 @@ class ChunkStore(ABC):
         """The ``.bin`` memory-mapped, after checking it holds exactly the ledger's tokens
         (a short file must be named, not fail inside numpy)."""
         dtype = self.view.dtype
-        size, want = path.stat().st_size, info.tokens * dtype.itemsize
-        if size != want:
-            raise CorruptChunkError(f"{path}: {size} bytes, the ledger's {info.tokens} tokens "
-                                    f"of {dtype.itemsize} bytes are {want}; {self._advice()}")
-        # a plain ndarray view of the map: slicing an np.memmap subclass costs ~3 us of
-        # Python per slice on the hot path; the view keeps the map alive
-        return open_bin(path, dtype).view(np.ndarray)
+        tokens, want = open_bin(path, dtype), info.tokens * dtype.itemsize
+        if tokens.nbytes != want:
+            raise CorruptChunkError(f"{path}: {tokens.nbytes} bytes, the ledger's "
+                                    f"{info.tokens} tokens of {dtype.itemsize} bytes are "
+                                    f"{want}; {self._advice()}")
+        return tokens
 
     def index(self, c: int) -> MegatronIndex:
         """Chunk ``c``'s ``.idx`` (document lengths), memory-mapped and structure-checked;
