@@ -79,7 +79,7 @@ def chunked_copy(prefix: Path, chunks: int) -> tuple[Path, int]:
     """``prefix`` imported as a shardwise cache of about ``chunks`` chunks (reused when one
     of that size is there); its directory and chunk count."""
     from shardwise.storage.opening import open_cache
-    from shardwise.writer.convert import from_megatron
+    from shardwise.writer.megatron_import import from_megatron
 
     token_bytes = prefix.with_name(prefix.name + ".bin").stat().st_size
     chunk_mb = max(token_bytes / chunks / (1 << 20), 0.01)
