@@ -115,17 +115,15 @@ def test_a_registered_wrapper_is_refused_by_a_reader(tmp_path: Path) -> None:
         del guard.GUARDS["ReplayShard"]
 
 
-# modules that still list imported names in __all__, each with why it is allowed for now
-REEXPORTS_ALLOWED = {
-    "read/external/producer_dir.py": "README documents `from shardwise.read.external."
-    "producer_dir import publish_chunk` (the producer's half next to its reader); moving "
-    "users to read/external/producer.py is a user-visible change",
-    "read/orders/none.py": "PAD, from orders/base.py; read/orders is being reworked (issue "
-    "22 item 1)",
-    "bench/read.py": "the bench harness is moving out of the package (issue 22 item 6)",
-}
 FRONT_DOORS = {"__init__.py", "torch.py", "hf.py", "lightning.py", "torchdata.py",
                "megatron.py"}
+PACKAGE = Path(shardwise.__file__).parent
+TESTS = Path(__file__).resolve().parent
+
+
+def _is_front_door(path: Path, package: Path) -> bool:
+    """Package ``__init__`` files and the public shortcuts (``shardwise.torch``, ...)."""
+    return path.name == "__init__.py" or (path.parent == package and path.name in FRONT_DOORS)
 
 
 def _reexports(path: Path) -> list[str]:
@@ -141,15 +139,101 @@ def _reexports(path: Path) -> list[str]:
     return [n for n in exported if n in imported]
 
 
+def _defined(path: Path) -> set[str]:
+    """The names ``path`` binds at module level other than by importing them."""
+    names: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names.update(n.id for t in targets for n in ast.walk(t)
+                             if isinstance(n, ast.Name))
+            elif isinstance(node, ast.If | ast.Try):
+                visit(node.body + node.orelse + getattr(node, "finalbody", []))
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+
+    visit(ast.parse(path.read_text(), str(path)).body)
+    return names
+
+
+def _module_file(module: str, package: Path) -> Path | None:
+    """The file of ``module`` when it is a plain module of ``package`` (no front door)."""
+    if not module.startswith(package.name + "."):
+        return None
+    source = package.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    return source if source.is_file() and not _is_front_door(source, package) else None
+
+
+def _borrowed_imports(path: Path, package: Path) -> list[str]:
+    """``from <package>.m import X`` (or ``m.X`` with ``m`` a module imported whole) in
+    ``path`` where module ``m`` (no front door) does not define ``X`` itself: ``X`` is
+    taken through a module that only imports it."""
+    tree = ast.parse(path.read_text(), str(path))
+    aliases: dict[str, Path] = {}  # a plain module imported whole, by its local name
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for a in node.names:
+                if whole := _module_file(f"{node.module}.{a.name}", package):
+                    aliases[a.asname or a.name] = whole
+            if source := _module_file(node.module, package):
+                defined = _defined(source)
+                bad += [f"line {node.lineno}: {a.name} from {node.module}"
+                        for a in node.names if a.name not in defined]
+        elif isinstance(node, ast.Import):
+            aliases |= {a.asname: whole for a in node.names
+                        if a.asname and (whole := _module_file(a.name, package))}
+    patched = {(n.args[0].id, n.args[1].value) for n in ast.walk(tree)  # setattr(m, "X", ...)
+               if isinstance(n, ast.Call) and isinstance(n.func, ast.Name | ast.Attribute)
+               and getattr(n.func, "attr", getattr(n.func, "id", None)) == "setattr"
+               and len(n.args) > 1 and isinstance(n.args[0], ast.Name)
+               and isinstance(n.args[1], ast.Constant)}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and (source := aliases.get(node.value.id))
+                and node.attr not in _defined(source)
+                and (node.value.id, node.attr) not in patched):  # the binding a test patches
+            bad.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+    return bad
+
+
 def test_no_module_re_exports_what_another_defines() -> None:
-    """A split leaves no shim behind: callers import a name from the module that defines
-    it. Package ``__init__`` files and the public shortcuts (``shardwise.torch``, ...) are
+    """A split leaves no shim behind: no module lists in ``__all__`` a name it imports.
+    Package ``__init__`` files and the public shortcuts (``shardwise.torch``, ...) are
     front doors and may."""
-    package = Path(shardwise.__file__).parent
-    bad = {str(p.relative_to(package)): names for p in sorted(package.rglob("*.py"))
-           if p.name not in FRONT_DOORS or (p.parent != package and p.name != "__init__.py")
-           if (names := _reexports(p))}
-    for allowed in REEXPORTS_ALLOWED:
-        assert allowed in bad, f"{allowed} re-exports nothing any more: drop its exception"
-        del bad[allowed]
+    bad = {str(p.relative_to(PACKAGE)): names for p in sorted(PACKAGE.rglob("*.py"))
+           if not _is_front_door(p, PACKAGE) if (names := _reexports(p))}
     assert not bad, f"re-export shims (import these from the defining module): {bad}"
+
+
+@pytest.mark.parametrize("root", [PACKAGE, TESTS], ids=["src", "tests"])
+def test_every_import_names_the_defining_module(root: Path) -> None:
+    """A shim without ``__all__`` is a shim too: the library and its tests import each name
+    from the module that defines it (or from a front door), never through a module that
+    merely imported it."""
+    bad = {str(p.relative_to(root)): found for p in sorted(root.rglob("*.py"))
+           if (found := _borrowed_imports(p, PACKAGE))}
+    assert not bad, f"import these from the module that defines them: {bad}"
+
+
+def test_the_shim_checks_see_a_shim(tmp_path: Path) -> None:
+    """Both checks above find a re-export, in ``__all__`` and through an import, and let a
+    package's ``__init__`` (a front door) be."""
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "base.py").write_text("X = 1\n\ndef f():\n    pass\n")
+    (package / "shim.py").write_text("from pkg.base import X\n\nY = X\n__all__ = ['X', 'Y']\n")
+    (package / "sub" / "__init__.py").write_text("from pkg.base import X\n__all__ = ['X']\n")
+    user = tmp_path / "user.py"
+    user.write_text("from pkg.shim import X, Y\nfrom pkg.base import f\nfrom pkg.sub import X\n"
+                    "from pkg import shim\nimport pkg.base as b\nshim.Y, b.X, b.Z\n"
+                    "real = shim.X\nmonkeypatch.setattr(shim, 'X', 2)\n")
+    assert _reexports(package / "shim.py") == ["X"]
+    assert _is_front_door(package / "sub" / "__init__.py", package)
+    assert _borrowed_imports(user, package) == ["line 1: X from pkg.shim", "line 6: b.Z"]
+    user.write_text("from pkg import shim\nshim.X\n")  # not patched: borrowed
+    assert _borrowed_imports(user, package) == ["line 2: shim.X"]

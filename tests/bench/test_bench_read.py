@@ -17,8 +17,8 @@ import orjson
 import pytest
 
 from shardwise import TokenDataset, open_cache
-from shardwise.bench import read as bench_read
-from shardwise.bench.read_data import chunked_copy
+from shardwise.bench.read_data import MEGATRON_INSTALL, chunked_copy, make_corpus
+from shardwise.bench.read_report import format_report
 from shardwise.cli import main as cli_main
 
 TINY = ("--tokens", "200000", "--seq-len", "128", "--batches", "3", "--repeat", "1",
@@ -75,8 +75,8 @@ def test_json_report_structure(tiny: tuple[dict[str, Any], Path]) -> None:
         assert t["examples"] == 3 * 8 and len(t["runs"]) == 1 and t["seconds"] > 0
         assert t["tokens_per_s"] == pytest.approx(t["examples_per_s"] * 128)
     meg = report["megatron"]
-    assert meg["available"] is False and bench_read.MEGATRON_INSTALL in meg["note"]
-    assert any(bench_read.MEGATRON_INSTALL in n for n in report["notes"])
+    assert meg["available"] is False and MEGATRON_INSTALL in meg["note"]
+    assert any(MEGATRON_INSTALL in n for n in report["notes"])
     st = report["startup"]
     assert st["import"]["torch"] is False and st["first_small"]["torch"] is False
     for key in ("import", "import_numpy", "first_small", "first_large", "first_numpy_small",
@@ -122,7 +122,7 @@ def test_shardwise_and_plain_numpy_batches_are_identical(
 
 
 def test_human_report(tiny: tuple[dict[str, Any], Path]) -> None:
-    text = bench_read.format_report(tiny[0])
+    text = format_report(tiny[0])
     assert "plain numpy memmap slicing" in text and "first example, 0.8M tokens" in text
     assert "identical to plain numpy (3 micro-batches): getitem yes" in text
     assert "loader, cache of 5 chunks" in text and "loader_chunked yes" in text
@@ -136,7 +136,7 @@ def test_human_report(tiny: tuple[dict[str, Any], Path]) -> None:
 
 def test_data_is_reused(tiny: tuple[dict[str, Any], Path]) -> None:
     _, work = tiny
-    again = bench_read.make_corpus(work / "tokens-200000", 200_000, 7)
+    again = make_corpus(work / "tokens-200000", 200_000, 7)
     assert again["reused"] is True and again["made_s"] == 0.0
     cache_dir = work / "tokens-200000.cache-5"
     stamp = (cache_dir / "ledger.json").stat().st_mtime_ns
@@ -147,7 +147,7 @@ def test_data_is_reused(tiny: tuple[dict[str, Any], Path]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None,
-                    reason=f"megatron-core is not installed ({bench_read.MEGATRON_INSTALL})")
+                    reason=f"megatron-core is not installed ({MEGATRON_INSTALL})")
 def test_megatron_baseline(tmp_path: Path) -> None:
     code, report = run_bench(*TINY, "--dir", tmp_path)
     assert code == 0

@@ -13,7 +13,8 @@ import shardwise
 from shardwise.errors import CacheError, ConfigError, CorruptChunkError
 from shardwise.format.megatron import read_idx
 from shardwise.storage.verify import verify_cache
-from shardwise.writer.convert import from_megatron, to_megatron
+from shardwise.writer.convert import to_megatron
+from shardwise.writer.megatron_import import from_megatron
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cachefactory import make_cache, sample_docs  # noqa: E402

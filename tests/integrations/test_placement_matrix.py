@@ -60,6 +60,8 @@ INTEGRATIONS: dict[str, str | None] = {
 # modules placed through another row, with where their multi-rank runs are checked
 NOT_A_ROW = {"shardwise.integrations.megatron": "builds shardwise.torch.loader; "
              "tests/distributed/test_megatron_train.py runs Megatron's own code",
+             "shardwise.integrations.megatron_loader": "builds shardwise.torch.loader; "
+             "tests/distributed/test_megatron_train.py runs Megatron's own code",
              "shardwise.integrations.guards": "no loader: the frameworks' wrappers every "
              "reader refuses; tests/integrations/test_hf_trainer.py (accelerate, torchrun), "
              "test_trl.py, test_lightning_bare.py, tests/test_framework_seam.py"}

@@ -11,7 +11,7 @@ from tests.cachefactory import make_cache, sample_docs
 
 import shardwise as sw
 from shardwise.errors import ConfigError, CorruptChunkError
-from shardwise.storage.store import FEW_RUNS, LONG_RUN, Runs
+from shardwise.storage.runs import FEW_RUNS, LONG_RUN, Runs
 
 
 @pytest.fixture(scope="module")

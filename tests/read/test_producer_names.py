@@ -1,5 +1,5 @@
 """Chunk names of a producer directory: format patterns and regexes with one capture group
-(read/external/names.py), and a consumed chunk the producer deleted."""
+(read/external/producer_dir/names.py), and a consumed chunk the producer deleted."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from shardwise.errors import ConfigError, InputError
-from shardwise.read.external.names import ChunkNames
 from shardwise.read.external.producer_dir import ProducerDirDataset, delete_finished
+from shardwise.read.external.producer_dir.names import ChunkNames
 from shardwise.world import World
 
 

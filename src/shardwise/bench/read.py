@@ -54,7 +54,6 @@ import numpy.typing as npt
 
 from shardwise.bench.read_access import access_lines, measure_access
 from shardwise.bench.read_data import (
-    MEGATRON_INSTALL,
     chunked_copy,
     make_corpus,
     megatron_dataset,
@@ -344,4 +343,4 @@ def run(args: argparse.Namespace) -> int:
     return 0 if rep["identical"]["all"] else 1
 
 
-__all__ = ["MEGATRON_INSTALL", "add_subparser", "format_report", "make_corpus", "run"]
+__all__ = ["add_subparser", "run"]

@@ -80,7 +80,7 @@ def chunked_copy(prefix: Path, chunks: int) -> tuple[Path, int]:
     of that size is there, written by a build that records block sums: ranged reads of
     an older one are off); its directory and chunk count."""
     from shardwise.storage.opening import open_cache
-    from shardwise.writer.convert import from_megatron
+    from shardwise.writer.megatron_import import from_megatron
 
     token_bytes = prefix.with_name(prefix.name + ".bin").stat().st_size
     chunk_mb = max(token_bytes / chunks / (1 << 20), 0.01)

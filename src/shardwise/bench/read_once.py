@@ -32,7 +32,7 @@ def measure_first_epoch(cache_dir: Path, args: argparse.Namespace) -> dict[str, 
     the same epoch with ``verify=False``; best of ``--repeat``."""
     from shardwise import TokenDataset, open_cache
     from shardwise.format.paths import READER_DIR
-    from shardwise.storage.integrity import LOG_DIR
+    from shardwise.storage.verifier import LOG_DIR
 
     now, m = getattr(time, CLOCKS[args.clock]), args.micro_batch
     best = {"checks": float("inf"), "trusted": float("inf")}

@@ -1,6 +1,7 @@
 """``shardwise convert``: a cache to one Megatron ``.bin/.idx`` pair, or back.
 
-Thin shell over :func:`shardwise.writer.convert.to_megatron` and ``from_megatron``.
+Thin shell over :func:`shardwise.writer.convert.to_megatron` and
+:func:`shardwise.writer.megatron_import.from_megatron`.
 """
 
 from __future__ import annotations
@@ -13,13 +14,8 @@ from typing import Any
 import orjson
 
 from shardwise.cli.args import count_arg, positive_float
-from shardwise.writer.convert import (
-    ConvertSummary,
-    DataPath,
-    from_megatron,
-    megatron_data_path,
-    to_megatron,
-)
+from shardwise.writer.convert import ConvertSummary, DataPath, megatron_data_path, to_megatron
+from shardwise.writer.megatron_import import from_megatron
 
 USAGE = ("shardwise convert DIR --to-megatron PREFIX [--allow-partial] [--no-verify]\n"
          "       shardwise convert DIR --megatron-data-path [--seq-len N]\n"

@@ -19,8 +19,9 @@ from shardwise.format.ledger_index import INDEX_NAME
 from shardwise.format.manifest import MANIFEST_NAME, Manifest
 from shardwise.remote.client import is_url
 from shardwise.storage.opening import open_store
-from shardwise.storage.verify import VerifyReport, verify_cache, verify_megatron, verify_remote
+from shardwise.storage.verify import verify_cache, verify_megatron, verify_remote
 from shardwise.storage.verify_quick import verify_quick
+from shardwise.storage.verify_report import VerifyReport
 from shardwise.writer.convert import IMPORT_KIND
 
 DESCRIPTION = ("Check a shardwise cache exhaustively: the manifest, the ledger's consistency, "

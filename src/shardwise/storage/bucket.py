@@ -42,7 +42,8 @@ from shardwise.storage.heads import NodeHeads
 from shardwise.storage.owned import clear_keys, is_owned
 from shardwise.storage.prefetch import Prefetcher
 from shardwise.storage.ranged import Arriving, BlockSums, Fetched
-from shardwise.storage.store import ChunkStore, Runs, gather_runs
+from shardwise.storage.runs import Runs, gather_runs
+from shardwise.storage.store import ChunkStore
 from shardwise.storage.verify_report import VerifyReport
 
 _T = TypeVar("_T")

@@ -160,7 +160,7 @@ class Cache:
 
     def gather(self, runs: Any) -> npt.NDArray[np.generic]:
         """The tokens of ``runs`` (columns ``chunk, offset, length``: see
-        :mod:`shardwise.storage.store`) concatenated in order, in the cache's dtype, their
+        :mod:`shardwise.storage.runs`) concatenated in order, in the cache's dtype, their
         ids checked against the vocabulary: the one call a reader makes per batch."""
         return self.store.gather(runs)
 

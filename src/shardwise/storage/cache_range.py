@@ -28,7 +28,7 @@ from shardwise.errors import CacheError, ConfigError
 from shardwise.format.megatron import MegatronIndex
 from shardwise.storage.cache import Cache
 from shardwise.storage.integrity import CacheChecks
-from shardwise.storage.store import Runs
+from shardwise.storage.runs import Runs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,9 +10,9 @@
 3. **Checksums, once per node.** Where a chunk is read whole anyway (stream placement)
    its bytes are hashed in memory before use; a download from an object store is hashed
    as it streams. Where reads are random (global placement) a :class:`ChunkVerifier`
-   hashes each chunk file a process opens, and checks all its ids against the
-   vocabulary, on the cache's background thread, while batches are served; the first
-   damage it finds is raised by the next batch::
+   (:mod:`shardwise.storage.verifier`) hashes each chunk file a process opens, and checks
+   all its ids against the vocabulary, on the cache's background thread, while batches
+   are served; the first damage it finds is raised by the next batch::
 
        batch 7 opens chunk 3 ─▶ served (its ids were in range)   verifier: hashing chunk 3
        batch 8               ─▶ CorruptChunkError: chunk 3's .bin xxh3_64 …, the metadata says …
@@ -30,10 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import threading
-import weakref
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -50,210 +46,7 @@ from shardwise.format.megatron import MegatronIndex, check_index, first_bad_id
 from shardwise.format.paths import READER_DIR, user_cache_dir
 from shardwise.storage.chunk_check import ChunkExpect, check_chunk
 from shardwise.storage.chunk_table import ChunkInfo, View
-
-Submit = Callable[[Callable[[], None]], Future[None]]
-LOG_DIR = "verified"
-
-
-class VerifiedLog:
-    """The chunk files this node has checksum-verified: one line per file, appended by
-    every process of the node (one ``write`` of a short line with ``O_APPEND``, so lines
-    never interleave), read incrementally before each hash. A line names the file, the
-    checksum it matched, the file's identity (size, mtime, device, inode: a file
-    rewritten or replaced since is hashed again) and the vocabulary its ids were checked
-    against::
-
-        chunks/00000/00000-00003.bin 73c71401c9da7d92 18698 1718000000123456789 2049 77 ids<50000
-
-    ``dirs``: where to keep it, in order (the cache's reader directory, then the user's
-    cache directory when that is not writable); ``name`` is per cache and per host, so a
-    cache on a shared file system gets one log per node. Unwritable everywhere: nothing
-    is recorded, and every process verifies on its own.
-    """
-
-    def __init__(self, dirs: list[Path], name: str) -> None:
-        self.paths = [d / LOG_DIR / f"{name}.{socket.gethostname()}.log" for d in dirs]
-        self._seen: set[str] = set()
-        self._read: dict[Path, int] = {}
-
-    @staticmethod
-    def key(rel: str, xxh3: str, st: os.stat_result, vocab_size: int | None) -> str:
-        """The line for file ``rel``; ``vocab_size``: its ids were checked below it."""
-        return (f"{rel} {xxh3} {st.st_size} {st.st_mtime_ns} {st.st_dev} {st.st_ino} "
-                f"ids<{vocab_size}")
-
-    def __contains__(self, key: str) -> bool:
-        if key not in self._seen:
-            self._catch_up()
-        return key in self._seen
-
-    def add(self, key: str) -> None:
-        self._seen.add(key)
-        line = (key + "\n").encode()
-        for path in list(self.paths):
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            except OSError:  # read-only, or not a directory: try the next place
-                self.paths.remove(path)
-                continue
-            try:
-                os.write(fd, line)
-            finally:
-                os.close(fd)
-            return
-
-    def _catch_up(self) -> None:
-        """Read the lines other processes appended since the last look."""
-        for path in self.paths:
-            try:
-                with open(path, "rb") as f:
-                    f.seek(self._read.get(path, 0))
-                    data = f.read()
-            except OSError:
-                continue
-            end = data.rfind(b"\n") + 1  # a line being written is read next time
-            self._read[path] = self._read.get(path, 0) + end
-            self._seen.update(data[:end].decode(errors="replace").splitlines())
-
-
-class ChunkVerifier:
-    """Hashes the chunk files a process uses, one at a time, on a background thread.
-
-    ``check(chunk, suffixes)`` does the work (the cache's call of
-    :func:`~shardwise.storage.chunk_check.check_chunk`, skipping files the node log lists) and
-    returns whether it hashed anything and the problem found (or None); ``submit`` runs a
-    job on the cache's background threads. :meth:`want` queues a chunk's files on first
-    use; the drain job takes them in order and stops at the first damage, which
-    :meth:`raise_if_damaged` (called once per batch) raises from then on.
-
-    Fork-safe: in a forked child (a DataLoader worker) a fork hook gives every verifier a
-    fresh lock and re-queues what its parent had not finished (the parent's thread does
-    not exist there); the next batch resumes the work. Pickle-safe: a copy keeps what was
-    verified and found, not the queue or the lock. At interpreter exit the job stops
-    after the file in hand.
-
-    State (``stats()``): ``hashed`` (chunk checks that read data), ``skipped`` (already
-    verified on this node), ``queued``.
-    """
-
-    def __init__(self, check: Callable[[int, tuple[str, ...]], tuple[bool, str | None]],
-                 submit: Submit) -> None:
-        self._check, self._submit = check, submit
-        self._queued: set[tuple[int, tuple[str, ...]]] = set()  # wanted, not dropped
-        self._done: set[tuple[int, tuple[str, ...]]] = set()
-        self.damage: BaseException | None = None
-        self.hashed = self.skipped = 0
-        self._dropped = False  # close() dropped queued files: never settled again
-        self._reset()
-
-    def _reset(self) -> None:
-        """A fresh lock and queue for this process (created, forked or unpickled)."""
-        self._cond = threading.Condition()
-        self._queue: deque[tuple[int, tuple[str, ...]]] = deque(
-            sorted(self._queued - self._done))
-        self._running = False
-        # every file wanted so far is verified and intact (read without a lock)
-        self.settled = not self._queue and self.damage is None and not self._dropped
-        _after_fork_reset(self)
-
-    def __getstate__(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        for k in ("_cond", "_queue", "_running"):
-            d.pop(k)
-        return d
-
-    def __setstate__(self, d: dict[str, Any]) -> None:
-        self.__dict__.update(d)
-        self._reset()
-
-    def want(self, chunk: int, suffixes: tuple[str, ...]) -> None:
-        """Verify ``chunk``'s files ``suffixes`` in the background (once per process)."""
-        key = (chunk, suffixes)
-        if key in self._queued:
-            return
-        with self._cond:
-            self._queued.add(key)
-            self._queue.append(key)
-            self.settled = False
-            self._start()
-
-    def _start(self) -> None:
-        """Under the lock: run the drain job unless it runs or nothing waits."""
-        if not self._running and self._queue and self.damage is None:
-            self._running = True
-            self._submit(self._drain)
-
-    def _drain(self) -> None:
-        while True:
-            with self._cond:
-                if (not self._queue or self.damage is not None
-                        or not threading.main_thread().is_alive()):
-                    self._running = False
-                    self.settled = (not self._queue and self.damage is None
-                                    and not self._dropped)
-                    self._cond.notify_all()
-                    return
-                key = self._queue[0]
-            error: BaseException | None = None
-            try:
-                hashed, problem = self._check(*key)
-            except BaseException as e:  # raised to the reader at its next batch
-                error = e
-            else:
-                self.hashed, self.skipped = self.hashed + hashed, self.skipped + (not hashed)
-                error = CorruptChunkError(problem) if problem is not None else None
-            with self._cond:
-                if self._queue and self._queue[0] == key:
-                    self._queue.popleft()
-                self._done.add(key)
-                self.damage = self.damage or error
-                self._cond.notify_all()
-
-    def raise_if_damaged(self) -> None:
-        """Raise the damage the background verification found (cheap: no lock, no system
-        call); resume work a fork left queued."""
-        if self.damage is not None:
-            raise self.damage
-        if self._queue and not self._running:
-            with self._cond:
-                self._start()
-
-    def wait(self) -> None:
-        """Block until every queued file is verified (or damage is found)."""
-        with self._cond:
-            self._start()
-            while self._running:
-                self._cond.wait()
-
-    def stop(self) -> None:
-        """Drop what is queued (the job in hand finishes its file); a later :meth:`want`
-        of a dropped file queues it again."""
-        with self._cond:
-            self._queued.difference_update(self._queue)
-            self._dropped = self._dropped or bool(self._queue)
-            self._queue.clear()
-
-    def stats(self) -> dict[str, int]:
-        return {"hashed": self.hashed, "skipped": self.skipped, "queued": len(self._queue)}
-
-
-def _after_fork_reset(verifier: ChunkVerifier) -> None:
-    """Track ``verifier`` so that a forked child resets it (the hook is installed on first
-    use, never at import)."""
-    if not _FORK_HOOK:
-        os.register_at_fork(after_in_child=_reset_in_child)
-        _FORK_HOOK.append(True)
-    _VERIFIERS.add(verifier)
-
-
-def _reset_in_child() -> None:
-    for verifier in list(_VERIFIERS):
-        verifier._reset()
-
-
-_VERIFIERS: weakref.WeakSet[ChunkVerifier] = weakref.WeakSet()
-_FORK_HOOK: list[bool] = []
+from shardwise.storage.verifier import ChunkVerifier, VerifiedLog
 
 
 class Store(Protocol):

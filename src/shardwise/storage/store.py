@@ -1,25 +1,14 @@
-"""The one interface to a cache's bytes: runs of stored tokens, and gathering them.
+"""The one interface to a cache's bytes: :class:`ChunkStore`.
 
-A **run** is a stretch of one chunk's tokens: ``(chunk, offset, length)``, ``offset``
-counted in tokens from the chunk's start. An order of examples becomes runs
-(``locate(indices)``); a batch's tokens are its runs gathered, in order, into one flat
-array (:func:`gather_runs`) — the one call a reader makes per batch::
-
-    runs   chunk  3  3  7          out  ┌ 3[100:164] ┬ 3[900:964] ┬ 7[0:40] ┐
-           offset 100 900 0   ──▶       └──── 64 ────┴──── 64 ────┴── 40 ───┘
-           length 64  64  40
-
-Runs are plain numpy columns (:class:`Runs`, or any three arrays in that order), so the
-read pipeline builds them with whole-array operations and never names a chunk file.
-
-:class:`ChunkStore` is everything that touches a cache's bytes (docs/DESIGN.md, "One
+It is everything that touches a cache's bytes (docs/DESIGN.md, "One
 storage interface"): its files (the :class:`~shardwise.format.files.Files` half, which the
 format and the build use) and its chunks (memory maps, ``.idx``, metadata, ``gather``,
 downloads ahead, integrity checks). Two implementations: ``LocalStore``
 (:mod:`shardwise.storage.local`) and ``BucketStore`` (:mod:`shardwise.storage.bucket`).
 What differs between them is only where a chunk file's local bytes come from
 (:meth:`ChunkStore.with_file`) and how its metadata is read; the maps, their budget, the
-checks and ``gather`` are written once, here.
+checks and ``gather`` (runs of stored tokens, :mod:`shardwise.storage.runs`, read
+through the maps) are written once, here.
 """
 
 from __future__ import annotations
@@ -30,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -38,7 +27,7 @@ import orjson
 
 from shardwise.concurrency import ThreadPool
 from shardwise.concurrency.bounded import Bounded
-from shardwise.errors import CacheError, ConfigError, CorruptChunkError
+from shardwise.errors import CacheError, CorruptChunkError
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.chunk import META_SUFFIX, ChunkKind, ChunkMeta
 from shardwise.format.files import Payload
@@ -47,102 +36,12 @@ from shardwise.storage import open_maps
 from shardwise.storage.chunk_check import CheckDepth, ChunkExpect
 from shardwise.storage.chunk_table import ChunkInfo, View
 from shardwise.storage.integrity import CacheChecks
+from shardwise.storage.runs import Runs, gather_runs
 from shardwise.storage.verify_report import VerifyReport
 
 _T = TypeVar("_T")
 
 MAX_OPEN_CHUNKS = 64
-
-# FEW_RUNS runs or runs of LONG_RUN tokens on average: memoryview slices joined; more, shorter:
-# a fancy index per chunk (joined/indexed: 64x2 tok 33/37us, 512x2 152/79, 2048x16 648/986)
-FEW_RUNS = 64
-LONG_RUN = 16
-
-
-class Runs(NamedTuple):
-    """Runs of stored tokens as three equal-length int64 columns."""
-
-    chunk: npt.NDArray[np.int64]
-    offset: npt.NDArray[np.int64]
-    length: npt.NDArray[np.int64]
-
-    @classmethod
-    def of(cls, runs: Any) -> Runs:
-        """``runs`` (a :class:`Runs`, or any three array-likes ``chunk, offset, length``)
-        as int64 columns of one length."""
-        chunk, offset, length = (np.asarray(a, dtype=np.int64).reshape(-1) for a in runs)
-        if not len(chunk) == len(offset) == len(length):
-            raise ConfigError(f"runs: columns of {len(chunk)}, {len(offset)} and "
-                              f"{len(length)} rows; chunk, offset and length must be "
-                              "equal-length columns")
-        return cls(chunk, offset, length)
-
-    @property
-    def total(self) -> int:
-        return int(self.length.sum())
-
-    def check(self, chunk_tokens: npt.NDArray[np.int64], where: str) -> None:
-        """Every run lies inside its chunk (``chunk_tokens``: each chunk's token count)."""
-        if not len(self.chunk):
-            return
-        bad = ((self.chunk < 0) | (self.chunk >= len(chunk_tokens)) | (self.offset < 0)
-               | (self.length < 0))
-        if not bad.any():
-            bad = self.offset + self.length > chunk_tokens[self.chunk]
-        if bad.any():
-            r = int(np.flatnonzero(bad)[0])
-            c, a, n = int(self.chunk[r]), int(self.offset[r]), int(self.length[r])
-            held = int(chunk_tokens[c]) if 0 <= c < len(chunk_tokens) else None
-            raise ConfigError(f"{where}: run {r} asks for tokens [{a}, {a + n}) of chunk "
-                              f"{c}; the cache has {len(chunk_tokens)} chunks"
-                              + (f" and chunk {c} holds {held} tokens" if held is not None
-                                 else "") + "; runs must lie inside their chunks")
-
-    def stream_offset(self, cum_tokens: npt.NDArray[np.int64]) -> Callable[[int], int]:
-        """``k → `` the stream offset of flat element ``k`` of the gathered tokens (to name
-        a bad id's chunk)."""
-        ends = np.cumsum(self.length)
-
-        def offset_of(k: int) -> int:
-            r = int(np.searchsorted(ends, k, side="right"))
-            return int(cum_tokens[self.chunk[r]] + self.offset[r] + k - (ends[r]
-                                                                         - self.length[r]))
-        return offset_of
-
-
-def gather_runs(tokens_of: Callable[[int], npt.NDArray[Any]], runs: Runs,
-                dtype: np.dtype) -> npt.NDArray[Any]:
-    """The tokens of ``runs`` concatenated (``tokens_of(c)``: chunk ``c``'s tokens, e.g.
-    its memory map). A few runs, or long ones, are sliced and joined in one copy; many
-    short ones are gathered with one fancy index per distinct chunk, so the Python cost
-    does not grow with the number of runs."""
-    n, total = len(runs.chunk), runs.total
-    if n <= FEW_RUNS or total >= LONG_RUN * n:
-        return _join_runs(tokens_of, runs, dtype)
-    out = np.empty(total, dtype=dtype)
-    starts = np.cumsum(runs.length) - runs.length
-    some = runs.length > 0  # a chunk only asked for nothing is not opened
-    chunks, inverse = np.unique(runs.chunk[some], return_inverse=True)
-    index = np.flatnonzero(some)
-    for u, c in enumerate(chunks.tolist()):
-        sel = index[inverse == u]
-        lengths = runs.length[sel]
-        rep = np.repeat(np.arange(len(sel)), lengths)
-        within = np.arange(int(lengths.sum())) - (np.cumsum(lengths) - lengths)[rep]
-        out[starts[sel][rep] + within] = tokens_of(c)[runs.offset[sel][rep] + within]
-    return out
-
-
-def _join_runs(tokens_of: Callable[[int], npt.NDArray[Any]], runs: Runs,
-               dtype: np.dtype) -> npt.NDArray[Any]:
-    """A few runs: each chunk's tokens looked up once (as a memoryview: slicing one costs
-    a third of slicing an array), the slices joined in one copy (writable: a bytearray)."""
-    chunk, offset, length = runs.chunk.tolist(), runs.offset.tolist(), runs.length.tolist()
-    # each chunk once, in first-use order; a chunk asked for nothing is not opened
-    used = dict.fromkeys(c for c, k in zip(chunk, length, strict=True) if k)
-    mem = {c: np.ascontiguousarray(tokens_of(c), dtype=dtype).data for c in used}
-    parts = [mem[c][a:a + k] for c, a, k in zip(chunk, offset, length, strict=True) if k]
-    return np.frombuffer(bytearray().join(parts), dtype=dtype)
 
 
 class ChunkStore(ABC):
@@ -396,4 +295,4 @@ class ChunkStore(ABC):
         return d
 
 
-__all__ = ["FEW_RUNS", "LONG_RUN", "MAX_OPEN_CHUNKS", "ChunkStore", "Runs", "gather_runs"]
+__all__ = ["MAX_OPEN_CHUNKS", "ChunkStore"]

@@ -1,4 +1,5 @@
-"""Convert between a shardwise cache and one Megatron ``prefix.bin`` + ``prefix.idx``.
+"""Cache → Megatron: merge a shardwise cache into one ``prefix.bin`` + ``prefix.idx``, or
+name its chunks as Megatron's ``--data-path``.
 
 ``to_megatron`` concatenates the visible chunks in global order: the ``.bin`` is the
 chunks' ``.bin`` files copied in blocks, the ``.idx`` is streamed section by section
@@ -8,9 +9,9 @@ shifted by the sequences before it), so memory stays constant however big the ca
     chunk a: lengths [3, 1]  pointers [0, 6]     chunk b: lengths [2]  pointers [0]
     merged:  lengths [3, 1, 2]  pointers [0, 6, 8]  document indices [0, 1, 2, 3]
 
-``from_megatron`` cuts a prefix into chunks of whole documents (one segment per chunk,
-``start``/``stop`` = document numbers), so the round trip
-cache → Megatron → cache → Megatron reproduces the Megatron files byte for byte.
+The other direction, Megatron → cache, builds a cache:
+:mod:`shardwise.writer.megatron_import` (``from_megatron``), which reports with the same
+:class:`ConvertSummary`.
 """
 
 from __future__ import annotations
@@ -24,21 +25,15 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
-import numpy.typing as npt
 
-from shardwise._version import __version__
 from shardwise.checkpoint import as_count
 from shardwise.errors import CacheError, ConfigError, CorruptChunkError
 from shardwise.format.atomic import fsync_dir, temp_path
-from shardwise.format.checksum import copy_checksum, file_checksum
-from shardwise.format.chunk import ChunkKind, SourceRange, chunk_stem, publish_token_chunk
-from shardwise.format.ledger import ChunkEntry, Ledger, Segment, SourceProgress
+from shardwise.format.checksum import copy_checksum
+from shardwise.format.chunk import ChunkKind
+from shardwise.format.ledger import ChunkEntry
 from shardwise.format.manifest import (
     MANIFEST_NAME,
-    Manifest,
-    SourceInfo,
-    TokenizerInfo,
-    manifest_checksum,
 )
 from shardwise.format.megatron import (
     MAGIC,
@@ -50,13 +45,13 @@ from shardwise.format.megatron import (
 )
 from shardwise.storage.cache import Cache
 from shardwise.storage.chunk_check import CheckDepth, ChunkExpect, check_chunk
-from shardwise.storage.local import LocalStore
 from shardwise.storage.opening import open_cache
 
 _COPY_BLOCK = 8 << 20
-_SCAN_DOCS = 1 << 20
 
-IMPORT_KIND = "megatron-import"  # manifest processor kind of a cache imported from Megatron
+# the manifest processor kind of a cache imported from Megatron (writer/megatron_import.py
+# writes it; a damaged chunk of such a cache has no build to rerun)
+IMPORT_KIND = "megatron-import"
 
 
 @dataclass(frozen=True)
@@ -263,138 +258,3 @@ def megatron_data_path(cache_root: str | os.PathLike[str], *, seq_len: int | Non
         windows = max(0, cache.num_tokens - 1) // seq_len
         per_chunk = sum((c.tokens - 1) // seq_len for c in used)
     return DataPath(items, len(used), cache.num_tokens, seq_len, windows, per_chunk)
-
-
-# ---------------------------------------------------------------- Megatron -> cache
-
-
-def from_megatron(prefix: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
-                  chunk_docs: int | None = None, chunk_mb: float = 64) -> ConvertSummary:
-    """Import ``prefix.bin``/``prefix.idx`` as a chunked shardwise cache in ``out_dir``.
-
-    Chunks hold ``chunk_docs`` documents each, or else close once they reach
-    ``chunk_mb`` MiB of tokens. Each Megatron *sequence* becomes one document. The
-    manifest is written last, so an interrupted import is not a cache (remove the
-    directory and run again).
-    """
-    started = time.monotonic()
-    prefix, out = Path(prefix), Path(out_dir)
-    if chunk_docs is not None and chunk_docs <= 0:
-        raise ConfigError(f"chunk_docs must be positive, got {chunk_docs}")
-    max_bytes = None if chunk_docs is not None else _positive_bytes(chunk_mb)
-    index = _source_index(prefix)
-    _check_out_dir(out)
-    files, segments, top = LocalStore(out), [], -1
-    with open(_with(prefix, ".bin"), "rb") as bin_file:  # read per chunk: bounded memory
-        for g, (a, b) in enumerate(_doc_ranges(index.sequence_lengths, index.dtype.itemsize,
-                                               chunk_docs, max_bytes)):
-            seg, chunk_top = _publish_range(files, prefix, index, bin_file, g, a, b)
-            segments.append(seg)
-            top = max(top, chunk_top)
-    if not segments:
-        segments = [Segment(start=0, stop=0, position=0, finished=True)]
-    _import_manifest(prefix, index, top, chunk_docs, max_bytes).save(files)
-    Ledger([SourceProgress(segments)], manifest_xxh3=manifest_checksum(files)).save(files)
-    notes = _import_notes(index)
-    n_chunks = sum(len(s.chunks) for s in segments)
-    return ConvertSummary(str(out), n_chunks, index.num_sequences, index.num_tokens,
-                          index.num_tokens * index.dtype.itemsize, index.dtype.name,
-                          time.monotonic() - started, notes)
-
-
-def _source_index(prefix: Path) -> MegatronIndex:
-    idx_path, bin_path = _with(prefix, ".idx"), _with(prefix, ".bin")
-    for p in (idx_path, bin_path):
-        if not p.is_file():
-            raise ConfigError(f"{p}: missing; --from-megatron takes the prefix of a "
-                              f"'.bin'/'.idx' pair (e.g. data/corpus_text_document)")
-    index = read_idx(idx_path)
-    check_index(index, bin_path)
-    if index.dtype.kind not in "iu":
-        raise ConfigError(f"{idx_path}: dtype {index.dtype} holds no token ids")
-    return index
-
-
-def _check_out_dir(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"{out}: exists and is not an empty directory; choose a new "
-                          "directory (an interrupted import can be removed and rerun)")
-    out.mkdir(parents=True, exist_ok=True)
-
-
-def _positive_bytes(chunk_mb: float) -> int:
-    if not chunk_mb > 0:
-        raise ConfigError(f"chunk_mb must be positive, got {chunk_mb}")
-    return max(1, int(chunk_mb * (1 << 20)))
-
-
-def _doc_ranges(lengths: npt.NDArray[np.int32], itemsize: int, chunk_docs: int | None,
-                max_bytes: int | None) -> Iterator[tuple[int, int]]:
-    """Document ranges ``[a, b)`` of each chunk: ``chunk_docs`` at a time, or the fewest
-    documents reaching ``max_bytes`` (at least one). Scans lengths in growing blocks."""
-    n = len(lengths)
-    start = 0
-    while start < n:
-        if chunk_docs is not None:
-            stop = min(start + chunk_docs, n)
-        elif max_bytes is not None:
-            stop = _fill(lengths, start, itemsize, max_bytes)
-        else:
-            stop = n
-        yield start, stop
-        start = stop
-
-
-def _fill(lengths: npt.NDArray[np.int32], start: int, itemsize: int, max_bytes: int) -> int:
-    total, pos, block = 0, start, 4096
-    while pos < len(lengths):
-        cum = total + np.cumsum(lengths[pos:pos + block], dtype=np.int64) * itemsize
-        k = int(np.searchsorted(cum, max_bytes))  # first document reaching max_bytes
-        if k < len(cum):
-            return pos + k + 1
-        total, pos, block = int(cum[-1]), pos + len(cum), min(block * 2, _SCAN_DOCS)
-    return len(lengths)
-
-
-def _publish_range(out: LocalStore, prefix: Path, index: MegatronIndex, bin_file: BinaryIO,
-                   g: int, a: int, b: int) -> tuple[Segment, int]:
-    """Publish documents ``[a, b)`` as chunk 0 of segment ``g``; return it and its max id."""
-    lengths = index.sequence_lengths[a:b].astype(np.int64)
-    bin_file.seek(int(index.sequence_pointers[a]) if b > a else 0)
-    part = np.fromfile(bin_file, dtype=index.dtype, count=int(lengths.sum()))
-    fields = {"source": 0, "source_path": str(prefix), "segment": g, "index": 0,
-              "range": SourceRange("row", a, b, 0, b - a)}
-    meta, digest = publish_token_chunk(out, chunk_stem(0, g, 0), part, lengths, fields)
-    top = -1
-    if len(part):
-        if int(part.min()) < 0:
-            raise ConfigError(f"{_with(prefix, '.bin')}: negative token id in documents "
-                              f"[{a}, {b}); not a token dataset")
-        top = int(part.max())
-    entry = ChunkEntry(meta.stem, meta.documents, meta.tokens, digest,
-                       empty=int(np.count_nonzero(lengths == 0)))
-    seg = Segment(start=a, stop=b, position=b, line=b - a, finished=True, chunks=[entry])
-    return seg, top
-
-
-def _import_manifest(prefix: Path, index: MegatronIndex, top: int, chunk_docs: int | None,
-                     max_bytes: int | None) -> Manifest:
-    """Vocabulary = largest id + 1 (the dtype's range for an empty dataset)."""
-    vocab = top + 1 if top >= 0 else int(np.iinfo(index.dtype).max) + 1
-    bin_path = _with(prefix, ".bin")
-    source = SourceInfo(path=str(prefix.resolve()), size=bin_path.stat().st_size,
-                        fingerprint=file_checksum(_with(prefix, ".idx")), format="megatron")
-    return Manifest(tokenizer=TokenizerInfo("unknown", vocab, None), dtype=index.dtype.name,
-                    chunk_kind=ChunkKind.TOKENS.value, processor={"kind": IMPORT_KIND},
-                    chunking={"max_docs": chunk_docs, "max_bytes": max_bytes,
-                              "segment_bytes": None},
-                    sources=[source], created_by=f"shardwise {__version__}")
-
-
-def _import_notes(index: MegatronIndex) -> list[str]:
-    """Say so when Megatron documents span several sequences: each became a document."""
-    docs = index.document_indices
-    if len(docs) == index.num_sequences + 1:
-        return []
-    return [f"{index.path}: {len(docs) - 1} Megatron documents of {index.num_sequences} "
-            "sequences; each sequence became one shardwise document"]

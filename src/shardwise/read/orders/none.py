@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from shardwise.read.orders.base import PAD, IntArray
+from shardwise.read.orders.base import IntArray
 from shardwise.read.orders.windows import WindowOrder
 
 
@@ -30,4 +30,4 @@ class StoredOrder(WindowOrder):
         return np.asarray(indices, dtype=np.int64) % self.n
 
 
-__all__ = ["PAD", "StoredOrder"]
+__all__ = ["StoredOrder"]

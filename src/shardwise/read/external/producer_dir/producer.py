@@ -24,7 +24,7 @@ The producer's contract (any language):
 A Python producer (ten lines)::
 
     import time
-    from shardwise.read.external.producer import delete_finished, publish_chunk, write_expected
+    from shardwise.read.external.producer_dir import delete_finished, publish_chunk, write_expected
 
     write_expected(out, num_chunks=40, records_per_chunk=512)
     for c in range(40):
@@ -49,7 +49,7 @@ import orjson
 from shardwise.checkpoint import as_count
 from shardwise.errors import ConfigError
 from shardwise.format.atomic import atomic_write_bytes
-from shardwise.read.external.names import DEFAULT_PATTERN, ChunkNames
+from shardwise.read.external.producer_dir.names import DEFAULT_PATTERN, ChunkNames
 
 EXPECTED = "_EXPECTED"
 DEFAULT_MARKER = ".done.{rank}"  # appended to a chunk's name; ".completed" for ms-swift

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from shardwise.checkpoint import LoaderState, Resumable
 from shardwise.errors import StateError
-from shardwise.read.external.producer import EndOfData
+from shardwise.read.external.producer_dir.producer import EndOfData
 from shardwise.read.guard import GuardedReader, refuse_framework_sharding
 
 if TYPE_CHECKING:
-    from shardwise.read.external.producer_dir import ProducerDirDataset
+    from shardwise.read.external.producer_dir.dataset import ProducerDirDataset
 
 
 class ProducerDirStream(GuardedReader, Resumable):

@@ -2,7 +2,7 @@
 writes them, each rank reading only its own chunks.
 
 The producer's side (file names, atomic publication, ``_EXPECTED``, done markers) is
-described, with a ten-line Python producer, in :mod:`shardwise.read.external.producer`.
+described, with a ten-line Python producer, in :mod:`.producer`.
 
 Rank ``r`` of ``R`` reads chunks ``c % R == r`` in increasing order. ``len(ds)`` is *this
 rank's* record count: ``sum(declared(c) for c in range(r, num_chunks, R))`` where
@@ -48,23 +48,17 @@ from shardwise.concurrency.poll import check_wait_args, wait_until
 from shardwise.errors import ConfigError, InputError, ProducerTimeoutError
 from shardwise.format.atomic import atomic_write_bytes
 from shardwise.read.deprecated import renamed
-from shardwise.read.external.names import DEFAULT_PATTERN, ChunkNames
 from shardwise.read.external.one_ahead import OneAhead
-from shardwise.read.external.producer import (
+from shardwise.read.external.producer_dir.names import DEFAULT_PATTERN, ChunkNames
+from shardwise.read.external.producer_dir.producer import (
     DEFAULT_MARKER,
     EXPECTED,
     Chunk,
     Declared,
     EndOfData,
     Pattern,
-    chunk_indices,
-    delete_finished,
-    done_marker,
-    finished_by_all,
-    publish_chunk,
-    write_expected,
 )
-from shardwise.read.external.producer_stream import ProducerDirStream
+from shardwise.read.external.producer_dir.stream import ProducerDirStream
 from shardwise.read.guard import GuardedReader, refuse_sharding_sampler
 from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES, parse_line
 from shardwise.world import World
@@ -78,15 +72,15 @@ class ProducerDirDataset(GuardedReader, Configured):
     ``map_fn(record) -> example`` runs once per record when its chunk loads (an error
     in it is an :class:`InputError` naming file and line, reason ``map_error``, as in
     :class:`~shardwise.read.records.stream.RecordStream`; ``encode_fn=`` is its
-    deprecated name). ``timeout`` is how long one
-    wait (for a chunk, or for ``_EXPECTED``) may last (``math.inf``: wait for ever); polls
-    follow the one rule of :func:`~shardwise.concurrency.poll.wait_until` (10 ms doubling
-    up to ``poll_interval``). ``pattern`` is
-    a format string (``chunk_{index:05d}.jsonl``) or a regex with one capture group
-    (``r"chunk_(\\d+)\\.jsonl"``, see :mod:`~shardwise.read.external.names`); ``marker`` is
-    the done marker's suffix (``{rank}`` is filled in). A chunk that is gone while this
-    rank's marker of it exists was consumed and deleted: asking for it again raises
-    :class:`InputError` instead of waiting for a file that will not come back.
+    deprecated name). ``timeout`` is how long one wait (for a chunk, or for
+    ``_EXPECTED``) may last (``math.inf``: wait for ever); polls follow the one rule of
+    :func:`~shardwise.concurrency.poll.wait_until` (10 ms doubling up to
+    ``poll_interval``). ``pattern`` is a format string (``chunk_{index:05d}.jsonl``) or a
+    regex with one capture group (``r"chunk_(\\d+)\\.jsonl"``, see
+    :mod:`~shardwise.read.external.producer_dir.names`); ``marker`` is the done marker's
+    suffix (``{rank}`` is filled in). A chunk that is gone while this rank's marker of it
+    exists was consumed and deleted: asking for it again raises :class:`InputError`
+    instead of waiting for a file that will not come back.
 
     >>> ds = ProducerDirDataset("/shared/sft", map_fn=chat_template,        # doctest: +SKIP
     ...                         world=World.detect(), timeout=1800)
@@ -349,8 +343,4 @@ class ProducerDirDataset(GuardedReader, Configured):
         self.close()
 
 
-# the producer's helpers (producer.py) and the stream (producer_stream.py) are imported
-# from here by users: one import path for a producer directory
-__all__ = ["DEFAULT_MARKER", "EXPECTED", "Chunk", "Declared", "EndOfData",
-           "ProducerDirDataset", "ProducerDirStream", "chunk_indices", "delete_finished",
-           "done_marker", "finished_by_all", "publish_chunk", "write_expected"]
+__all__ = ["ProducerDirDataset"]
