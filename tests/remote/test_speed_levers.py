@@ -81,16 +81,20 @@ def test_ranged_reads_survive_transient_faults(built: tuple[str, Path],
                                                fault_proxy: FaultProxy,
                                                tmp_path: Path) -> None:
     """503 SlowDown on 10 % of requests and chunk GETs cut mid-body: the ranged reads
-    and the downloads are retried under the one policy, and the batches are identical."""
+    and the downloads are retried under the one policy, and the batches are identical.
+    The faults' proxy sits behind one adding 30 ms to every answer, so that the first
+    batches find their chunks still arriving (without it tiny chunks can land before
+    the first batch asks, and no run would be read by a ranged GET)."""
     url, local = built
     want = _batches(local, 30)
     fault_proxy.inject(Fault("slowdown", rate=0.1),
                        Fault("reset", match=r"^GET .*\.bin", rate=0.1),
                        Fault("short", match=r"^GET .*\.bin", rate=0.1))
-    cache = _open(fault_proxy.endpoint, url, tmp_path, local_bytes=1 << 20)
-    got = _batches(cache, 30)
-    stats = cache.prefetch_stats()
-    cache.close()
+    with LatencyProxy(("127.0.0.1", fault_proxy.port), latency=0.03) as slow:
+        cache = _open(f"http://127.0.0.1:{slow.port}", url, tmp_path, local_bytes=1 << 20)
+        got = _batches(cache, 30)
+        stats = cache.prefetch_stats()
+        cache.close()
     _same(got, want)
     assert stats["ranged_reads"] > 0, stats
     assert sum(fault_proxy.hits.values()) >= 1, fault_proxy.hits

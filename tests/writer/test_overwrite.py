@@ -23,6 +23,10 @@ def _with_plans(out: Path) -> None:
     plan cache, and leftovers of a killed build."""
     ds = sw.TokenDataset(out, seq_len=32, seed=1, shuffle="document")
     ds[0]
+    # the reader has stopped: its background checksum thread records the chunks it
+    # verified under .shardwise-plans/, and one still running would write there again
+    # after the overwrite's removal
+    ds.cache.close()
     assert any((out / ".shardwise-plans").iterdir())
     (out / "chunks/00000/.tmp-00000-00000.bin.123.abcd").write_bytes(b"partial")
     (out / ".tmp-ledger.json.9.ffff").write_bytes(b"{")

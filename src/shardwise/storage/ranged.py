@@ -128,8 +128,10 @@ class Fetched:
         or read in other blocks than its sums', is not used (it is read whole instead)."""
         usable = set()
         for (stem, a, b), data in zip(self.spans, self.got, strict=True):
-            s = sums.get(stem, False)
-            if s is False or (s is not None and s.block != self.block):
+            if stem not in sums:
+                continue
+            s = sums[stem]
+            if s is not None and s.block != self.block:
                 continue
             _check(self.remote, stem + ".bin", a, b, data, s)
             usable.add(stem)
