@@ -4,7 +4,9 @@ A token chunk is ``<stem>.bin`` + ``<stem>.idx`` (Megatron layout) + ``<stem>.js
 (metadata); a record chunk is ``<stem>.parquet`` + ``<stem>.json``. The metadata file
 is renamed into place last, after the data files, so a chunk with metadata is complete;
 the ledger names it only after that, and readers trust only the ledger. On an object
-store (no rename) each file is one whole-object PUT, in the same order.
+store (no rename) each file is one whole-object PUT: the data files (at once), then the
+metadata. :class:`ChunkFiles` is a chunk made but not yet published (a build makes the
+next chunk while one uploads).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy.typing as npt
 import orjson
 
 from shardwise.format.checksum import bytes_checksum
-from shardwise.format.files import Files
+from shardwise.format.files import Files, Payload
 from shardwise.format.megatron import idx_bytes
 
 IGNORE_INDEX = -100  # a label that takes no loss (record chunks' ``labels``; Hugging Face's)
@@ -92,28 +94,57 @@ class ChunkMeta:
         return cls(**d)
 
 
-def _publish(root: Files, stem: str, payloads: dict[str, bytes | memoryview],
-             meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
-    """Publish the data files, then the metadata, last (:meth:`Files.publish`: temp name,
-    fsync, rename locally; one whole-object PUT each on an object store)."""
+@dataclass(frozen=True)
+class ChunkFiles:
+    """A chunk made, not yet published: its metadata, the metadata's checksum (what the
+    ledger records), and its files' bytes by suffix in publication order (the data
+    files, then the metadata)."""
+
+    stem: str
+    meta: ChunkMeta
+    meta_xxh3: str
+    payloads: dict[str, Payload]
+
+    def publish(self, root: Files) -> None:
+        """:meth:`Files.publish`: temp name, fsync, rename locally; one whole-object PUT
+        each on an object store; the metadata only once every data file is in place."""
+        root.publish(self.stem, self.payloads)
+
+
+def _files(stem: str, payloads: dict[str, Payload], meta_fields: dict[str, Any]) -> ChunkFiles:
     files = {suffix: {"bytes": len(data), "xxh3_64": bytes_checksum(data)}
              for suffix, data in payloads.items()}
     meta = ChunkMeta(stem=stem, files=files, **meta_fields)
     meta_bytes = meta.to_json()
-    root.publish(stem, {**payloads, META_SUFFIX: meta_bytes})
-    return meta, bytes_checksum(meta_bytes)
+    return ChunkFiles(stem, meta, bytes_checksum(meta_bytes),
+                      {**payloads, META_SUFFIX: meta_bytes})
+
+
+def token_chunk(stem: str, tokens: npt.NDArray[np.generic],
+                doc_lengths: npt.NDArray[np.int64], meta_fields: dict[str, Any]) -> ChunkFiles:
+    """A Megatron ``.bin/.idx`` chunk's files (the ``.bin`` a view of ``tokens``: no copy)."""
+    payloads: dict[str, Payload] = {
+        ".bin": np.ascontiguousarray(tokens).data.cast("B"),
+        ".idx": idx_bytes(doc_lengths, tokens.dtype)}
+    fields = dict(meta_fields, kind=ChunkKind.TOKENS, documents=len(doc_lengths),
+                  tokens=int(np.sum(doc_lengths, dtype=np.int64)))
+    return _files(stem, payloads, fields)
+
+
+def record_chunk(stem: str, table: Any, tokens: int, meta_fields: dict[str, Any]
+                 ) -> ChunkFiles:
+    """A Parquet chunk's files (processed records: token ids plus other fields)."""
+    fields = dict(meta_fields, kind=ChunkKind.RECORDS, documents=table.num_rows, tokens=tokens)
+    return _files(stem, {".parquet": parquet_bytes(table)}, fields)
 
 
 def publish_token_chunk(root: Files, stem: str, tokens: npt.NDArray[np.generic],
                         doc_lengths: npt.NDArray[np.int64],
                         meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
     """Publish a Megatron ``.bin/.idx`` chunk; returns its metadata and the metadata's checksum."""
-    payloads: dict[str, bytes | memoryview] = {
-        ".bin": np.ascontiguousarray(tokens).data.cast("B"),  # a view: no copy
-        ".idx": idx_bytes(doc_lengths, tokens.dtype)}
-    fields = dict(meta_fields, kind=ChunkKind.TOKENS, documents=len(doc_lengths),
-                  tokens=int(np.sum(doc_lengths, dtype=np.int64)))
-    return _publish(root, stem, payloads, fields)
+    made = token_chunk(stem, tokens, doc_lengths, meta_fields)
+    made.publish(root)
+    return made.meta, made.meta_xxh3
 
 
 def parquet_bytes(table: Any) -> bytes:
@@ -129,8 +160,9 @@ def parquet_bytes(table: Any) -> bytes:
 def publish_record_chunk(root: Files, stem: str, table: Any, tokens: int,
                          meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
     """Publish a Parquet chunk of processed records (token ids plus other fields)."""
-    fields = dict(meta_fields, kind=ChunkKind.RECORDS, documents=table.num_rows, tokens=tokens)
-    return _publish(root, stem, {".parquet": parquet_bytes(table)}, fields)
+    made = record_chunk(stem, table, tokens, meta_fields)
+    made.publish(root)
+    return made.meta, made.meta_xxh3
 
 
 def read_meta(path: Path) -> ChunkMeta:
