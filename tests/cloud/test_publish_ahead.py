@@ -51,13 +51,13 @@ def _big_source(path: Path, size: int) -> tuple[Path, int]:
 def test_a_chunk_uploads_while_the_build_reads_on(
         s3: dict[str, str], fault_proxy: FaultProxy, tokenizer_path: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """One segment of 10 MiB read by 4 MiB ranged GETs (the next one asked for once one
+    """One segment of 8.5 MiB read by 4 MiB ranged GETs (the next one asked for once one
     is consumed), chunks of ~2.5 MiB of text: the first chunk's ``.bin`` PUT is held until
     the proxy sees another GET of the source, which the build asks for only past 4 MiB,
     i.e. while making the second chunk. Published before reading on, the build would wait
     for the PUT; the proxy would let it through only after its time, the client would
     have tried it again by then, and the build would make no request meanwhile."""
-    src, per_chunk = _big_source(tmp_path / "big.jsonl", 10 * MIB)
+    src, per_chunk = _big_source(tmp_path / "big.jsonl", 8 * MIB + MIB // 2)
     upload({"big.jsonl": src}, f"s3://{BUCKET}/ahead-raw")
     opts: dict[str, Any] = dict(chunk_docs=per_chunk, segment_bytes=64 * MIB, workers=1,
                                 append_eod=True, progress=False)
