@@ -13,10 +13,12 @@ from tests.cloud.conftest import BUCKET, s3fs_client
 def test_bucket_builds_beside_the_disk_builds(s3: dict[str, str], cli: Any,
                                               tmp_path: Path) -> None:
     url = f"s3://{BUCKET}/bench"
+    # chunks of 50 kB: several per task, so the bucket builds upload while they tokenize
     code, out, _ = cli("bench", "build", "--mb", "0.2", "--repeat", "2", "--workers", "1",
-                       "--bucket", url, "--tmp-dir", tmp_path, "--json")
+                       "--chunk-mb", "0.05", "--bucket", url, "--tmp-dir", tmp_path, "--json")
     assert code == 0
     report = orjson.loads(out)
+    assert report["chunk_mb"] == 0.05
     (b,) = report["bucket_builds"]
     assert b["workers"] == 1 and b["vs_local"] > 0 and b["tokens"] == report["builds"][0][
         "tokens"]

@@ -93,6 +93,27 @@ def test_stall_never_answers(fault_proxy: FaultProxy, obj: str) -> None:
     assert _get(fault_proxy, obj) == (200, DATA)  # a new connection is served again
 
 
+def test_hold_keeps_a_request_until_another_comes(fault_proxy: FaultProxy, obj: str) -> None:
+    """The held GET is answered, whole, only once a request matching ``until`` came."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shardwise.concurrency import wait_until
+
+    fault_proxy.inject(Fault("hold", match=r"k\.bin", until=r"^GET /release", times=1))
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(_get, fault_proxy, obj)
+        wait_until(lambda: fault_proxy.hits["hold"] == 1, timeout=10, poll_interval=0.01,
+                   what="the proxy to hold the GET")
+        assert _get(fault_proxy, "nothing-here")[0] == 404  # not the release: still held
+        assert not held.done() and fault_proxy.hits["released"] == 0
+        conn = http.client.HTTPConnection("127.0.0.1", fault_proxy.port, timeout=10)
+        conn.request("GET", "/release")  # whatever its answer: its request releases
+        conn.getresponse().read()
+        conn.close()
+        assert held.result(timeout=10) == (200, DATA)
+    assert fault_proxy.hits["released"] == 1
+
+
 def test_rules_match_by_request_line_and_rate(fault_proxy: FaultProxy, obj: str) -> None:
     fault_proxy.inject(Fault("slowdown", match=r"^GET /nothing-like-this"))
     assert _get(fault_proxy, obj) == (200, DATA)

@@ -68,14 +68,15 @@ def _cpu_seconds() -> float:
 
 
 def measure_build(corpus: Corpus, tokenizer: Path, workers: int, out: Path,
-                  executor: Any = None) -> dict[str, Any]:
+                  executor: Any = None, chunk_mb: float | None = None) -> dict[str, Any]:
     """Wall and CPU seconds, tokens and the cache digest of one fresh build into ``out``
-    (removed afterwards), on local processes or on ``executor`` (a fresh RayExecutor)."""
+    (removed afterwards), on local processes or on ``executor`` (a fresh RayExecutor), with
+    chunks of ``chunk_mb`` (None: the default)."""
     from shardwise.writer.api import build
 
     cpu, started = _cpu_seconds(), time.perf_counter()
     summary = build([str(corpus.path)], out, tokenizer=tokenizer, workers=workers,
-                    progress=False, executor=executor)
+                    progress=False, executor=executor, chunk_mb=chunk_mb)
     seconds = time.perf_counter() - started
     cpu = _cpu_seconds() - cpu + getattr(executor, "task_cpu_seconds", 0.0)
     digest = cache_digest(out)
@@ -111,8 +112,8 @@ def _figures(runs: list[dict[str, Any]], text_bytes: int) -> dict[str, Any]:
 
 
 def run_rounds(corpus: Corpus, tokenizer: Path, max_workers: int, repeat: int, work: Path,
-               log: Any, ray: bool = False, bucket: tuple[str, str] | None = None
-               ) -> dict[str, Any]:
+               log: Any, ray: bool = False, bucket: tuple[str, str] | None = None,
+               chunk_mb: float | None = None) -> dict[str, Any]:
     """``repeat`` rounds of every measurement (tokenizer with n processes, then the build
     with n workers (then on Ray, if ``ray``; then from and to ``bucket`` = (corpus URL,
     prefix), on the same executor), for n = 1..max_workers); the figures and the identity
@@ -123,16 +124,19 @@ def run_rounds(corpus: Corpus, tokenizer: Path, max_workers: int, repeat: int, w
     for r in range(repeat):
         for n in counts:
             runs["tok"][n].append(measure_tokenizer(corpus, tokenizer, n))
-            runs["build"][n].append(measure_build(corpus, tokenizer, n, work / f"cache-{r}-{n}"))
+            runs["build"][n].append(measure_build(corpus, tokenizer, n, work / f"cache-{r}-{n}",
+                                                  chunk_mb=chunk_mb))
             line = (f"  round {r + 1}/{repeat}: tokenizer, {plural(n, 'process')} "
                     f"{runs['tok'][n][-1]['seconds']:.2f} s; build, {plural(n, 'worker')} "
                     f"{runs['build'][n][-1]['seconds']:.2f} s")
-            log(line + _more_builds(corpus, tokenizer, n, work, r, ray, bucket, runs))
+            log(line + _more_builds(corpus, tokenizer, n, work, r, ray, bucket, runs,
+                                    chunk_mb))
     return _report(corpus, runs, ray, bucket is not None)
 
 
 def _more_builds(corpus: Corpus, tokenizer: Path, n: int, work: Path, r: int, ray: bool,
-                 bucket: tuple[str, str] | None, runs: dict[str, Any]) -> str:
+                 bucket: tuple[str, str] | None, runs: dict[str, Any],
+                 chunk_mb: float | None) -> str:
     """The Ray build and the bucket build of round ``r`` with ``n`` workers, if asked
     for; what to add to the round's log line."""
     from shardwise.bench.build_bucket import measure_bucket_build
@@ -148,11 +152,11 @@ def _more_builds(corpus: Corpus, tokenizer: Path, n: int, work: Path, r: int, ra
     for kind in (("ray", "bucket") if r % 2 == 0 or bucket is None else ("bucket", "ray")):
         if kind == "ray" and ray:
             runs["ray"][n].append(measure_build(corpus, tokenizer, n, work / f"ray-{r}-{n}",
-                                                executor()))
+                                                executor(), chunk_mb))
             said["ray"] = f"; on Ray {runs['ray'][n][-1]['seconds']:.2f} s"
         if kind == "bucket" and bucket is not None:
             runs["bucket"][n].append(measure_bucket_build(
-                bucket[0], tokenizer, n, f"{bucket[1]}/cache-{r}-{n}", executor()))
+                bucket[0], tokenizer, n, f"{bucket[1]}/cache-{r}-{n}", executor(), chunk_mb))
             said["bucket"] = f"; bucket to bucket {runs['bucket'][n][-1]['seconds']:.2f} s"
     return "".join(said.get(k, "") for k in ("ray", "bucket"))
 
@@ -274,6 +278,10 @@ def add_subparser(which: Any) -> argparse.ArgumentParser:
                    help="MB (10^6 bytes) of text to build (default 64)")
     b.add_argument("--workers", type=int, default=2,
                    help="measure 1, 2, ... up to this many workers (default 2)")
+    b.add_argument("--chunk-mb", type=float, default=None, metavar="MB",
+                   help="every build's chunk size (default: the build's, 64 MiB of tokens); "
+                        "smaller makes several chunks per task, so a bucket build's uploads "
+                        "overlap its tokenizing")
     add_common(b, repeat=3, repeat_help="runs of each measurement; the best is reported")
     add_executor_argument(b)
     add_bucket_argument(b)
@@ -300,14 +308,15 @@ def run(args: argparse.Namespace) -> int:
             "tokenizer_path": str(tokenizer),
             "machine": {"cpu_count": os.cpu_count(), "usable_cores": _usable_cores(),
                         "load_before": _load()},
-            "repeat": args.repeat, "batch": BATCH,
+            "repeat": args.repeat, "batch": BATCH, "chunk_mb": getattr(args, "chunk_mb", None),
         }
         on_ray = getattr(args, "executor", "local") == "ray"
         session: AbstractContextManager[dict[str, Any]] = (
             _ray_session(args.workers, corpus, tokenizer, work) if on_ray else nullcontext({}))
         with session as ray_info, _bucket(getattr(args, "bucket", None), corpus) as bucket:
             report.update(run_rounds(corpus, tokenizer, args.workers, args.repeat, work, log,
-                                     ray=on_ray, bucket=bucket))
+                                     ray=on_ray, bucket=bucket,
+                                     chunk_mb=getattr(args, "chunk_mb", None)))
         report.update({"ray": ray_info} if on_ray else {},
                       **({"bucket": bucket[1]} if bucket else {}))
         report["machine"]["load_after"] = _load()

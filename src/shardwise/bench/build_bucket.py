@@ -55,14 +55,15 @@ def token_digest(files: dict[str, bytes]) -> str:
 
 
 def measure_bucket_build(corpus_url: str, tokenizer: Path, workers: int, out: str,
-                         executor: Any = None) -> dict[str, Any]:
+                         executor: Any = None, chunk_mb: float | None = None
+                         ) -> dict[str, Any]:
     """:func:`shardwise.bench.build.measure_build` from and to the bucket."""
     from shardwise.bench.build import _cpu_seconds
     from shardwise.writer.api import build
 
     cpu, started = _cpu_seconds(), time.perf_counter()
     summary = build([corpus_url], out, tokenizer=tokenizer, workers=workers, progress=False,
-                    executor=executor)
+                    executor=executor, chunk_mb=chunk_mb)
     seconds = time.perf_counter() - started
     cpu = _cpu_seconds() - cpu + getattr(executor, "task_cpu_seconds", 0.0)
     store = RemoteStore(out)

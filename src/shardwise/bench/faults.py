@@ -15,6 +15,10 @@ reset      the response head and half its body, then a TCP reset (RST)
 short      the response head (its ``Content-Length`` unchanged) and half its body, then a
            clean close: a short body
 flip       the whole response, one bit of the body's middle byte flipped: wrong bytes
+hold       the request is kept from the server until a later request matches ``until`` (or
+           ``HOLD_SECONDS`` pass), then forwarded as any other: what a client does while
+           one of its requests is under way (``hits["released"]``: holds ended by
+           ``until``, not by the time)
 =========  ================================================================================
 
 The body faults (reset, short, flip) hit only responses with a body (``200``/``206`` with
@@ -43,7 +47,8 @@ from dataclasses import dataclass
 from shardwise.bench.proxy import LatencyProxy
 from shardwise.errors import ConfigError
 
-MODES = ("stall", "slowdown", "reset", "short", "flip")
+MODES = ("stall", "slowdown", "reset", "short", "flip", "hold")
+HOLD_SECONDS = 20.0
 _BODY_MODES = ("reset", "short", "flip")
 _PIECE = 1 << 18
 _SLOWDOWN = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>"
@@ -55,12 +60,14 @@ _SLOWDOWN = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown
 class Fault:
     """Hit requests matching ``match`` (a regex searched in ``"METHOD /bucket/key?query"``)
     with ``mode``, each with chance ``rate``; at most ``times`` requests chosen (None: no
-    limit; a body fault chooses a request whose answer has no body in vain)."""
+    limit; a body fault chooses a request whose answer has no body in vain). ``until``: a
+    held request's release (a regex, as ``match``)."""
 
     mode: str
     match: str = ""
     rate: float = 1.0
     times: int | None = None
+    until: str = ""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -68,6 +75,7 @@ class Fault:
         if not 0 <= self.rate <= 1:
             raise ConfigError(f"a fault's rate must be in [0, 1], got {self.rate!r}")
         re.compile(self.match)
+        re.compile(self.until)
 
 
 @dataclass
@@ -88,6 +96,7 @@ class FaultProxy(LatencyProxy):
         self.hits: Counter[str] = Counter()
         self.requests = 0  # every request read from a client
         self.seen: list[tuple[str, str]] = []  # each as (method, path)
+        self._held: list[tuple[str, asyncio.Event]] = []  # (until, set when it comes)
 
     @property
     def endpoint(self) -> str:
@@ -108,6 +117,9 @@ class FaultProxy(LatencyProxy):
             self.requests += 1
             self.seen.append((method, target.split("?")[0]))
             line = f"{method} {target}"
+            for until, come in self._held:  # on the proxy's loop, as the holds' waits
+                if re.search(until, line):
+                    come.set()
             for rule in self._rules:
                 f = rule[0]
                 if (f.times is None or rule[1] < f.times) and re.search(f.match, line) \
@@ -119,6 +131,22 @@ class FaultProxy(LatencyProxy):
     def _hit(self, fault: Fault) -> None:
         with self._lock:
             self.hits[fault.mode] += 1
+
+    async def _hold(self, fault: Fault) -> None:
+        """Until a request matching ``fault.until`` comes, or ``HOLD_SECONDS``."""
+        come = asyncio.Event()
+        with self._lock:
+            self._held.append((fault.until, come))
+        self._hit(fault)
+        try:
+            await asyncio.wait_for(come.wait(), HOLD_SECONDS)
+            with self._lock:
+                self.hits["released"] += 1
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            with self._lock:
+                self._held.remove((fault.until, come))
 
     async def _serve_one(self, creader: asyncio.StreamReader,
                          cwriter: asyncio.StreamWriter) -> None:
@@ -152,6 +180,8 @@ class FaultProxy(LatencyProxy):
                 if fault is not None and fault.mode in ("stall", "slowdown"):
                     pending.put_nowait(_Request(method.decode(), fault))
                     return  # the connection ends with this request's answer (or never)
+                if fault is not None and fault.mode == "hold":
+                    await self._hold(fault)
                 uwriter.write(head)  # answered before its body if it asks 100-continue:
                 pending.put_nowait(_Request(method.decode(), fault))  # so queued first
                 await _copy_body(creader, uwriter, _headers(head))

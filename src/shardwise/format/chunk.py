@@ -4,7 +4,9 @@ A token chunk is ``<stem>.bin`` + ``<stem>.idx`` (Megatron layout) + ``<stem>.js
 (metadata); a record chunk is ``<stem>.parquet`` + ``<stem>.json``. The metadata file
 is renamed into place last, after the data files, so a chunk with metadata is complete;
 the ledger names it only after that, and readers trust only the ledger. On an object
-store (no rename) each file is one whole-object PUT, in the same order.
+store (no rename) each file is one whole-object PUT: the data files (at once), then the
+metadata. :class:`ChunkFiles` is a chunk made but not yet published (a build makes the
+next chunk while one uploads).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy.typing as npt
 import orjson
 
 from shardwise.format.checksum import BLOCK_BYTES, block_checksums, bytes_checksum
-from shardwise.format.files import Files
+from shardwise.format.files import Files, Payload
 from shardwise.format.megatron import idx_bytes
 
 IGNORE_INDEX = -100  # a label that takes no loss (record chunks' ``labels``; Hugging Face's)
@@ -93,7 +95,24 @@ class ChunkMeta:
         return cls(**d)
 
 
-def _file_entry(suffix: str, data: bytes | memoryview) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ChunkFiles:
+    """A chunk made, not yet published: its metadata, the metadata's checksum (what the
+    ledger records), and its files' bytes by suffix in publication order (the data
+    files, then the metadata)."""
+
+    stem: str
+    meta: ChunkMeta
+    meta_xxh3: str
+    payloads: dict[str, Payload]
+
+    def publish(self, root: Files) -> None:
+        """:meth:`Files.publish`: temp name, fsync, rename locally; one whole-object PUT
+        each on an object store; the metadata only once every data file is in place."""
+        root.publish(self.stem, self.payloads)
+
+
+def _file_entry(suffix: str, data: Payload) -> dict[str, Any]:
     """A data file's entry in the metadata: size and xxh3-64; a ``.bin``'s also the sums
     of its blocks (``block_bytes``, ``block_xxh3_64``: ranged reads are checked by them)."""
     entry: dict[str, Any] = {"bytes": len(data), "xxh3_64": bytes_checksum(data)}
@@ -114,13 +133,12 @@ def _as_it_was(meta: ChunkMeta) -> Iterator[ChunkMeta]:
         yield replace(meta, files=no_blocks, skipped_lines=None)
 
 
-def _publish(root: Files, stem: str, payloads: dict[str, bytes | memoryview],
-             meta_fields: dict[str, Any], expect: str = "") -> tuple[ChunkMeta, str]:
-    """Publish the data files, then the metadata, last (:meth:`Files.publish`: temp name,
-    fsync, rename locally; one whole-object PUT each on an object store). ``expect``: the
-    checksum the metadata must have (a repair's, from the ledger): a chunk an older build
-    wrote is written as it was (format/SPEC.md, "Repair"); if no form has it, the
-    current form is written and the caller names the difference."""
+def _files(stem: str, payloads: dict[str, Payload], meta_fields: dict[str, Any],
+           expect: str = "") -> ChunkFiles:
+    """The chunk's files, its metadata last. ``expect``: the checksum the metadata must
+    have (a repair's, from the ledger): a chunk an older build wrote is made as it was
+    (format/SPEC.md, "Repair"); if no form has it, the current form is made and the
+    coordinator names the difference."""
     files = {suffix: _file_entry(suffix, data) for suffix, data in payloads.items()}
     meta = ChunkMeta(stem=stem, files=files, **meta_fields)
     meta_bytes = meta.to_json()
@@ -129,21 +147,37 @@ def _publish(root: Files, stem: str, payloads: dict[str, bytes | memoryview],
             if bytes_checksum(older.to_json()) == expect:
                 meta, meta_bytes = older, older.to_json()
                 break
-    root.publish(stem, {**payloads, META_SUFFIX: meta_bytes})
-    return meta, bytes_checksum(meta_bytes)
+    return ChunkFiles(stem, meta, bytes_checksum(meta_bytes),
+                      {**payloads, META_SUFFIX: meta_bytes})
 
 
-def publish_token_chunk(root: Files, stem: str, tokens: npt.NDArray[np.generic],
-                        doc_lengths: npt.NDArray[np.int64], meta_fields: dict[str, Any],
-                        expect: str = "") -> tuple[ChunkMeta, str]:
-    """Publish a Megatron ``.bin/.idx`` chunk; returns its metadata and the metadata's
-    checksum (``expect``: see :func:`_publish`)."""
-    payloads: dict[str, bytes | memoryview] = {
-        ".bin": np.ascontiguousarray(tokens).data.cast("B"),  # a view: no copy
+def token_chunk(stem: str, tokens: npt.NDArray[np.generic],
+                doc_lengths: npt.NDArray[np.int64], meta_fields: dict[str, Any],
+                expect: str = "") -> ChunkFiles:
+    """A Megatron ``.bin/.idx`` chunk's files (the ``.bin`` a view of ``tokens``: no copy;
+    ``expect``: see :func:`_files`)."""
+    payloads: dict[str, Payload] = {
+        ".bin": np.ascontiguousarray(tokens).data.cast("B"),
         ".idx": idx_bytes(doc_lengths, tokens.dtype)}
     fields = dict(meta_fields, kind=ChunkKind.TOKENS, documents=len(doc_lengths),
                   tokens=int(np.sum(doc_lengths, dtype=np.int64)))
-    return _publish(root, stem, payloads, fields, expect)
+    return _files(stem, payloads, fields, expect)
+
+
+def record_chunk(stem: str, table: Any, tokens: int, meta_fields: dict[str, Any],
+                 expect: str = "") -> ChunkFiles:
+    """A Parquet chunk's files (processed records: token ids plus other fields)."""
+    fields = dict(meta_fields, kind=ChunkKind.RECORDS, documents=table.num_rows, tokens=tokens)
+    return _files(stem, {".parquet": parquet_bytes(table)}, fields, expect)
+
+
+def publish_token_chunk(root: Files, stem: str, tokens: npt.NDArray[np.generic],
+                        doc_lengths: npt.NDArray[np.int64],
+                        meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
+    """Publish a Megatron ``.bin/.idx`` chunk; returns its metadata and the metadata's checksum."""
+    made = token_chunk(stem, tokens, doc_lengths, meta_fields)
+    made.publish(root)
+    return made.meta, made.meta_xxh3
 
 
 def parquet_bytes(table: Any) -> bytes:
@@ -157,11 +191,11 @@ def parquet_bytes(table: Any) -> bytes:
 
 
 def publish_record_chunk(root: Files, stem: str, table: Any, tokens: int,
-                         meta_fields: dict[str, Any], expect: str = ""
-                         ) -> tuple[ChunkMeta, str]:
+                         meta_fields: dict[str, Any]) -> tuple[ChunkMeta, str]:
     """Publish a Parquet chunk of processed records (token ids plus other fields)."""
-    fields = dict(meta_fields, kind=ChunkKind.RECORDS, documents=table.num_rows, tokens=tokens)
-    return _publish(root, stem, {".parquet": parquet_bytes(table)}, fields, expect)
+    made = record_chunk(stem, table, tokens, meta_fields)
+    made.publish(root)
+    return made.meta, made.meta_xxh3
 
 
 def read_meta(path: Path) -> ChunkMeta:

@@ -9,9 +9,9 @@ ledger, so an object the ledger does not name yet is invisible to them::
 
     s3://bucket/cache/manifest.json
     s3://bucket/cache/ledger.json                       replaced by one PUT per update
-    s3://bucket/cache/chunks/00000/00000-00000.bin      PUT 1
-    s3://bucket/cache/chunks/00000/00000-00000.idx      PUT 2
-    s3://bucket/cache/chunks/00000/00000-00000.json     PUT 3, then the ledger names it
+    s3://bucket/cache/chunks/00000/00000-00000.bin      PUT 1 ┐ at once
+    s3://bucket/cache/chunks/00000/00000-00000.idx      PUT 1 ┘
+    s3://bucket/cache/chunks/00000/00000-00000.json     PUT 2, then the ledger names it
 
 Every request goes through one fault policy (:mod:`shardwise.remote.policy`: timeouts,
 bounded retries with backoff, :class:`~shardwise.errors.RemoteError` past them), carried

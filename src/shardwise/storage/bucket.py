@@ -2,13 +2,16 @@
 :class:`~shardwise.remote.client.RemoteStore`, read through a node-local, byte-bounded
 copy.
 
-Writes are whole objects, one PUT each, in the order the format gives (a chunk's data,
-then its metadata; the ledger last). Reads: a chunk file is downloaded on first use into
-the node's :class:`~shardwise.storage.download.DownloadDir` (shared by the node's
-processes, bounded by ``local_bytes``), checked as it streams against the chunk's
-metadata (size, xxh3; the metadata against the ledger) and then memory-mapped like a local
-file; downloads ahead follow the measured pace (:mod:`shardwise.storage.prefetch`), and a
-``.bin`` comes with its metadata in one round trip (:mod:`shardwise.storage.chunk_fetch`).
+Writes are whole objects, one PUT each, in the order the format gives (a chunk's data
+files, at once, then its metadata; the ledger last; a build uploads a chunk while it makes
+the next one: :mod:`shardwise.writer.publishing`).
+
+Reads: a chunk file is downloaded on first use into the node's
+:class:`~shardwise.storage.download.DownloadDir` (shared by the node's processes, bounded
+by ``local_bytes``), checked as it streams against the chunk's metadata (size, xxh3; the
+metadata against the ledger) and then memory-mapped like a local file; downloads ahead
+follow the measured pace (:mod:`shardwise.storage.prefetch`), and a ``.bin`` comes with
+its metadata in one round trip (:mod:`shardwise.storage.chunk_fetch`).
 A missing or damaged object is a :class:`CorruptChunkError` naming its URL.
 
 A batch whose chunks are still arriving is read by ranged GETs of just its runs
@@ -100,9 +103,22 @@ class BucketStore(ChunkStore):
     def write(self, relative: str, data: Payload) -> None:
         self.remote.put(relative, data)
 
+    publishes_ahead = True  # a build uploads a chunk while it makes the next one
+
     def publish(self, stem: str, payloads: dict[str, Payload]) -> None:
-        for suffix, data in payloads.items():  # one whole-object PUT each, in order
-            self.remote.put(stem + suffix, data)
+        """One whole-object PUT each: the data files at once (the first on this thread,
+        the others on the store's threads), then, once every one is in, the metadata."""
+        *data, (meta_suffix, meta) = payloads.items()
+        others = [self.submit(partial(self.remote.put, stem + suffix, body))
+                  for suffix, body in data[1:]]
+        try:
+            if data:
+                self.remote.put(stem + data[0][0], data[0][1])
+        finally:  # every PUT has ended before this returns or raises
+            failed = [e for e in (f.exception() for f in others) if e is not None]
+        if failed:
+            raise failed[0]
+        self.remote.put(stem + meta_suffix, meta)
 
     def exists(self, relative: str) -> bool:
         return self.remote.exists(relative)

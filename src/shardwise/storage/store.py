@@ -50,10 +50,10 @@ class ChunkStore(ABC):
     that owns it); the files half needs no view (the build writes through it)."""
 
     checks_in_background: ClassVar[bool] = False  # hash chunk files a process opens
-    # this node's directory of the cache: the cache itself, or its local copy (reader
-    # files such as plans go under it)
+    # this node's directory of the cache (itself, or its local copy): reader files go here
     root: Path
     prefetches: ClassVar[bool] = False  # prefetch() downloads ahead: worth calling
+    publishes_ahead: ClassVar[bool] = False  # a build uploads a chunk while making the next
 
     def __init__(self) -> None:
         self._view: View | None = None
@@ -272,9 +272,9 @@ class ChunkStore(ABC):
 
     # -- threads, close, pickling --------------------------------------------------------
     def submit(self, job: Callable[[], _T]) -> Future[_T]:
-        """Run ``job`` on this process's two verification threads (a fork starts its own)."""
+        """Run ``job`` on this process's two threads (verification; a chunk's uploads)."""
         if self._threads is None:
-            self._threads = ThreadPool(2, name="shardwise-verify")
+            self._threads = ThreadPool(2, name="shardwise-store")
         return self._threads.submit(job)
 
     def close(self) -> None:

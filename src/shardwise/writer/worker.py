@@ -4,24 +4,22 @@ The worker cuts chunks by the :class:`ChunkPolicy` alone, starting from the posi
 ledger recorded, so a resumed segment produces exactly the chunks an uninterrupted one
 would; a repair task (``Task.rebuild``) starts where a damaged chunk started and stops
 after republishing it, with the same stem and bytes. It publishes each chunk (temp files,
-fsync, rename) *before* reporting it; the coordinator then names it in the ledger.
+fsync, rename; to a bucket, uploads in the background while it makes the next chunk:
+:mod:`~shardwise.writer.publishing`) *before* reporting it; the coordinator then names it
+in the ledger.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from shardwise.errors import ConfigError, InputError
-from shardwise.format.chunk import (
-    SourceRange,
-    chunk_stem,
-    publish_record_chunk,
-    publish_token_chunk,
-)
+from shardwise.format.chunk import ChunkFiles, SourceRange, chunk_stem, record_chunk, token_chunk
 from shardwise.format.ledger import ChunkEntry, Segment
 from shardwise.format.manifest import SourceInfo
 from shardwise.sources.discovery import SourceFormat
@@ -30,6 +28,7 @@ from shardwise.sources.records import DEFAULT_MAX_RECORD_BYTES, Located, iter_re
 from shardwise.storage.opening import open_store
 from shardwise.writer.config import ChunkPolicy
 from shardwise.writer.processors import Processor
+from shardwise.writer.publishing import Publisher
 
 BATCH_RECORDS = 1024
 BATCH_BYTES = 32 << 20
@@ -134,6 +133,7 @@ class SegmentBuilder:
         self.job = job
         self.t = task
         self.emit = emit
+        self.publisher = Publisher(open_store(job.root, job.storage_options))
         self.itemsize = np.dtype(job.dtype).itemsize
         self.next_index = len(task.segment.chunks)
         self.limit = self.next_index + task.rebuild if task.rebuild else None
@@ -182,6 +182,7 @@ class SegmentBuilder:
     def count(self, err: InputError, located: Located) -> None:
         if self.job.on_error is OnError.RAISE:
             self.publish_if_full()  # the work before a bad record is kept
+            self.publisher.flush()
             err = relocate(err, self.t.info, self.t.segment.start, located.line,
                            self.job.storage_options)
             raise err
@@ -210,30 +211,28 @@ class SegmentBuilder:
         k = self.next_index - len(t.segment.chunks)
         # a repair republishes a chunk as an older build wrote it (format/SPEC.md); any
         # other difference is the coordinator's to name
-        meta, meta_sum = self._publish_files(stem, fields,
-                                             t.expect[k] if k < len(t.expect) else "")
-        self.emit(ChunkDone(t.source, t.seg_index,
-                            ChunkEntry(stem, meta.documents, meta.tokens, meta_sum, p.empty),
-                            end, line, dict(self.errors if errors is None else errors)))
+        made = self._make_files(stem, fields, t.expect[k] if k < len(t.expect) else "")
+        done = ChunkDone(t.source, t.seg_index,
+                         ChunkEntry(stem, made.meta.documents, made.meta.tokens,
+                                    made.meta_xxh3, p.empty),
+                         end, line, dict(self.errors if errors is None else errors))
+        # reported once its files are all in place (in the background on a bucket)
+        self.publisher.publish(made, partial(self.emit, done))
         self.next_index += 1
         self.pending = _Pending(start=end, line_start=line)
 
-
-    def _publish_files(self, stem: str, fields: dict[str, Any], expect: str
-                       ) -> tuple[Any, str]:
-        """Write the pending chunk's files and metadata; (metadata, its checksum)."""
+    def _make_files(self, stem: str, fields: dict[str, Any], expect: str) -> ChunkFiles:
+        """The pending chunk's files and metadata, not published yet (``expect``: a
+        repair's checksum of the metadata, :func:`~shardwise.format.chunk.token_chunk`)."""
         p, job = self.pending, self.job
-        root = open_store(job.root, job.storage_options)
         if job.records:
-            return publish_record_chunk(root, stem, _records_table(p.docs), p.tokens, fields,
-                                        expect)
+            return record_chunk(stem, _records_table(p.docs), p.tokens, fields, expect)
         lengths = np.fromiter((len(d) for d in p.docs), dtype=np.int64, count=len(p.docs))
         ids = p.docs[0] if len(p.docs) == 1 else np.concatenate(p.docs)
         if ids.size and (int(ids.max()) >= job.vocab_size or int(ids.min()) < 0):
             for doc, line in zip(p.docs, p.lines, strict=True):  # name the record
                 self._check_ids(doc, line)
-        tokens = ids.astype(job.dtype, copy=False)
-        return publish_token_chunk(root, stem, tokens, lengths, fields, expect)
+        return token_chunk(stem, ids.astype(job.dtype, copy=False), lengths, fields, expect)
 
 
 def _skipped_lines(lines: list[int], start: int, stop: int) -> list[int]:
@@ -258,9 +257,18 @@ def _records_table(docs: list[dict[str, Any]]) -> Any:
 def run_task(job: Job, task: Task, emit: Emit) -> None:
     """Build one segment from its recorded position to its end."""
     builder = SegmentBuilder(job, task, emit)
-    _add_records(builder)
-    stop = task.segment.stop if task.segment.stop >= 0 else builder.last_end
-    builder.publish(stop, builder.last_line)
+    error: BaseException | None = None
+    try:
+        _add_records(builder)
+        stop = task.segment.stop if task.segment.stop >= 0 else builder.last_end
+        builder.publish(stop, builder.last_line)
+        builder.publisher.flush()  # the last chunk's files in place, reported
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        builder.publisher.close(error)
+        builder.publisher.store.close()
     if task.rebuild:
         emit(ChunksRebuilt(task.source, task.seg_index))
         return
