@@ -17,6 +17,7 @@ from tests.remote.conftest import BUCKET
 
 import shardwise as sw
 from shardwise.bench.faults import Fault, FaultProxy
+from shardwise.bench.proxy import LatencyProxy
 from shardwise.errors import CorruptChunkError, RemoteError
 from shardwise.remote import RemotePolicy, RemoteStore
 from shardwise.world import World
@@ -84,18 +85,25 @@ def test_flipped_bytes_are_caught_by_a_checksum(built: tuple[str, Path],
     fault_proxy.inject(Fault("flip", match=r"^GET .*manifest\.json", times=1))
     assert store.get("manifest.json") == (local / "manifest.json").read_bytes()
     assert fault_proxy.hits["flip"] == 1
-    cache = _open(fault_proxy, url, tmp_path, local_bytes=64 << 20)
     fault_proxy.inject(Fault("flip", match=BIN_GET))
-    from shardwise.torch import loader
+    # 30 ms and 2 MB/s in front: the first batches find their chunks still arriving and
+    # read their runs by ranged GETs (which handed 4 batches of flipped bytes out before
+    # the chunk's own check raised, when ranged bytes were checked on landing)
+    with LatencyProxy(("127.0.0.1", fault_proxy.port), latency=0.03, bandwidth=2e6) as slow:
+        store = RemoteStore(url, {"endpoint_url": f"http://127.0.0.1:{slow.port}"},
+                            policy=PATIENT)
+        cache = sw.open_cache(store, local_dir=tmp_path / "node", local_bytes=64 << 20)
+        from shardwise.torch import loader
 
-    dl = loader(sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=3, shuffle="window"),
-                global_batch_size=4, micro_batch_size=4, world=World.single(), look_ahead=0)
-    handed: list[object] = []
-    with pytest.raises(CorruptChunkError, match=r"s3://sw-test/cache/chunks/.*\.bin: "
-                                                r"(xxh3|a ranged GET returned bytes of block)"):
-        for batch in itertools.islice(dl, 500):
-            handed.append(batch)
-    cache.close()
+        dl = loader(sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=3, shuffle="window"),
+                    global_batch_size=4, micro_batch_size=4, world=World.single())
+        handed: list[object] = []
+        with pytest.raises(CorruptChunkError, match=r"s3://sw-test/cache/chunks/.*\.bin: "
+                                                    r"(xxh3|a ranged GET returned bytes of "
+                                                    r"block)"):
+            for batch in itertools.islice(dl, 500):
+                handed.append(batch)
+        cache.close()
     assert not handed
     assert fault_proxy.hits["flip"] >= 1
 
