@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 
 from shardwise.errors import CorruptChunkError, ManifestError
-from shardwise.format.checksum import block_checksums, bytes_checksum, file_checksum
+from shardwise.format.checksum import bytes_checksum, file_checksum, file_checksums
 from shardwise.format.chunk import DATA_SUFFIXES, META_SUFFIX, ChunkKind, ChunkMeta
 from shardwise.format.ledger import ChunkEntry
 from shardwise.format.megatron import MegatronIndex, check_index, first_bad_id, open_bin, read_idx
@@ -216,32 +216,21 @@ def _check_file(path: Path, info: dict[str, Any] | None, report: VerifyReport, *
         return False
     if not hash_it:
         return False
-    digest = file_checksum(path)  # 8 MiB blocks: constant memory
+    block = info.get("block_bytes") if "block_xxh3_64" in info else None
+    if block is not None and not (isinstance(block, int) and block > 0):
+        report.bad(path, f"block_bytes {block!r} in its metadata, expected a positive int")
+        return False
+    # 8 MiB pieces: constant memory; the block sums, if any, in the same read
+    digest, sums = file_checksums(path, block) if block else (file_checksum(path), None)
     report.bytes_checked += size
     if digest != info.get("xxh3_64"):
         report.bad(path, f"xxh3_64 {digest}, the metadata says {info.get('xxh3_64')}")
         return False
-    if "block_xxh3_64" in info and not _blocks_match(path, info):
+    if sums is not None and sums != info["block_xxh3_64"]:
         report.bad(path, "intact (its xxh3_64 holds), but the block sums its metadata "
                    "records are not its blocks': a reader refuses ranged reads of it; a "
                    "shardwise bug, please report it")
     return True
-
-
-def _blocks_match(path: Path, info: dict[str, Any]) -> bool:
-    """The sums of the file's blocks are those ``info`` records (format/SPEC.md)."""
-    import mmap
-
-    with open(path, "rb") as f:
-        if not info["bytes"]:
-            return block_checksums(b"", int(info["block_bytes"])) == info["block_xxh3_64"]
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            view = memoryview(m)
-            try:
-                return bool(block_checksums(view, int(info["block_bytes"]))
-                            == info["block_xxh3_64"])
-            finally:
-                view.release()
 
 
 def _check_token_chunk(exp: ChunkExpect, intact: set[str], report: VerifyReport) -> None:
