@@ -7,10 +7,12 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.conftest import sample_texts
 
+import shardwise as sw
 from shardwise.bench.seaweed import S3Server
 
 BUCKET = "sw-cloud"
@@ -55,6 +57,21 @@ def upload(files: dict[str, Path], url: str) -> None:
     fs = s3fs_client()
     for name, p in files.items():
         fs.pipe_file(f"{url.removeprefix('s3://')}/{name}", p.read_bytes())
+
+
+def raw_in_bucket(d: Path, url: str, copies: int = 2) -> dict[str, Path]:
+    """:func:`write_raw` into ``d`` (the local copies), the same files uploaded to ``url``."""
+    files = write_raw(d, copies=copies)
+    upload(files, url)
+    return files
+
+
+def build_local_copies(raw: dict[str, Path], patterns: list[str], out: Path,
+                       **options: Any) -> Path:
+    """The local copies built by the same globs into ``out``: a bucket build's reference."""
+    d = raw["a.jsonl"].parent
+    sw.build([str(d / p) for p in patterns], out, **options)
+    return out
 
 
 def ledger_chunks(url: str) -> int:

@@ -17,7 +17,13 @@ from typing import Any
 import orjson
 import pytest
 from tests.cloud.compare import assert_same_files, bucket_files, relocated
-from tests.cloud.conftest import BUCKET, ledger_chunks, s3fs_client, upload, write_raw
+from tests.cloud.conftest import (
+    BUCKET,
+    build_local_copies,
+    ledger_chunks,
+    raw_in_bucket,
+    s3fs_client,
+)
 from tests.helpers_cache import cache_files
 
 import shardwise as sw
@@ -37,19 +43,15 @@ OPTS: dict[str, Any] = dict(chunk_docs=32, segment_bytes=64_000, append_eod=True
 @pytest.fixture(scope="module")
 def raw(s3: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The local copies; the same files are under ``RAW``."""
-    files = write_raw(tmp_path_factory.mktemp("raw") / "raw")
-    upload(files, RAW)
-    return files
+    return raw_in_bucket(tmp_path_factory.mktemp("raw") / "raw", RAW)
 
 
 @pytest.fixture(scope="module")
 def local_build(raw: dict[str, Path], tokenizer_path: Path,
                 tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The reference: the local copies, built by the same globs into a local directory."""
-    out = tmp_path_factory.mktemp("ref") / "cache"
-    d = raw["a.jsonl"].parent
-    sw.build([str(d / p) for p in PATTERNS], out, tokenizer=tokenizer_path, **OPTS)
-    return out
+    return build_local_copies(raw, PATTERNS, tmp_path_factory.mktemp("ref") / "cache",
+                              tokenizer=tokenizer_path, **OPTS)
 
 
 def _paths(raw: dict[str, Path]) -> dict[str, str]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from tests.cloud.compare import assert_same_files, bucket_files, relocated
-from tests.cloud.conftest import BUCKET, upload, write_raw
+from tests.cloud.conftest import BUCKET, build_local_copies, raw_in_bucket
 
 import shardwise as sw
 from shardwise.bench.faults import Fault, FaultProxy
@@ -35,18 +35,14 @@ SLACK = 5.0  # seconds of scheduling on a busy 2-core machine on top of the boun
 
 @pytest.fixture(scope="module")
 def raw(s3: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    files = write_raw(tmp_path_factory.mktemp("raw") / "raw", copies=1)
-    upload(files, RAW)
-    return files
+    return raw_in_bucket(tmp_path_factory.mktemp("raw") / "raw", RAW, copies=1)
 
 
 @pytest.fixture(scope="module")
 def local_build(raw: dict[str, Path], tokenizer_path: Path,
                 tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("ref") / "cache"
-    d = raw["a.jsonl"].parent
-    sw.build([str(d / p) for p in PATTERNS], out, tokenizer=tokenizer_path, **OPTS)
-    return out
+    return build_local_copies(raw, PATTERNS, tmp_path_factory.mktemp("ref") / "cache",
+                              tokenizer=tokenizer_path, **OPTS)
 
 
 def _build(proxy: FaultProxy, out: str, tokenizer: Path) -> sw.BuildSummary:

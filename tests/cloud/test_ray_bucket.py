@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import ray
 from tests.cloud.compare import assert_same_files, bucket_files, relocated
-from tests.cloud.conftest import BUCKET, ledger_chunks, upload, write_raw
+from tests.cloud.conftest import BUCKET, ledger_chunks, raw_in_bucket
 
 import shardwise as sw
 from shardwise.writer.ray_executor import RayExecutor
@@ -48,9 +48,7 @@ def cluster(s3: dict[str, str]) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def raw(s3: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    files = write_raw(tmp_path_factory.mktemp("ray-raw") / "raw", copies=2)
-    upload(files, RAW)
-    return files
+    return raw_in_bucket(tmp_path_factory.mktemp("ray-raw") / "raw", RAW, copies=2)
 
 
 @pytest.fixture(scope="module")
