@@ -61,4 +61,4 @@ def test_missing_litdata_is_a_message(tmp_path: Path, monkeypatch: pytest.Monkey
     code, out = bench(*TINY, "--dir", tmp_path)
     assert code == 2 and out == ""
     err = capsys.readouterr().err
-    assert "pip install litdata" in err and "Traceback" not in err
+    assert "pip install --no-deps litdata" in err and "Traceback" not in err

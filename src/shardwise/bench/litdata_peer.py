@@ -28,7 +28,9 @@ import numpy.typing as npt
 
 from shardwise.errors import MissingExtraError
 
-LITDATA_INSTALL = "pip install litdata"
+# --no-deps: litdata requires torchvision, whose newest release pulls another torch
+LITDATA_INSTALL = ("pip install --no-deps litdata==0.2.76 && "
+                   "pip install lightning-utilities boto3 filelock obstore")
 ORDER = ("LitData: chunks permuted, then blocks of seq_len+1 permuted within each chunk "
          "(one chunk at a time)")
 
@@ -42,8 +44,7 @@ def require() -> str:
         import litdata  # noqa: F401
     except Exception as e:  # ImportError, or a broken install raising anything else
         raise MissingExtraError(f"--peer litdata needs LitData ({type(e).__name__}: {e}): "
-                                f"{LITDATA_INSTALL}  (or pip install 'shardwise[bench]')"
-                                ) from None
+                                f"{LITDATA_INSTALL}") from None
     return version("litdata")
 
 
