@@ -41,7 +41,7 @@ from typing import Any
 from shardwise.checkpoint import SKIP_KEY, Configured, LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, MissingExtraError, StateError
 from shardwise.integrations.guards import refuse_bare_lightning
-from shardwise.integrations.torch_batches import collate, pin
+from shardwise.integrations.torch_batches import arrays, collate, pin, tensors
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import refuse_epoch_view
 from shardwise.read.examples import Output, with_output
@@ -151,8 +151,10 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
         # the position lives on this plain object: DataLoader.__setattr__ runs Python
         # checks on every attribute set, which would cost each step
         self._indices = _Indices(sampler, getattr(dataset, "prefetch", None), look_ahead)
-        super().__init__(dataset, batch_sampler=self._indices,
-                         collate_fn=collate if collate_fn is None else collate_fn, **kwargs)
+        # workers send shardwise's batches as numpy arrays; tensors are made here
+        self._arrays = collate_fn is None and kwargs.get("num_workers", 0) > 0
+        fn = arrays if self._arrays else collate if collate_fn is None else collate_fn
+        super().__init__(dataset, batch_sampler=self._indices, collate_fn=fn, **kwargs)
 
     @property
     def consumed(self) -> int:
@@ -168,6 +170,8 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
         self._restart(self.consumed)
         pos = self._indices
         batches = self._direct() if self._is_direct() else super().__iter__()
+        if self._arrays:
+            batches = self._as_tensors(batches)
         try:
             for batch in batches:
                 pos.received += 1
@@ -176,6 +180,11 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
             if self.num_workers > 0:
                 self._drain(batches)
             raise
+
+    def _as_tensors(self, batches: Iterator[Any]) -> Iterator[Any]:
+        pinned = self.pin_memory and torch.cuda.is_available()
+        for batch in batches:
+            yield pin(tensors(batch)) if pinned else tensors(batch)
 
     def _drain(self, batches: Iterator[Any]) -> None:
         """End the index stream and receive the batches still in flight (at most

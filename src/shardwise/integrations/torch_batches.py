@@ -34,6 +34,23 @@ def collate(data: Any) -> Any:
     return default_collate(data)
 
 
+def arrays(data: Any) -> Any:
+    """A worker's half of :func:`collate`: the stacked numpy arrays, which cross to the main
+    process as one pickled message (torch tensors would each be moved to a shared-memory
+    file and sent as a descriptor: ~1 ms a batch). The main process then makes tensors of
+    them without a copy (:func:`tensors`)."""
+    batch = stacked(data)
+    return default_collate(data) if batch is None else batch
+
+
+def tensors(batch: Any) -> Any:
+    """:func:`arrays`' result as :func:`collate`'s (tensors pass through)."""
+    if isinstance(batch, dict):
+        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                for k, v in batch.items()}
+    return batch
+
+
 def expand(batch: Any, dtype: Any = None) -> Any:
     """A compact batch (``output=shardwise.Output(compact=True)``) in the full layout, on
     the batch's device: ``batch = expand(batch)`` after moving it there. The same keys and
