@@ -42,6 +42,8 @@ def test_loader_compact_expands_to_the_default_batches(cache_dir: Path, workers:
     small = batches(small_dl, 5)
     for a, b in zip(full, small, strict=True):
         assert b["tokens"].dtype == torch.uint16  # ids over 32,767 survive the trip
+        # workers send numpy arrays (one message), not tensors moved to shared memory files
+        assert not any(v.is_shared() for v in (*a.values(), *b.values()))
         e = expand(b)
         assert list(e) == list(a)
         for k in a:
