@@ -11,6 +11,7 @@ from typing import Any
 
 from shardwise.format.chunk import IGNORE_INDEX
 from shardwise.integrations.torch_batches import collate as torch_collate
+from shardwise.integrations.torch_batches import takes_arrays
 
 try:
     import torch
@@ -23,6 +24,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 MODEL_KEYS = ("input_ids", "labels", "shift_labels", "position_ids", "attention_mask")
 
 
+@takes_arrays  # a shardwise loader's workers send arrays; this runs in the main process
 def collate(data: Any) -> dict[str, torch.Tensor]:
     """A shardwise micro-batch → the inputs of a transformers causal LM (see module docs)::
 

@@ -41,7 +41,7 @@ from typing import Any
 from shardwise.checkpoint import SKIP_KEY, Configured, LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, MissingExtraError, StateError
 from shardwise.integrations.guards import refuse_bare_lightning
-from shardwise.integrations.torch_batches import arrays, collate, pin, tensors
+from shardwise.integrations.torch_batches import arrays, collate, pin
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import refuse_epoch_view
 from shardwise.read.examples import Output, with_output
@@ -151,10 +151,12 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
         # the position lives on this plain object: DataLoader.__setattr__ runs Python
         # checks on every attribute set, which would cost each step
         self._indices = _Indices(sampler, getattr(dataset, "prefetch", None), look_ahead)
-        # workers send shardwise's batches as numpy arrays; tensors are made here
-        self._arrays = collate_fn is None and kwargs.get("num_workers", 0) > 0
-        fn = arrays if self._arrays else collate if collate_fn is None else collate_fn
-        super().__init__(dataset, batch_sampler=self._indices, collate_fn=fn, **kwargs)
+        fn = collate if collate_fn is None else collate_fn
+        # workers send numpy arrays (one message) to a collate that takes them: it runs here
+        self._here = (fn if kwargs.get("num_workers", 0) > 0
+                      and getattr(fn, "takes_arrays", False) else None)
+        super().__init__(dataset, batch_sampler=self._indices,
+                         collate_fn=fn if self._here is None else arrays, **kwargs)
 
     @property
     def consumed(self) -> int:
@@ -170,8 +172,8 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
         self._restart(self.consumed)
         pos = self._indices
         batches = self._direct() if self._is_direct() else super().__iter__()
-        if self._arrays:
-            batches = self._as_tensors(batches)
+        if self._here is not None:
+            batches = self._collated(batches, self._here)
         try:
             for batch in batches:
                 pos.received += 1
@@ -181,10 +183,10 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
                 self._drain(batches)
             raise
 
-    def _as_tensors(self, batches: Iterator[Any]) -> Iterator[Any]:
+    def _collated(self, batches: Iterator[Any], fn: Callable[[Any], Any]) -> Iterator[Any]:
         pinned = self.pin_memory and torch.cuda.is_available()
         for batch in batches:
-            yield pin(tensors(batch)) if pinned else tensors(batch)
+            yield pin(fn(batch)) if pinned else fn(batch)
 
     def _drain(self, batches: Iterator[Any]) -> None:
         """End the index stream and receive the batches still in flight (at most
