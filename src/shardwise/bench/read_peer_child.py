@@ -3,7 +3,8 @@
 Run as a file (``python read_peer_child.py JSON``), so the same measurement runs against
 another shardwise (a checkout of main, on ``PYTHONPATH``: the "before" figures): it uses
 only shardwise's public API, and ``output=`` only where asked. Prints one JSON line:
-``first_batch_s`` (from making the loader to its first batch: worker start-up included)
+``first_batch_s`` (from making the reader to its first batch, imports done: worker
+start-up included)
 and ``examples_per_s`` over the next ``batches`` micro-batches.
 """
 
@@ -67,7 +68,19 @@ def _null(cfg: dict[str, Any]) -> Iterator[Any]:
         yield out
 
 
+def _imports(cfg: dict[str, Any]) -> None:
+    """What a path imports, before the clock starts (torch's import is seconds on a busy
+    machine, and not the reader's)."""
+    import shardwise  # noqa: F401
+
+    if cfg["path"] != "null" and (cfg["path"] != "getitems" or cfg["workers"]):
+        import torch  # noqa: F401
+    if cfg["path"] == "litdata":
+        import litdata  # noqa: F401
+
+
 def measure(cfg: dict[str, Any]) -> dict[str, float]:
+    _imports(cfg)
     started = time.perf_counter()
     it = _batches(cfg)
     next(it)
