@@ -24,6 +24,7 @@ from shardwise.errors import (
     StateError,
 )
 from shardwise.integrations.guards import register_framework_guards
+from shardwise.read.loader import Loader, numpy_loader
 from shardwise.read.orders import PAD
 from shardwise.read.tokens.dataset import Shuffle, TokenDataset
 from shardwise.storage.cache import Cache
@@ -81,6 +82,7 @@ __all__ = [
     "ContiguousShards",
     "CorruptChunkError",
     "InputError",
+    "Loader",
     "LoaderState",
     "PAD",
     "PackedSFT",
@@ -97,5 +99,6 @@ __all__ = [
     "World",
     "__version__",
     "build",
+    "numpy_loader",
     "open_cache",
 ]
