@@ -15,7 +15,9 @@ import pytest
 import shardwise as sw
 from shardwise.errors import ConfigError
 from shardwise.testing import assert_resumes_exactly, assert_same_global_order
-from tests.cachefactory import make_cache, sample_docs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cachefactory import make_cache, sample_docs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,12 +80,13 @@ def test_state_crosses_to_the_torch_loader_and_back(ds: sw.TokenDataset) -> None
     into_torch = loader(ds, **sizes())  # type: ignore[arg-type]
     into_torch.load_state_dict(np_dl.state_dict())
     got = _take(into_torch, 3)
-    assert all((g["input_ids"] == w["input_ids"]).all() for g, w in zip(got, whole[3:6]))
+    assert all((g["input_ids"] == w["input_ids"]).all()
+               for g, w in zip(got, whole[3:6], strict=True))
     back = sw.numpy_loader(ds, **sizes())  # type: ignore[arg-type]
     back.load_state_dict(into_torch.state_dict())
     assert np_dl.state_dict()["kind"] == into_torch.state_dict()["kind"]
     got = _take(back, 2)
-    assert all((g["labels"] == w["labels"]).all() for g, w in zip(got, whole[6:8]))
+    assert all((g["labels"] == w["labels"]).all() for g, w in zip(got, whole[6:8], strict=True))
 
 
 def test_an_iterable_reader_is_refused_naming_what_to_do(cache_dir: Path) -> None:
