@@ -61,9 +61,9 @@ class ShardwiseDataLoader(TextDataLoaderBase):
 
     def __init__(self, dataset: Any, *, global_batch_size: int, work_dir: str | os.PathLike[str],
                  micro_batch_size: int | None = None, world: World | None = None,
-                 collator: DataCollator | None = None) -> None:
+                 seq_len: int | None = None, collator: DataCollator | None = None) -> None:
         world = World.resolve(world, reader="shardwise.olmo.ShardwiseDataLoader")
-        self.dataset, self.seq_len = dataset, _seq_len(dataset)
+        self.dataset, self.seq_len = dataset, seq_len or _seq_len(dataset)
         self.examples = _examples(global_batch_size, self.seq_len, world.size)
         micro = micro_batch_size or self.examples // world.size
         super().__init__(collator=collator or DataCollator(pad_token_id=0), work_dir=work_dir,
@@ -164,13 +164,15 @@ class ShardwiseDataLoader(TextDataLoaderBase):
 
 
 def _seq_len(dataset: Any) -> int:
-    """Tokens per example (of ``input_ids``), from the reader's config or its first example."""
-    config = getattr(dataset, "config", None)
-    seq_len = getattr(config, "seq_len", None)
+    """Tokens per example (of ``input_ids``): the reader's config's, or a map-style
+    reader's first example's (an iterable reader's first example would be consumed)."""
+    seq_len = getattr(getattr(dataset, "config", None), "seq_len", None)
     if isinstance(seq_len, int):
         return seq_len
-    first = dataset[0] if hasattr(dataset, "__getitem__") else next(iter(dataset))
-    return int(np.asarray(first["input_ids"]).shape[-1])
+    if not hasattr(dataset, "__getitem__"):
+        raise ConfigError(f"{type(dataset).__name__} does not say its examples' length; "
+                          "pass seq_len= (tokens of input_ids per example)")
+    return int(np.asarray(dataset[0]["input_ids"]).shape[-1])
 
 
 def _examples(global_batch_size: int, seq_len: int, world_size: int) -> int:
