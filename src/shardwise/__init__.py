@@ -24,6 +24,7 @@ from shardwise.errors import (
     StateError,
 )
 from shardwise.integrations.guards import register_framework_guards
+from shardwise.read.examples import Output
 from shardwise.read.loader import Loader, numpy_loader
 from shardwise.read.orders import PAD
 from shardwise.read.tokens.dataset import Shuffle, TokenDataset
@@ -84,6 +85,7 @@ __all__ = [
     "InputError",
     "Loader",
     "LoaderState",
+    "Output",
     "PAD",
     "PackedSFT",
     "ProducerDirDataset",

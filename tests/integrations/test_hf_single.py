@@ -28,13 +28,14 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
                       eod_id=0)
 
 
-def _trainer(tmp: Path, train: object, eval_ds: object = None) -> ShardwiseTrainer:
+def _trainer(tmp: Path, train: object, eval_ds: object = None,
+             **kw: object) -> ShardwiseTrainer:
     cfg = GPT2Config(vocab_size=500, n_positions=16, n_embd=8, n_layer=1, n_head=1)
     args = TrainingArguments(output_dir=str(tmp), per_device_train_batch_size=2,
                              per_device_eval_batch_size=2, gradient_accumulation_steps=2,
                              max_steps=3, report_to=[], use_cpu=True)
     return ShardwiseTrainer(model=GPT2LMHeadModel(cfg), args=args, train_dataset=train,
-                            eval_dataset=eval_ds)
+                            eval_dataset=eval_ds, **kw)  # type: ignore[arg-type]
 
 
 def test_map_style_gets_shardwise_order_in_whole_global_batches(cache: Path,
@@ -89,3 +90,19 @@ def test_replay_by_skipping_is_refused(cache: Path) -> None:
     dl = loader(ds, global_batch_size=2, micro_batch_size=2, world=sw.World(0, 1))
     with pytest.raises(sw.ConfigError, match="SkipBatchSampler.*ShardwiseTrainer"):
         next(iter(skip_first_batches(dl, 2)))
+
+
+def test_compact_batches_reach_the_model_as_the_default_inputs(cache: Path,
+                                                               tmp_path: Path) -> None:
+    """shardwise_output: the loader hands over compact batches; _prepare_inputs expands them
+    on the device into exactly the inputs the default form gives the model."""
+    ds = sw.TokenDataset(cache, seq_len=16, seed=7, eod_mask_loss=True)
+    full = _trainer(tmp_path / "a", ds)
+    small = _trainer(tmp_path / "b", ds, shardwise_output=sw.Output(dtype="stored",
+                                                                    compact=True))
+    for a, b in zip(full.get_train_dataloader(), small.get_train_dataloader(), strict=True):
+        assert "tokens" in b and "input_ids" not in b
+        got, want = small._prepare_inputs(b), full._prepare_inputs(a)
+        assert list(got) == list(want)
+        for k in want:
+            assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k

@@ -40,20 +40,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
-
 from shardwise.checkpoint import LoaderState, Resumable
 from shardwise.errors import MissingExtraError
 from shardwise.integrations.guards import refuse_bare_lightning
+from shardwise.integrations.torch_batches import arrays, collate, pin, tensors
+from shardwise.read.examples import Output, with_output
 from shardwise.read.loader import Loader, ahead_count, describe_line, plan_sampler
-from shardwise.read.rows import stacked
 from shardwise.read.sampler import BatchSampler
 from shardwise.world import World
 
 try:
     import torch
     from torch.utils.data import DataLoader, IterableDataset
-    from torch.utils.data._utils.collate import default_collate
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise MissingExtraError("shardwise.torch needs PyTorch: pip install 'shardwise[torch]'"
                             ) from e
@@ -73,16 +71,6 @@ def _register_iterables() -> None:
 _register_iterables()
 
 
-def collate(data: Any) -> Any:
-    """A micro-batch → a dict of tensors. A shardwise batch (``get_batch``'s dict, or the
-    :class:`~shardwise.read.rows.Rows` ``__getitems__`` returns) is converted without a
-    copy; anything else (a list of examples) goes to torch's ``default_collate``."""
-    batch = stacked(data)
-    if batch is not None:
-        return {k: torch.from_numpy(np.asarray(v)) for k, v in batch.items()}
-    return default_collate(data)
-
-
 class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
     """A DataLoader over this rank's micro-batches; iterate it, checkpoint it, restore it.
 
@@ -100,8 +88,10 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
         # the core lives on this plain attribute: DataLoader.__setattr__ runs Python checks
         # on every attribute set, which would cost each step
         self._core = Loader(dataset, sampler, look_ahead=look_ahead)
-        super().__init__(dataset, batch_sampler=self._core.indices,
-                         collate_fn=collate if collate_fn is None else collate_fn, **kwargs)
+        # workers send shardwise's batches as numpy arrays; tensors are made here
+        self._arrays = collate_fn is None and kwargs.get("num_workers", 0) > 0
+        fn = arrays if self._arrays else collate if collate_fn is None else collate_fn
+        super().__init__(dataset, batch_sampler=self._core.indices, collate_fn=fn, **kwargs)
 
     @property
     def consumed(self) -> int:
@@ -112,6 +102,8 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
         refuse_bare_lightning("a shardwise loader")
         pos = self._core.begin()
         batches = self._direct() if self._is_direct() else super().__iter__()
+        if self._arrays:
+            batches = self._as_tensors(batches)
         try:
             for batch in batches:
                 pos.received += 1
@@ -120,6 +112,11 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
             if self.num_workers > 0:
                 self._drain(batches)
             raise
+
+    def _as_tensors(self, batches: Iterator[Any]) -> Iterator[Any]:
+        pinned = self.pin_memory and torch.cuda.is_available()
+        for batch in batches:
+            yield pin(tensors(batch)) if pinned else tensors(batch)
 
     def _drain(self, batches: Iterator[Any]) -> None:
         """End the index stream and receive the batches still in flight (at most
@@ -152,10 +149,10 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
         ds, fn = self.dataset, self.collate_fn
         fast = fn is collate and hasattr(ds, "get_batch")
         getitems = ds.get_batch if fast else ds.__getitems__  # type: ignore[attr-defined]
-        pin = self.pin_memory and torch.cuda.is_available()
+        pinned = self.pin_memory and torch.cuda.is_available()
         for indices in self._core.indices:
             batch = fn(getitems(indices))
-            yield (_pin(batch) if pin else batch)
+            yield (pin(batch) if pinned else batch)
 
     def state_config(self) -> dict[str, Any]:
         return self._core.state_config()
@@ -174,19 +171,13 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
         return describe_line(type(self).__name__, self.dataset, self.describe())
 
 
-def _pin(batch: Any) -> Any:
-    if isinstance(batch, dict):
-        return {k: v.pin_memory() if hasattr(v, "pin_memory") else v for k, v in batch.items()}
-    return batch
-
-
 def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
            world: World | None = None, num_workers: int = 0, sampler: str = "single",
            seed: int = 0, data_sharding: bool = True, epochs: int | None = None,
            total_samples: int | None = None, consumed: int = 0, pin_memory: bool = False,
            persistent_workers: bool = False, prefetch_factor: int | None = None,
            look_ahead: int | None = None, collate_fn: Callable[[Any], Any] | None = None,
-           skip_steps: Iterable[Sequence[int]] | None = None,
+           skip_steps: Iterable[Sequence[int]] | None = None, output: Output | None = None,
            **dataloader_kwargs: Any) -> ShardwiseLoader:
     """This rank's loader over ``dataset`` (a TokenDataset or any map-style dataset).
 
@@ -205,6 +196,8 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
     (of ``global_batch_size``) to leave out (see the module docs); ``epochs`` and
     ``total_samples`` still count positions of the order, skipped ones included, so the
     run ends where it would without skips and never reads past its planned data.
+    ``output``: the examples' form (:class:`~shardwise.read.examples.Output`), made in the
+    workers; ``expand(batch)`` restores a compact one on the device.
 
     >>> dl = loader(ds, global_batch_size=64, micro_batch_size=8,  # doctest: +SKIP
     ...             world=World(0, 2))
@@ -216,11 +209,19 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
                            skip_steps=skip_steps, what="shardwise.torch.loader",
                            iterable_fix="torch.utils.data.DataLoader(reader, "
                                         "batch_size=micro_batch_size)")
-    extra: dict[str, Any] = {}
-    if num_workers > 0:
-        extra["persistent_workers"] = persistent_workers
-        if prefetch_factor is not None:
-            extra["prefetch_factor"] = prefetch_factor
-    return ShardwiseLoader(dataset, batches, num_workers=num_workers, pin_memory=pin_memory,
-                           look_ahead=ahead_count(look_ahead), collate_fn=collate_fn, **extra,
+    return ShardwiseLoader(with_output(dataset, output), batches, num_workers=num_workers,
+                           pin_memory=pin_memory, look_ahead=ahead_count(look_ahead),
+                           collate_fn=collate_fn,
+                           **_worker_options(num_workers, persistent_workers, prefetch_factor),
                            **dataloader_kwargs)
+
+
+def _worker_options(workers: int, persistent: bool, prefetch_factor: int | None
+                    ) -> dict[str, Any]:
+    """DataLoader's options that exist only with worker processes."""
+    if workers == 0:
+        return {}
+    extra: dict[str, Any] = {"persistent_workers": persistent}
+    if prefetch_factor is not None:
+        extra["prefetch_factor"] = prefetch_factor
+    return extra

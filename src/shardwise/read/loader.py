@@ -34,6 +34,7 @@ from shardwise.checkpoint import SKIP_KEY, Configured, LoaderState, Resumable, a
 from shardwise.errors import ConfigError, StateError
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import refuse_epoch_view
+from shardwise.read.examples import Output, with_output
 from shardwise.read.guard import refuse_framework_sharding
 from shardwise.read.rows import Batch, stack_rows, stacked
 from shardwise.read.sampler import BatchSampler, SamplerKind, skip_from_steps
@@ -309,7 +310,8 @@ def numpy_loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
                  data_sharding: bool = True, epochs: int | None = None,
                  total_samples: int | None = None, consumed: int = 0,
                  look_ahead: int | None = None,
-                 skip_steps: Iterable[Sequence[int]] | None = None) -> Loader:
+                 skip_steps: Iterable[Sequence[int]] | None = None,
+                 output: Output | None = None) -> Loader:
     """This rank's loader over ``dataset`` (a TokenDataset, a Blend or any map-style
     dataset), yielding dicts of numpy arrays; no torch needed.
 
@@ -319,7 +321,8 @@ def numpy_loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
     (default: endless); ``consumed`` starts at a position; ``sampler`` is ``single``
     (the dataset's global order), ``cyclic`` (Megatron's) or ``eval`` (one padded pass);
     ``look_ahead`` prefetches a remote cache's coming chunks; ``skip_steps`` leaves global
-    steps out.
+    steps out; ``output``: the examples' form (:class:`~shardwise.read.examples.Output`,
+    e.g. ``Output(dtype="int32")`` for JAX).
 
     >>> dl = numpy_loader(ds, global_batch_size=64, micro_batch_size=8,  # doctest: +SKIP
     ...                   world=World(0, 2))
@@ -329,7 +332,7 @@ def numpy_loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
                            seed=seed, data_sharding=data_sharding, epochs=epochs,
                            total_samples=total_samples, consumed=consumed,
                            skip_steps=skip_steps)
-    return Loader(dataset, batches, look_ahead=ahead_count(look_ahead))
+    return Loader(with_output(dataset, output), batches, look_ahead=ahead_count(look_ahead))
 
 
 __all__ = ["LOADER_KIND", "IndexStream", "Loader", "fetch_numpy", "look_ahead",
