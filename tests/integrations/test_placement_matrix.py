@@ -67,6 +67,10 @@ NOT_A_ROW = {"shardwise.integrations.megatron": "builds shardwise.torch.loader; 
              "tests/distributed/test_megatron_train.py runs Megatron's own code",
              "shardwise.integrations.megatron_loader": "builds shardwise.torch.loader; "
              "tests/distributed/test_megatron_train.py runs Megatron's own code",
+             "shardwise.integrations.torch_batches": "no loader: batch conversion (collate, "
+             "worker arrays, expand) of the 'torch' row's loader",
+             "shardwise.integrations.hf_batches": "no loader: the Trainer's collators, "
+             "under the 'trainer' and 'trl' rows",
              "shardwise.integrations.grain": "no loader: a Grain transformation (batched "
              "reads); Grain places by its own slicing (ds[rank::world]): "
              "tests/integrations/test_grain.py",
