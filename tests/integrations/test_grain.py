@@ -92,3 +92,35 @@ def test_batches_across_epochs_match_grain(cache: Path) -> None:
     assert len(ours) == len(theirs)
     for i in (0, len(ours) // 3, len(ours) - 1):
         assert np.array_equal(ours[i]["input_ids"], theirs[i]["input_ids"])
+
+
+def test_jax_gets_int32_batches_without_torch(cache: Path) -> None:
+    """``Output(dtype="int32")``: Grain batches and the numpy loader's batches become
+    int32 ``jax.numpy`` arrays (JAX's default integer), values unchanged — in a process
+    where torch cannot be imported."""
+    import subprocess
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["torch"] = None
+        import grain, jax.numpy as jnp, numpy as np
+        import shardwise as sw
+        from shardwise.grain import batch
+        out = sw.Output(dtype="int32")
+        ds = sw.TokenDataset({str(cache)!r}, seq_len=16, seed=4, output=out)
+        plain = sw.TokenDataset({str(cache)!r}, seq_len=16, seed=4)
+        b = batch(grain.MapDataset.source(ds).shuffle(seed=1), 4)[0]
+        x = jnp.asarray(b["input_ids"])
+        assert b["input_ids"].dtype == b["labels"].dtype == np.int32, b["labels"].dtype
+        assert x.dtype == jnp.int32
+        dl = sw.numpy_loader(plain, global_batch_size=4, micro_batch_size=4,
+                             world=sw.World(0, 1), output=out)
+        first = next(iter(dl))
+        assert first["input_ids"].dtype == np.int32  # numpy's (jnp.asarray would cast)
+        assert jnp.asarray(first["input_ids"]).dtype == jnp.int32
+        assert np.array_equal(first["input_ids"], plain.get_batch([0, 1, 2, 3])["input_ids"])
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
