@@ -144,7 +144,7 @@ def _positive_bytes(chunk_mb: float) -> int:
     return max(1, int(chunk_mb * (1 << 20)))
 
 
-def _doc_ranges(lengths: npt.NDArray[np.int32], itemsize: int, chunk_docs: int | None,
+def _doc_ranges(lengths: npt.NDArray[np.integer[Any]], itemsize: int, chunk_docs: int | None,
                 max_bytes: int | None) -> Iterator[tuple[int, int]]:
     """Document ranges ``[a, b)`` of each chunk: ``chunk_docs`` at a time, or the fewest
     documents reaching ``max_bytes`` (at least one). Scans lengths in growing blocks."""
@@ -161,7 +161,7 @@ def _doc_ranges(lengths: npt.NDArray[np.int32], itemsize: int, chunk_docs: int |
         start = stop
 
 
-def _fill(lengths: npt.NDArray[np.int32], start: int, itemsize: int, max_bytes: int) -> int:
+def _fill(lengths: npt.NDArray[np.integer[Any]], start: int, itemsize: int, max_bytes: int) -> int:
     total, pos, block = 0, start, 4096
     while pos < len(lengths):
         cum = total + np.cumsum(lengths[pos:pos + block], dtype=np.int64) * itemsize
