@@ -4,6 +4,7 @@ and OLMo-core's own ``NumpyFSLDataset`` reads the cache converted back to Megatr
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,15 @@ def test_tokens_and_documents_are_the_arrays(cli, arrays, tmp_path: Path) -> Non
     assert cache.eod_id == EOS and cache.dtype == np.int32  # Megatron's type for uint32 ids
     assert [s.format for s in cache.manifest.sources] == ["numpy"] * 3
     assert len(sw.TokenDataset(cache, seq_len=16)) == (len(flat) - 1) // 16  # every token
+    # trace names the file and the document (row) of each example (it raised on the
+    # 'numpy' source format before)
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"cache": str(tmp_path / "c"), "reader": "tokens",
+                                  "seq_len": 16, "seed": 1, "global_batch_size": 4,
+                                  "micro_batch_size": 2, "world_size": 2}))
+    code, out, err = cli("trace", config, "--step", "0")
+    assert code == 0, err
+    assert ".npy row " in out, out
 
 
 def test_olmo_reads_the_cache_converted_to_megatron(cli, arrays, tmp_path: Path) -> None:
