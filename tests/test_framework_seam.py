@@ -116,7 +116,7 @@ def test_a_registered_wrapper_is_refused_by_a_reader(tmp_path: Path) -> None:
 
 
 FRONT_DOORS = {"__init__.py", "torch.py", "hf.py", "lightning.py", "torchdata.py",
-               "megatron.py"}
+               "megatron.py", "olmo.py", "grain.py"}
 PACKAGE = Path(shardwise.__file__).parent
 TESTS = Path(__file__).resolve().parent
 

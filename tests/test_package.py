@@ -18,10 +18,11 @@ def test_public_names_are_pinned() -> None:
     assert shardwise.__all__ == sorted(shardwise.__all__)
     assert shardwise.__all__ == [
         "Blend", "Cache", "CacheError", "CacheMismatchError", "ChatProcessor", "ConfigError",
-        "ContiguousShards", "CorruptChunkError", "InputError", "LoaderState", "Output", "PAD",
+        "ContiguousShards", "CorruptChunkError", "InputError", "Loader", "LoaderState", "Output",
+        "PAD",
         "PackedSFT", "ProducerDirDataset", "ProducerTimeoutError", "RecordStream", "RemoteError",
         "SequentialConsumer", "ShardwiseError", "Shuffle", "StateError", "StreamDataset",
-        "TokenDataset", "World", "__version__", "build", "open_cache",
+        "TokenDataset", "World", "__version__", "build", "numpy_loader", "open_cache",
     ]
     for name in shardwise.__all__:
         assert hasattr(shardwise, name)

@@ -25,6 +25,7 @@ from shardwise.errors import (
 )
 from shardwise.integrations.guards import register_framework_guards
 from shardwise.read.examples import Output
+from shardwise.read.loader import Loader, numpy_loader
 from shardwise.read.orders import PAD
 from shardwise.read.tokens.dataset import Shuffle, TokenDataset
 from shardwise.storage.cache import Cache
@@ -82,6 +83,7 @@ __all__ = [
     "ContiguousShards",
     "CorruptChunkError",
     "InputError",
+    "Loader",
     "LoaderState",
     "Output",
     "PAD",
@@ -99,5 +101,6 @@ __all__ = [
     "World",
     "__version__",
     "build",
+    "numpy_loader",
     "open_cache",
 ]

@@ -43,7 +43,8 @@ def test_chunk_mb(cli, cache: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    ([], "one of the arguments --to-megatron --megatron-data-path --from-megatron is required"),
+    ([], "one of the arguments --to-megatron --megatron-data-path --from-megatron "
+     "--from-numpy is required"),
     (["c", "--to-megatron", "p", "--from-megatron", "p"], "not allowed with argument"),
     (["--to-megatron", "p"], "needs the cache directory DIR"),
     (["c", "--to-megatron", "p", "--out", "o"], "--out applies only to --from-megatron"),

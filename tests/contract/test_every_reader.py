@@ -87,6 +87,12 @@ def _tokens(d: dict[str, Any], other: bool) -> Any:
                   global_batch_size=4, micro_batch_size=2, world=ONE)
 
 
+def _tokens_numpy(d: dict[str, Any], other: bool) -> Any:
+    """The torch-free loader (the torch loader's core)."""
+    return sw.numpy_loader(sw.TokenDataset(d["caches"][0], seq_len=16, seed=2 if other else 1),
+                           global_batch_size=4, micro_batch_size=2, world=ONE)
+
+
 def _tokens_skipping(d: dict[str, Any], other: bool) -> Any:
     """The loader with skip ranges: its position jumps them; every step still resumes."""
     return loader(sw.TokenDataset(d["caches"][0], seq_len=16, seed=2 if other else 1),
@@ -190,6 +196,7 @@ class _ShardFile(list):  # type: ignore[type-arg]
 READERS: dict[str, tuple[Callable[[dict[str, Any], bool], Any], tuple[type, ...]]] = {
     "TokenDataset+loader": (_tokens, (sw.TokenDataset, ShardwiseLoader)),
     "TokenDataset+loader(skip)": (_tokens_skipping, (ShardwiseLoader,)),
+    "TokenDataset+numpy_loader": (_tokens_numpy, (sw.Loader,)),
     "TokenDataset+torchdata": (_torchdata, (StatefulBatchSampler,)),
     "StreamDataset": (_stream, (sw.StreamDataset,)),
     "StreamDataset(skip)": (_stream_skipping, (sw.StreamDataset,)),

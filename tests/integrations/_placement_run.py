@@ -27,6 +27,7 @@ from _placement import (
     GLOBAL,
     MICRO,
     READERS,
+    SEQ_LEN,
     SFT_LEN,
     STEPS,
     VOCAB,
@@ -64,6 +65,36 @@ def _micro_batches(name: str, ds: Any, integration: str, collate: Any = collate)
     return loader(ds, global_batch_size=GLOBAL, micro_batch_size=MICRO, collate_fn=collate)
 
 
+def _numpy_batches(name: str, ds: Any) -> Any:
+    """Without torch: sw.numpy_loader; an iterable reader places itself (a plain loop)."""
+    if not READERS[name].iterable:
+        return sw.numpy_loader(ds, global_batch_size=GLOBAL, micro_batch_size=MICRO)
+    return _stacked(ds)
+
+
+def _stacked(ds: Any) -> Any:
+    rows: list[Any] = []
+    for example in ds:
+        rows.append(example)
+        if len(rows) == MICRO:
+            yield {"input_ids": np.stack([np.asarray(r["input_ids"]) for r in rows])}
+            rows = []
+
+
+def _olmo_batches(name: str, ds: Any, record: str) -> Any:
+    """OLMo's data loader as its Trainer drives it; each rank batch split into its
+    micro-steps as OLMo's train module splits it (rank_microbatch_size = MICRO rows)."""
+    from shardwise.olmo import ShardwiseDataLoader
+
+    seq = SFT_LEN if name == "PackedSFT" else SEQ_LEN
+    dl = ShardwiseDataLoader(ds, global_batch_size=GLOBAL * seq, micro_batch_size=MICRO,
+                             seq_len=seq, work_dir=Path(record) / "olmo-work")
+    dl.reshuffle(1)
+    for batch in dl:
+        for a in range(ACCUMULATION):
+            yield {"input_ids": batch["input_ids"][a * MICRO:(a + 1) * MICRO]}
+
+
 def read(spec: dict[str, Any], integration: str) -> dict[str, np.ndarray]:
     """torch / torchdata / accelerate: ``STEPS × ACCUMULATION`` micro-batches per reader
     (accelerate: each trains a micro-step under ``accelerator.accumulate``)."""
@@ -86,8 +117,11 @@ def read(spec: dict[str, Any], integration: str) -> dict[str, np.ndarray]:
         fn = collate_fn
         if acc is not None and getattr(ds, "label_convention", None) != "next_token":
             from transformers import default_data_collator as fn  # records: HF's labels
-        for batch in _micro_batches(name, ds, integration, fn):
-            rows.append(batch["input_ids"].numpy().copy())
+        batches = (_numpy_batches(name, ds) if integration == "numpy" else
+                   _olmo_batches(name, ds, spec["record"]) if integration == "olmo" else
+                   _micro_batches(name, ds, integration, fn))
+        for batch in batches:
+            rows.append(np.asarray(batch["input_ids"]).copy())
             if acc is not None:
                 with acc.accumulate(model):
                     acc.backward(model(**batch).loss)

@@ -56,12 +56,24 @@ INTEGRATIONS: dict[str, str | None] = {
     # Lightning's DDP: shardwise.lightning.loader + TrainedPosition (iterable readers: their
     # DataLoader, which Lightning leaves alone)
     "lightning": "shardwise.integrations.lightning",
+    # without torch: sw.numpy_loader (the core of the torch loader; iterable readers: a loop)
+    "numpy": None,
+    # OLMo-core's data loader: ShardwiseDataLoader, each rank batch split into micro-steps
+    # as OLMo's train module splits it (rank_microbatch_size)
+    "olmo": "shardwise.integrations.olmo",
 }
 # modules placed through another row, with where their multi-rank runs are checked
 NOT_A_ROW = {"shardwise.integrations.megatron": "builds shardwise.torch.loader; "
              "tests/distributed/test_megatron_train.py runs Megatron's own code",
              "shardwise.integrations.megatron_loader": "builds shardwise.torch.loader; "
              "tests/distributed/test_megatron_train.py runs Megatron's own code",
+             "shardwise.integrations.torch_batches": "no loader: batch conversion (collate, "
+             "worker arrays, expand) of the 'torch' row's loader",
+             "shardwise.integrations.hf_batches": "no loader: the Trainer's collators, "
+             "under the 'trainer' and 'trl' rows",
+             "shardwise.integrations.grain": "no loader: a Grain transformation (batched "
+             "reads); Grain places by its own slicing (ds[rank::world]): "
+             "tests/integrations/test_grain.py",
              "shardwise.integrations.guards": "no loader: the frameworks' wrappers every "
              "reader refuses; tests/integrations/test_hf_trainer.py (accelerate, torchrun), "
              "test_trl.py, test_lightning_bare.py, tests/test_framework_seam.py"}
@@ -75,6 +87,7 @@ RECORD_READERS = {
     "DistributedShardedDataset": "tests/compat/test_llm_processes.py (rank, world_size given)",
     "ResumableSequentialSampler": "tests/compat/test_llm_processes.py",
     "ShardwiseLoader": "the 'torch' row (the loader itself)",
+    "Loader": "the 'numpy' row (the loader itself)",
     "StatefulBatchSampler": "the 'torchdata' row (the sampler itself)",
 }
 

@@ -16,16 +16,20 @@ import orjson
 from shardwise.cli.args import count_arg, positive_float
 from shardwise.writer.convert import ConvertSummary, DataPath, megatron_data_path, to_megatron
 from shardwise.writer.megatron_import import from_megatron
+from shardwise.writer.numpy_import import from_numpy
 
 USAGE = ("shardwise convert DIR --to-megatron PREFIX [--allow-partial] [--no-verify]\n"
          "       shardwise convert DIR --megatron-data-path [--seq-len N]\n"
          "       shardwise convert --from-megatron PREFIX --out DIR "
-         "[--chunk-docs N | --chunk-mb N]")
+         "[--chunk-docs N | --chunk-mb N]\n"
+         "       shardwise convert --from-numpy FILE [FILE ...] --eos ID [--dtype DTYPE] "
+         "--out DIR [--chunk-docs N | --chunk-mb N]")
 
 
 DESCRIPTION = ("Merge a finished cache's chunks, in global order, into one Megatron PREFIX.bin "
                "+ PREFIX.idx (streamed, constant memory); or import a Megatron prefix as a "
-               "chunked, checksummed shardwise cache.")
+               "chunked, checksummed shardwise cache; or import OLMo's token arrays (documents "
+               "ended by an EOS id) as one.")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -35,6 +39,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         epilog="examples:\n  shardwise convert cache/ --to-megatron out/corpus_text_document\n"
                "  shardwise convert --from-megatron data/corpus_text_document --out cache/ "
                "--chunk-docs 100000\n"
+               "  shardwise convert --from-numpy part-0.npy part-1.npy --eos 100257 "
+               "--dtype uint32 --out cache/\n"
                "  pretrain_gpt.py --data-path $(shardwise convert cache/ --megatron-data-path)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", metavar="DIR", nargs="?", help="the cache to convert (--to-megatron)")
@@ -47,7 +53,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                                 "--seq-len N counts what that loses)")
     direction.add_argument("--from-megatron", metavar="PREFIX",
                            help="import PREFIX.bin/PREFIX.idx into a new cache (needs --out)")
-    p.add_argument("--out", metavar="DIR", help="new cache directory for --from-megatron")
+    direction.add_argument("--from-numpy", metavar="FILE", nargs="+",
+                           help="import token arrays (OLMo's/Dolma's: .npy, or raw with "
+                                "--dtype), documents split after each --eos id, into a new "
+                                "cache (needs --out)")
+    p.add_argument("--eos", metavar="ID", type=count_arg(0),
+                   help="with --from-numpy: the EOS id that ends each document (kept)")
+    p.add_argument("--dtype", metavar="DTYPE", choices=["uint16", "uint32", "int32", "int64"],
+                   help="with --from-numpy: the dtype of raw arrays (no .npy header)")
+    p.add_argument("--out", metavar="DIR",
+                   help="new cache directory for --from-megatron / --from-numpy")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--chunk-docs", metavar="N", type=count_arg(1),
                       help="documents per chunk (--from-megatron)")
@@ -78,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
     if args.to_megatron:
         summary = to_megatron(args.path, args.to_megatron, allow_partial=args.allow_partial,
                               verify=not args.no_verify)
+    elif args.from_numpy:
+        summary = from_numpy(args.from_numpy, args.out, eos=args.eos, dtype=args.dtype,
+                             chunk_docs=args.chunk_docs, chunk_mb=args.chunk_mb or 64)
     else:
         summary = from_megatron(args.from_megatron, args.out, chunk_docs=args.chunk_docs,
                                 chunk_mb=args.chunk_mb or 64)
@@ -91,6 +109,10 @@ def _usage_error(args: argparse.Namespace) -> str | None:
         return "--seq-len applies only to --megatron-data-path"
     if args.no_verify and not args.to_megatron:
         return "--no-verify applies only to --to-megatron"
+    if (args.eos is not None or args.dtype) and not args.from_numpy:
+        return f"--{'eos' if args.eos is not None else 'dtype'} applies only to --from-numpy"
+    if args.from_numpy and args.eos is None:
+        return "--from-numpy needs --eos ID (the token id that ends each document)"
     if args.to_megatron or args.megatron_data_path:
         if not args.path:
             flag = "--to-megatron PREFIX" if args.to_megatron else "--megatron-data-path"
@@ -99,10 +121,11 @@ def _usage_error(args: argparse.Namespace) -> str | None:
         if bad:
             return f"--{bad[0].replace('_', '-')} applies only to --from-megatron"
         return None
+    flag = "--from-numpy FILE" if args.from_numpy else "--from-megatron PREFIX"
     if args.path:
-        return f"--from-megatron takes no DIR argument (got {args.path!r}); use --out DIR"
+        return f"{flag.split()[0]} takes no DIR argument (got {args.path!r}); use --out DIR"
     if not args.out:
-        return "--from-megatron PREFIX needs --out DIR (the new cache directory)"
+        return f"{flag} needs --out DIR (the new cache directory)"
     if args.allow_partial:
         return "--allow-partial applies only to --to-megatron"
     return None

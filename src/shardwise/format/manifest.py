@@ -22,6 +22,11 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 
 
+# the ``format`` of a source imported as a token array (shardwise convert --from-megatron,
+# --from-numpy): its positions count documents ("row"), not bytes or Parquet rows
+IMPORTED_FORMATS = ("megatron", "numpy")
+
+
 @dataclass(frozen=True)
 class SourceInfo:
     """One input file: its path as given, byte size, sampled content fingerprint, format."""

@@ -98,13 +98,13 @@ class _Epochs:
     def __init__(self, dl: ShardwiseLoader, epoch_examples: int) -> None:
         self.loader, self.dataset = dl, dl.dataset
         self.epoch_examples = epoch_examples
-        self.step = dl._indices.sampler.step_examples
+        self.step = dl._core.sampler.step_examples
 
     def __len__(self) -> int:
         return self.epoch_examples // self.step
 
     def __iter__(self) -> Iterator[Any]:
-        sampler, e = self.loader._indices.sampler, self.epoch_examples
+        sampler, e = self.loader._core.sampler, self.epoch_examples
         # the next step served (past a skipped range that starts here): its epoch is this one
         c = advance(sampler.skip, self.loader.consumed, 1, self.step) - self.step
         end = (c // e + 1) * e
@@ -150,7 +150,7 @@ class _EvalBatches:
 def _sampler_pads(dl: ShardwiseLoader) -> Callable[[], Iterator[int]]:
     """Padding rows per micro-batch of an ``eval`` loader: its indices -1 (a pure sampler,
     iterated beside the loader)."""
-    return lambda: (sum(1 for i in idx if i < 0) for idx in dl._indices.sampler)
+    return lambda: (sum(1 for i in idx if i < 0) for idx in dl._core.sampler)
 
 
 def _served_pads(ds: Any) -> Callable[[], Iterator[int]]:
@@ -364,7 +364,7 @@ class ShardwiseTrainerMixin(SFTHooks):
         it) must be the checkpoint's steps × this global batch."""
         with open(os.path.join(checkpoint, "trainer_state.json"), "rb") as f:
             step = int(json.load(f)["global_step"])
-        sampler, consumed = train.loader._indices.sampler, int(state.get("consumed", -1))
+        sampler, consumed = train.loader._core.sampler, int(state.get("consumed", -1))
         B, served = sampler.global_batch_size, consumed - sampler.skipped(0, consumed)
         if served != step * B:
             raise StateError(f"{checkpoint}: the loader state has served {served} examples "

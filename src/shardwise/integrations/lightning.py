@@ -45,7 +45,7 @@ STATE_KINDS = ("torch_loader", "torchdata_batch_sampler")
 
 def _order(inner: Any) -> BatchSampler:
     """The shardwise batch sampler behind ``inner`` (where the epochs are)."""
-    for holder in (getattr(inner, "_indices", None), getattr(inner, "batch_sampler", None)):
+    for holder in (getattr(inner, "_core", None), getattr(inner, "batch_sampler", None)):
         sampler = getattr(holder, "sampler", None)
         if isinstance(sampler, BatchSampler):
             return sampler

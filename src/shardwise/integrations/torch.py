@@ -28,25 +28,25 @@ loads when the ranges before its position are the ones it was saved with; ranges
 after it may be added or removed, and a position where a new range starts continues at
 its end (:meth:`shardwise.checkpoint.LoaderState.check_matches`).
 
+The position, the state and ``describe()`` are those of the torch-free core,
+:class:`shardwise.read.loader.Loader` (``shardwise.numpy_loader``): a state saved by
+either loader loads into the other.
+
 State keys: ``kind``, ``version``, ``fingerprint``, ``consumed``, ``config``, ``extra``.
 """
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from shardwise.checkpoint import SKIP_KEY, Configured, LoaderState, Resumable, as_count
-from shardwise.errors import ConfigError, MissingExtraError, StateError
+from shardwise.checkpoint import LoaderState, Resumable
+from shardwise.errors import MissingExtraError
 from shardwise.integrations.guards import refuse_bare_lightning
 from shardwise.integrations.torch_batches import arrays, collate, pin
-from shardwise.read.drops import Drop, describe_drops
-from shardwise.read.epochs import refuse_epoch_view
 from shardwise.read.examples import Output, with_output
-from shardwise.read.guard import refuse_framework_sharding
-from shardwise.read.sampler import BatchSampler, SamplerKind, skip_from_steps
+from shardwise.read.loader import Loader, ahead_count, describe_line, plan_sampler
+from shardwise.read.sampler import BatchSampler
 from shardwise.world import World
 
 try:
@@ -55,9 +55,6 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise MissingExtraError("shardwise.torch needs PyTorch: pip install 'shardwise[torch]'"
                             ) from e
-
-MAX_LOOK_AHEAD = 1024  # micro-batches whose indices the adaptive look-ahead holds at most
-
 
 def _register_iterables() -> None:
     """Streams are plain iterables (the core never imports torch); make DataLoader accept
@@ -74,103 +71,38 @@ def _register_iterables() -> None:
 _register_iterables()
 
 
-def look_ahead(batches: Iterator[list[int]], prefetch: Callable[[list[int]], bool | None],
-               ahead: int | None) -> Iterator[list[int]]:
-    """``batches`` unchanged, with ``prefetch(batch)`` called before each is handed on, so
-    its chunks download while earlier batches are read.
-
-    ``ahead`` batches early (a fixed look-ahead)::
-
-        ahead=2:  prefetch b0, b1, b2 → yield b0 → prefetch b3 → yield b1 → …
-
-    or, ``ahead=None``, as early as the cache asks: ``prefetch`` returns True while the
-    cache's downloads ahead are fewer than its measured latency and reading pace need
-    (:mod:`shardwise.storage.prefetch`), and then the next batch is prefetched before
-    one is handed on; so the window grows until the latency is hidden (or ``local_bytes``
-    is reached), and stays there (at most :data:`MAX_LOOK_AHEAD` batches)::
-
-        wants more: prefetch b0 → prefetch b1 → prefetch b2 (enough) → yield b0 →
-                    prefetch b3 (enough) → yield b1 → prefetch b4 (wants more) → …
-    """
-    window: collections.deque[list[int]] = collections.deque()
-    for batch in batches:
-        more = prefetch(batch)
-        window.append(batch)
-        if ahead is not None:
-            if len(window) > ahead:
-                yield window.popleft()
-        elif not more or len(window) > MAX_LOOK_AHEAD:
-            yield window.popleft()
-    yield from window
-
-
-class _Indices:
-    """The batch sampler handed to torch: a mutable holder, so a restored position takes
-    effect on the next ``iter()`` (also with persistent workers). ``prefetch`` (a
-    dataset's, for a cache on an object store) sees each batch ``ahead`` batches early
-    (None: as early as the cache asks; 0: never)."""
-
-    def __init__(self, sampler: BatchSampler,
-                 prefetch: Callable[[list[int]], bool | None] | None = None,
-                 ahead: int | None = 0) -> None:
-        self.sampler = sampler
-        self.start = sampler.consumed
-        self.received = 0  # micro-batches handed to the caller since ``start``
-        self.prefetch, self.ahead = prefetch, ahead
-        self.stopped = False  # set to end the current index stream early (see _drain)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        refuse_framework_sharding("a shardwise loader's batch sampler")
-        self.stopped = False
-        batches = iter(self.sampler)
-        if self.prefetch is not None and self.ahead != 0:
-            batches = look_ahead(batches, self.prefetch, self.ahead)
-        return self._until_stopped(batches)
-
-    def _until_stopped(self, batches: Iterator[list[int]]) -> Iterator[list[int]]:
-        for batch in batches:
-            if self.stopped:
-                return
-            yield batch
-
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-
 class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
     """A DataLoader over this rank's micro-batches; iterate it, checkpoint it, restore it.
 
     Every ``iter()`` continues from the current position (the number of examples of the
-    global order consumed so far), so an interrupted loop picks up where it stopped.
+    global order consumed so far), so an interrupted loop picks up where it stopped. The
+    position, the state and ``describe()`` are its core's, a
+    :class:`shardwise.read.loader.Loader` (the numpy loader): their states load into each
+    other.
     """
 
-    state_kind = "torch_loader"
+    state_kind = Loader.state_kind
 
     def __init__(self, dataset: Any, sampler: BatchSampler, *, look_ahead: int | None = 0,
                  collate_fn: Callable[[Any], Any] | None = None, **kwargs: Any) -> None:
-        # the position lives on this plain object: DataLoader.__setattr__ runs Python
-        # checks on every attribute set, which would cost each step
-        self._indices = _Indices(sampler, getattr(dataset, "prefetch", None), look_ahead)
+        # the core lives on this plain attribute: DataLoader.__setattr__ runs Python checks
+        # on every attribute set, which would cost each step
+        self._core = Loader(dataset, sampler, look_ahead=look_ahead)
         fn = collate if collate_fn is None else collate_fn
         # workers send numpy arrays (one message) to a collate that takes them: it runs here
         self._here = (fn if kwargs.get("num_workers", 0) > 0
                       and getattr(fn, "takes_arrays", False) else None)
-        super().__init__(dataset, batch_sampler=self._indices,
+        super().__init__(dataset, batch_sampler=self._core.indices,
                          collate_fn=fn if self._here is None else arrays, **kwargs)
 
     @property
     def consumed(self) -> int:
         """Examples of the global order received by all ranks together."""
-        pos = self._indices
-        if pos.sampler.skip:  # skipped ranges make the position jump
-            return pos.sampler.advance(pos.received)
-        return pos.start + pos.received * pos.sampler.step_examples
+        return self._core.consumed
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        refuse_epoch_view(self.dataset, "a shardwise loader")
         refuse_bare_lightning("a shardwise loader")
-        self._restart(self.consumed)
-        pos = self._indices
+        pos = self._core.begin()
         batches = self._direct() if self._is_direct() else super().__iter__()
         if self._here is not None:
             batches = self._collated(batches, self._here)
@@ -200,7 +132,7 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
         ("terminate called without an active exception"; the main process then reports
         "DataLoader worker ... killed by signal: Aborted"). A worker with nothing in
         flight exits cleanly."""
-        self._indices.stopped = True
+        self._core.indices.stopped = True
         try:
             for _ in batches:
                 pass
@@ -220,113 +152,25 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
         fast = fn is collate and hasattr(ds, "get_batch")
         getitems = ds.get_batch if fast else ds.__getitems__  # type: ignore[attr-defined]
         pinned = self.pin_memory and torch.cuda.is_available()
-        for indices in self._indices:
+        for indices in self._core.indices:
             batch = fn(getitems(indices))
             yield (pin(batch) if pinned else batch)
 
-    def _restart(self, consumed: int) -> None:
-        pos = self._indices
-        pos.sampler = dataclasses.replace(pos.sampler, consumed=consumed)
-        pos.start, pos.received = consumed, 0
-
     def state_config(self) -> dict[str, Any]:
-        return sampler_state_config(self.dataset, self._indices.sampler)
+        return self._core.state_config()
 
     def _position(self) -> tuple[int, dict[str, Any]]:
-        hints = (self.dataset.seek_hints(self.consumed)  # e.g. a Blend's counts: O(1) seek
-                 if isinstance(self.dataset, Configured) else {})
-        return self.consumed, hints
+        return self._core._position()
 
     def _seek(self, st: LoaderState) -> None:
-        """Continue from a saved position; refuse a position past the end of this run. The
-        global batch size may differ from the saved run's (see the module docs): the
-        continuation is the same global order."""
-        self._indices.sampler.check_in_run(st.consumed)
-        step = self._indices.sampler.step_examples
-        if st.consumed % step:
-            raise StateError(f"the state is at {st.consumed} examples, not a multiple of "
-                             f"micro_batch_size × world size = {step}; resume with a layout "
-                             "that divides it (states saved at global-batch boundaries fit "
-                             "every layout whose micro-batch × world size divides the "
-                             "global batch)")
-        if isinstance(self.dataset, Configured):
-            self.dataset.apply_seek_hints(st.consumed, st.extra)
-        self._restart(st.consumed)
+        self._core._seek(st)
 
     def describe(self) -> dict[str, Any]:
-        """The run at a glance: layout, length, position, and what is left out (``drops``:
-        the dataset's and the sampler's) or padded (``padding``: masked eval examples)."""
-        s = self._indices.sampler
-        drops = _dataset_drops(self.dataset) + s.drops()
-        return {"dataset": repr(self.dataset), "sampler": s.kind.value,
-                "global_batch_size": s.global_batch_size,
-                "micro_batch_size": s.micro_batch_size,
-                "world": f"{s.world.rank}/{s.world.size}", "epoch_examples": s.n,
-                "run_examples": s.end, "consumed": self.consumed,
-                "skip": [list(r) for r in s.skip],
-                "drops": [d.to_dict() for d in drops], "padding": s.padding(),
-                "summary": describe_drops(drops)}
+        """The run at a glance (:meth:`shardwise.read.loader.Loader.describe`)."""
+        return self._core.describe()
 
     def __repr__(self) -> str:
-        d = self.describe()
-        run = "endless" if d["run_examples"] is None else f"{d['run_examples']:,} examples"
-        pad = f"; pads {d['padding']:,} masked examples" if d["padding"] else ""
-        return (f"ShardwiseLoader({type(self.dataset).__name__} of {d['epoch_examples']:,} "
-                f"examples, sampler={d['sampler']!r}, global batch "
-                f"{d['global_batch_size']}, micro batch {d['micro_batch_size']}, rank "
-                f"{d['world']}, run {run}, at {d['consumed']:,}; {d['summary']}{pad})")
-
-
-def sampler_state_config(dataset: Any, s: BatchSampler) -> dict[str, Any]:
-    """The dataset's config (its order) and the sampler's (how it is placed): what a
-    state of this loader (or of :mod:`shardwise.integrations.torchdata`'s sampler) must
-    match."""
-    cfg = dict(dataset.state_config()) if isinstance(dataset, Configured) else {
-        "dataset": type(dataset).__qualname__, "len": len(dataset)}
-    cfg["sampler"] = s.kind.value
-    if s.kind is SamplerKind.CYCLIC:
-        cfg.update(sampler_seed=s.seed, data_sharding=s.data_sharding)
-        if s.data_sharding:
-            cfg["world_size"] = s.world.size  # the order depends on it
-        if s.n % s.step_examples:  # so does the epoch: whole steps of m × W
-            cfg["epoch_examples"] = s.n - s.n % s.step_examples
-    if s.kind is SamplerKind.EVAL:
-        cfg["world_size"] = s.world.size
-    if s.skip:  # compared by its own rule on resume (checkpoint.SKIP_KEY); absent when empty,
-        cfg[SKIP_KEY] = [list(r) for r in s.skip]  # so states without skips keep their prints
-    return cfg
-
-
-def _dataset_drops(dataset: Any) -> list[Drop]:
-    drops = getattr(dataset, "drops", None)
-    return list(drops()) if callable(drops) else []
-
-
-def _check_eval(dataset: Any, sampler: BatchSampler) -> None:
-    """An eval pass sees every example once: refuse a dataset that drops data, or one
-    that cannot make the masked padding examples (index -1) the last step needs."""
-    drops = _dataset_drops(dataset)
-    if drops:
-        raise ConfigError(f"sampler='eval' must see every example, but {dataset!r} leaves "
-                          f"out {'; '.join(map(str, drops))}; make the eval dataset with "
-                          "drop_last=False (the last window is padded and masked)")
-    if sampler.padding() and not getattr(dataset, "pads", False):
-        raise ConfigError(f"sampler='eval' fills its last step with {sampler.padding()} "
-                          f"masked padding examples (index -1), which "
-                          f"{type(dataset).__name__} cannot make (index -1 would read its "
-                          "last example again); use a TokenDataset, or a global batch that "
-                          f"divides its {sampler.n} examples")
-
-
-def _map_style_len(dataset: Any) -> int:
-    """``len(dataset)``: the loader places a map-style dataset; an iterable reader places
-    its own examples (``world=``) and has no ``len`` to plan steps over."""
-    if not hasattr(dataset, "__len__"):
-        raise ConfigError(f"shardwise.torch.loader walks map-style datasets; "
-                          f"{type(dataset).__name__} is iterable and places itself "
-                          "(world=, default World.detect()): iterate it, or use "
-                          "torch.utils.data.DataLoader(reader, batch_size=micro_batch_size)")
-    return len(dataset)
+        return describe_line(type(self).__name__, self.dataset, self.describe())
 
 
 def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
@@ -360,22 +204,16 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
     >>> dl = loader(ds, global_batch_size=64, micro_batch_size=8,  # doctest: +SKIP
     ...             world=World(0, 2))
     """
-    kind, n = SamplerKind.parse(sampler), _map_style_len(dataset)
-    dataset = with_output(dataset, output)
-    if look_ahead is not None:
-        look_ahead = as_count(look_ahead, "look_ahead", error=ConfigError)
-    world = World.resolve(world, reader="shardwise.torch.loader")
-    if epochs is not None and total_samples is not None:
-        raise ConfigError("give epochs or total_samples, not both")
-    total = (total_samples if epochs is None
-             else as_count(epochs, "epochs", minimum=1, error=ConfigError) * n)
-    batches = BatchSampler(n, global_batch_size, micro_batch_size, world, kind,
-                           seed, data_sharding, as_count(consumed, "consumed"), total,
-                           skip_from_steps(skip_steps, global_batch_size))
-    if kind is SamplerKind.EVAL:
-        _check_eval(dataset, batches)
-    return ShardwiseLoader(dataset, batches, num_workers=num_workers, pin_memory=pin_memory,
-                           look_ahead=look_ahead, collate_fn=collate_fn,
+    batches = plan_sampler(dataset, global_batch_size=global_batch_size,
+                           micro_batch_size=micro_batch_size, world=world, sampler=sampler,
+                           seed=seed, data_sharding=data_sharding, epochs=epochs,
+                           total_samples=total_samples, consumed=consumed,
+                           skip_steps=skip_steps, what="shardwise.torch.loader",
+                           iterable_fix="torch.utils.data.DataLoader(reader, "
+                                        "batch_size=micro_batch_size)")
+    return ShardwiseLoader(with_output(dataset, output), batches, num_workers=num_workers,
+                           pin_memory=pin_memory, look_ahead=ahead_count(look_ahead),
+                           collate_fn=collate_fn,
                            **_worker_options(num_workers, persistent_workers, prefetch_factor),
                            **dataloader_kwargs)
 

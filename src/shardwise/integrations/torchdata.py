@@ -35,9 +35,9 @@ from typing import Any
 from shardwise.checkpoint import Configured, LoaderState, Resumable
 from shardwise.errors import StateError
 from shardwise.integrations.guards import refuse_bare_lightning
-from shardwise.integrations.torch import sampler_state_config
 from shardwise.read.epochs import refuse_epoch_view
 from shardwise.read.guard import refuse_framework_sharding
+from shardwise.read.loader import sampler_state_config
 from shardwise.read.sampler import BatchSampler, SamplerKind, skip_from_steps
 from shardwise.world import World
 

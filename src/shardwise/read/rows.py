@@ -12,6 +12,12 @@ uses directly::
     rows  = Rows(batch)        rows[1] == {"input_ids": [4 5 6], "cu_seqlens": [0 1 3], ...}
     rows.batch is batch        default_collate(rows) stacks the rows back (a copy)
 
+Grain reads a batch from a source in one call when the source has ``_getitems(indices)``
+(its ``SupportsBatchedReadRandomAccessDataSource`` protocol; ``grain.MapDataset.source``
+passes it through shuffle, slice, repeat, map and filter): every shardwise map-style reader
+sets ``_getitems = __getitems__``, so Grain gets these rows, from
+one batched read, instead of one ``__getitem__`` per example.
+
 Keys that are not one row per example (``cu_seqlens``, a flat list of document starts over
 all rows, and ``max_seqlen``) become each row's own boundaries: ``[0, …, seq_len]``.
 """

@@ -1,4 +1,5 @@
-"""Megatron → cache: import one ``prefix.bin`` + ``prefix.idx`` as a chunked shardwise cache.
+"""Token arrays → cache: import one ``prefix.bin`` + ``prefix.idx`` (or any flat token
+array cut into documents, :class:`TokenSource`) as a chunked shardwise cache.
 
 ``from_megatron`` cuts a prefix into chunks of whole documents (one segment per chunk,
 ``start``/``stop`` = document numbers), so the round trip
@@ -14,9 +15,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +37,60 @@ from shardwise.writer.convert import IMPORT_KIND, ConvertSummary
 _SCAN_DOCS = 1 << 20
 
 
+@dataclass(frozen=True)
+class TokenSource:
+    """One flat token array to import, cut into documents: what both imports (a Megatron
+    prefix, OLMo's token arrays: :mod:`shardwise.writer.numpy_import`) hand the one
+    writer below. ``starts``/``lengths``: each document's first token and token count;
+    ``read(start, count)``: ``count`` tokens from token offset ``start`` (bounded: one
+    chunk's worth at a time); ``info``: the manifest's record of the file."""
+
+    path: Path
+    dtype: np.dtype[Any]
+    starts: npt.NDArray[np.int64]
+    lengths: npt.NDArray[np.integer[Any]]
+    read: Callable[[int, int], npt.NDArray[Any]]
+    info: SourceInfo
+
+
+def import_sources(sources: list[TokenSource], out_dir: str | os.PathLike[str], *,
+                   processor: dict[str, Any], eod_id: int | None = None,
+                   chunk_docs: int | None = None, chunk_mb: float = 64,
+                   notes: list[str] | None = None) -> ConvertSummary:
+    """Publish each source's documents as chunks of whole documents (source ``s``, one
+    segment per chunk), then the manifest and the ledger: a cache in ``out_dir``.
+
+    Chunks hold ``chunk_docs`` documents each, or else close once they reach ``chunk_mb``
+    MiB of tokens. The manifest is written last, so an interrupted import is not a cache
+    (remove the directory and run again)."""
+    started, out = time.monotonic(), Path(out_dir)
+    if chunk_docs is not None and chunk_docs <= 0:
+        raise ConfigError(f"chunk_docs must be positive, got {chunk_docs}")
+    max_bytes = None if chunk_docs is not None else _positive_bytes(chunk_mb)
+    if len({src.dtype for src in sources}) > 1:
+        raise ConfigError("the token arrays have different dtypes "
+                          f"({sorted({src.dtype.name for src in sources})}); a cache has one")
+    _check_out_dir(out)
+    files, progress, top = LocalStore(out), [], -1
+    for s, src in enumerate(sources):
+        segments = []
+        for g, (a, b) in enumerate(_doc_ranges(src.lengths, src.dtype.itemsize, chunk_docs,
+                                               max_bytes)):
+            seg, chunk_top = _publish_range(files, src, s, g, a, b)
+            segments.append(seg)
+            top = max(top, chunk_top)
+        progress.append(SourceProgress(segments or [Segment(start=0, stop=0, position=0,
+                                                            finished=True)]))
+    dtype = sources[0].dtype
+    _import_manifest(sources, dtype, top, eod_id, processor, chunk_docs, max_bytes).save(files)
+    Ledger(progress, manifest_xxh3=manifest_checksum(files)).save(files)
+    docs = sum(len(src.lengths) for src in sources)
+    tokens = sum(int(np.sum(src.lengths, dtype=np.int64)) for src in sources)
+    n_chunks = sum(len(seg.chunks) for p in progress for seg in p.segments)
+    return ConvertSummary(str(out), n_chunks, docs, tokens, tokens * dtype.itemsize,
+                          dtype.name, time.monotonic() - started, notes or [])
+
+
 def from_megatron(prefix: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
                   chunk_docs: int | None = None, chunk_mb: float = 64) -> ConvertSummary:
     """Import ``prefix.bin``/``prefix.idx`` as a chunked shardwise cache in ``out_dir``.
@@ -44,29 +100,22 @@ def from_megatron(prefix: str | os.PathLike[str], out_dir: str | os.PathLike[str
     manifest is written last, so an interrupted import is not a cache (remove the
     directory and run again).
     """
-    started = time.monotonic()
-    prefix, out = Path(prefix), Path(out_dir)
-    if chunk_docs is not None and chunk_docs <= 0:
-        raise ConfigError(f"chunk_docs must be positive, got {chunk_docs}")
-    max_bytes = None if chunk_docs is not None else _positive_bytes(chunk_mb)
+    prefix = Path(prefix)
     index = _source_index(prefix)
-    _check_out_dir(out)
-    files, segments, top = LocalStore(out), [], -1
+    info = SourceInfo(path=str(prefix.resolve()),
+                      size=with_suffix(prefix, ".bin").stat().st_size,
+                      fingerprint=file_checksum(with_suffix(prefix, ".idx")), format="megatron")
     with open(with_suffix(prefix, ".bin"), "rb") as bin_file:  # read per chunk: bounded memory
-        for g, (a, b) in enumerate(_doc_ranges(index.sequence_lengths, index.dtype.itemsize,
-                                               chunk_docs, max_bytes)):
-            seg, chunk_top = _publish_range(files, prefix, index, bin_file, g, a, b)
-            segments.append(seg)
-            top = max(top, chunk_top)
-    if not segments:
-        segments = [Segment(start=0, stop=0, position=0, finished=True)]
-    _import_manifest(prefix, index, top, chunk_docs, max_bytes).save(files)
-    Ledger([SourceProgress(segments)], manifest_xxh3=manifest_checksum(files)).save(files)
-    notes = _import_notes(index)
-    n_chunks = sum(len(s.chunks) for s in segments)
-    return ConvertSummary(str(out), n_chunks, index.num_sequences, index.num_tokens,
-                          index.num_tokens * index.dtype.itemsize, index.dtype.name,
-                          time.monotonic() - started, notes)
+        def read(start: int, count: int) -> npt.NDArray[Any]:
+            bin_file.seek(start * index.dtype.itemsize)
+            return np.fromfile(bin_file, dtype=index.dtype, count=count)
+
+        src = TokenSource(prefix, index.dtype,
+                          index.sequence_pointers // index.dtype.itemsize,
+                          index.sequence_lengths, read, info)
+        return import_sources([src], out_dir, processor={"kind": IMPORT_KIND},
+                              chunk_docs=chunk_docs, chunk_mb=chunk_mb,
+                              notes=_import_notes(index))
 
 
 def _source_index(prefix: Path) -> MegatronIndex:
@@ -95,7 +144,7 @@ def _positive_bytes(chunk_mb: float) -> int:
     return max(1, int(chunk_mb * (1 << 20)))
 
 
-def _doc_ranges(lengths: npt.NDArray[np.int32], itemsize: int, chunk_docs: int | None,
+def _doc_ranges(lengths: npt.NDArray[np.integer[Any]], itemsize: int, chunk_docs: int | None,
                 max_bytes: int | None) -> Iterator[tuple[int, int]]:
     """Document ranges ``[a, b)`` of each chunk: ``chunk_docs`` at a time, or the fewest
     documents reaching ``max_bytes`` (at least one). Scans lengths in growing blocks."""
@@ -112,7 +161,7 @@ def _doc_ranges(lengths: npt.NDArray[np.int32], itemsize: int, chunk_docs: int |
         start = stop
 
 
-def _fill(lengths: npt.NDArray[np.int32], start: int, itemsize: int, max_bytes: int) -> int:
+def _fill(lengths: npt.NDArray[np.integer[Any]], start: int, itemsize: int, max_bytes: int) -> int:
     total, pos, block = 0, start, 4096
     while pos < len(lengths):
         cum = total + np.cumsum(lengths[pos:pos + block], dtype=np.int64) * itemsize
@@ -123,20 +172,20 @@ def _fill(lengths: npt.NDArray[np.int32], start: int, itemsize: int, max_bytes: 
     return len(lengths)
 
 
-def _publish_range(out: LocalStore, prefix: Path, index: MegatronIndex, bin_file: BinaryIO,
-                   g: int, a: int, b: int) -> tuple[Segment, int]:
-    """Publish documents ``[a, b)`` as chunk 0 of segment ``g``; return it and its max id."""
-    lengths = index.sequence_lengths[a:b].astype(np.int64)
-    bin_file.seek(int(index.sequence_pointers[a]) if b > a else 0)
-    part = np.fromfile(bin_file, dtype=index.dtype, count=int(lengths.sum()))
-    fields = {"source": 0, "source_path": str(prefix), "segment": g, "index": 0,
+def _publish_range(out: LocalStore, src: TokenSource, s: int, g: int, a: int,
+                   b: int) -> tuple[Segment, int]:
+    """Publish documents ``[a, b)`` of source ``s`` as chunk 0 of segment ``g``; return it
+    and its max id."""
+    lengths = np.asarray(src.lengths[a:b], dtype=np.int64)
+    part = src.read(int(src.starts[a]) if b > a else 0, int(lengths.sum()))
+    fields = {"source": s, "source_path": str(src.path), "segment": g, "index": 0,
               "range": SourceRange("row", a, b, 0, b - a)}
-    meta, digest = publish_token_chunk(out, chunk_stem(0, g, 0), part, lengths, fields)
+    meta, digest = publish_token_chunk(out, chunk_stem(s, g, 0), part, lengths, fields)
     top = -1
     if len(part):
         if int(part.min()) < 0:
-            raise ConfigError(f"{with_suffix(prefix, '.bin')}: negative token id in documents "
-                              f"[{a}, {b}); not a token dataset")
+            raise ConfigError(f"{src.path}: negative token id in documents [{a}, {b}); not "
+                              "a token dataset")
         top = int(part.max())
     entry = ChunkEntry(meta.stem, meta.documents, meta.tokens, digest,
                        empty=int(np.count_nonzero(lengths == 0)))
@@ -144,18 +193,18 @@ def _publish_range(out: LocalStore, prefix: Path, index: MegatronIndex, bin_file
     return seg, top
 
 
-def _import_manifest(prefix: Path, index: MegatronIndex, top: int, chunk_docs: int | None,
+def _import_manifest(sources: list[TokenSource], dtype: np.dtype[Any], top: int,
+                     eod_id: int | None, processor: dict[str, Any], chunk_docs: int | None,
                      max_bytes: int | None) -> Manifest:
-    """Vocabulary = largest id + 1 (the dtype's range for an empty dataset)."""
-    vocab = top + 1 if top >= 0 else int(np.iinfo(index.dtype).max) + 1
-    bin_path = with_suffix(prefix, ".bin")
-    source = SourceInfo(path=str(prefix.resolve()), size=bin_path.stat().st_size,
-                        fingerprint=file_checksum(with_suffix(prefix, ".idx")), format="megatron")
-    return Manifest(tokenizer=TokenizerInfo("unknown", vocab, None), dtype=index.dtype.name,
-                    chunk_kind=ChunkKind.TOKENS.value, processor={"kind": IMPORT_KIND},
+    """Vocabulary = largest id + 1 (the dtype's range for an empty import)."""
+    vocab = top + 1 if top >= 0 else int(np.iinfo(dtype).max) + 1
+    if eod_id is not None:
+        vocab = max(vocab, eod_id + 1)
+    return Manifest(tokenizer=TokenizerInfo("unknown", vocab, eod_id), dtype=dtype.name,
+                    chunk_kind=ChunkKind.TOKENS.value, processor=processor,
                     chunking={"max_docs": chunk_docs, "max_bytes": max_bytes,
                               "segment_bytes": None},
-                    sources=[source], created_by=f"shardwise {__version__}")
+                    sources=[src.info for src in sources], created_by=f"shardwise {__version__}")
 
 
 def _import_notes(index: MegatronIndex) -> list[str]:
@@ -167,4 +216,4 @@ def _import_notes(index: MegatronIndex) -> list[str]:
             "sequences; each sequence became one shardwise document"]
 
 
-__all__ = ["from_megatron"]
+__all__ = ["TokenSource", "from_megatron", "import_sources"]

@@ -310,6 +310,8 @@ class Blend(GuardedReader, EpochView, Resumable):
         that also carries the stacked arrays (see :class:`~shardwise.read.rows.Rows`)."""
         return Rows(self.get_batch(indices))
 
+    _getitems = __getitems__  # Grain's batched read (see read/rows.py)
+
     def get_batch(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch:
         """A micro-batch: one batched call per source, rows back in the asked order.
         Index :data:`PAD` asks the first source for a masked padding row."""

@@ -218,6 +218,8 @@ class ContiguousShards(GuardedReader, Configured):
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         return [self[i] for i in indices]
 
+    _getitems = __getitems__  # Grain's batched read (see read/rows.py)
+
     def _open(self, s: int) -> SizedDataset:
         shard = self._make_shard(self.sources[s])
         if len(shard) != self.lengths[s]:

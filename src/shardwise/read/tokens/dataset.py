@@ -207,6 +207,8 @@ class TokenDataset(GuardedReader, EpochView, Configured):
         ``collate``. So ``DataLoader(ds, batch_size=8)`` and HF's collators work."""
         return Rows(self.get_batch(indices))
 
+    _getitems = __getitems__  # Grain's batched read (see read/rows.py)
+
     def get_batch(self, indices: list[int] | npt.NDArray[np.integer]
                   ) -> dict[str, npt.NDArray[Any]]:
         """A whole micro-batch as a dict of stacked arrays (one call, one allocation each).

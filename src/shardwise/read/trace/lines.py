@@ -34,6 +34,7 @@ import numpy.typing as npt
 from shardwise.concurrency.bounded import Bounded
 from shardwise.errors import CorruptChunkError
 from shardwise.format.ledger import Ledger
+from shardwise.format.manifest import IMPORTED_FORMATS
 from shardwise.format.megatron import read_idx
 from shardwise.sources.discovery import SourceFormat
 from shardwise.storage.cache import Cache
@@ -178,7 +179,8 @@ class Documents:
             return Where(f"{info.base}.bin", info.stem, "document", k, k + 1,
                          note="a Megatron dataset records no source lines")
         seg = self._segments()[info.stem]
-        unit = SourceFormat(m.sources[info.source].format).unit
+        fmt = m.sources[info.source].format
+        unit = "row" if fmt in IMPORTED_FORMATS else SourceFormat(fmt).unit
         here = Where(m.sources[info.source].path, info.stem, unit, seg.start, seg.stop)
         if seg.clean:  # every line of the segment is a document: no chunk metadata needed
             x: int | None = seg.docs_before + k
