@@ -119,7 +119,11 @@ def test_load_or_build_caches_and_memory_maps(tmp_path: Path) -> None:
         [expected.pieces(w) for w in range(expected.n_windows)]
     names = sorted(p.name for p in tmp_path.iterdir())
     fp = plan_fingerprint(key)
-    assert names == [f"{fp}.cum_tokens.npy", f"{fp}.doc_order.npy", f"{fp}.json", f"{fp}.lock"]
+    assert names == [f"{fp}.cum_tokens.npy", f"{fp}.doc_order.npy", f"{fp}.json", f"{fp}.lock",
+                     "verified"]  # the node's record of the plan files it hashed
+    (log,) = (tmp_path / "verified").iterdir()
+    assert [line.split()[0] for line in log.read_text().splitlines()] == [
+        f"{fp}.doc_order.npy", f"{fp}.cum_tokens.npy"]  # hashed once, by the first load
     load_or_build(tmp_path, {"cache": "abc"}, doc_lengths, **{**PARAMS, "epoch": 1})
     assert len(calls) == 2  # another key is another plan
 

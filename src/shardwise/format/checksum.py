@@ -7,8 +7,9 @@ before it is used, without the rest of the file (format/SPEC.md, "Chunk metadata
 from __future__ import annotations
 
 import base64
+import os
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -37,16 +38,35 @@ def stream_checksum(f: BinaryIO) -> str:
     return h.hexdigest()
 
 
-def map_checked_npy(path: Path, xxh3: str, fix: str) -> npt.NDArray[Any]:
+class KnownFiles(Protocol):
+    """Files this node has checked, by a line naming the file's identity
+    (:class:`~shardwise.storage.verifier.VerifiedLog`)."""
+
+    def __contains__(self, key: str) -> bool: ...
+    def add(self, key: str) -> None: ...
+
+
+def map_checked_npy(path: Path, xxh3: str, fix: str, known: KnownFiles | None = None
+                    ) -> npt.NDArray[Any]:
     """The ``.npy`` file ``path`` memory-mapped, once its bytes are found to match
     ``xxh3`` (their checksum when it was published); ValueError naming it, with ``fix``,
-    if they do not or it cannot be read. Hashed by plain reads (a few ms per 100 MB from
-    the page cache), so the map's pages stay out of the reader's RSS; the map is of the
-    very file hashed (one descriptor), even if the name is replaced meanwhile."""
+    if they do not or it cannot be read. Hashed by plain reads, so the map's pages stay
+    out of the reader's RSS; the map is of the very file hashed (one descriptor), even if
+    the name is replaced meanwhile. ``known``: the node's record of checked files: a file
+    it lists with this identity (checksum, size, mtime, device, inode) is not hashed
+    again, one that passes is added (a 1.2 GB plan is hashed once per node, not per
+    process)."""
     try:
         with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            key = (f"{path.name} {xxh3} {st.st_size} {st.st_mtime_ns} {st.st_dev} "
+                   f"{st.st_ino} plan")
+            if known is not None and key in known:
+                return _map_npy(f)
             got = stream_checksum(f)
             if got == xxh3:
+                if known is not None:
+                    known.add(key)
                 f.seek(0)
                 return _map_npy(f)
     except (OSError, ValueError) as exc:  # missing, a bad header, shorter than it says

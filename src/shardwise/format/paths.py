@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path, PurePosixPath
+from urllib.parse import unquote
 
 from shardwise.errors import ManifestError
 from shardwise.format.confined import open_dir
@@ -38,6 +39,43 @@ def safe_join(root: Path, relative: str, *, where: str) -> Path:
                             f"cache {root}; a cache never reads files outside itself (copy "
                             "the file into the cache instead of linking it)")
     return root / pure
+
+
+SECRET_PARAMS = frozenset({
+    "x-amz-signature", "x-amz-credential", "x-amz-security-token",  # S3 presigned
+    "x-goog-signature", "x-goog-credential",  # GCS signed
+    "sig",  # Azure SAS
+    "signature", "token", "access_token", "id_token", "refresh_token", "auth", "key",
+    "api_key", "apikey", "password", "secret", "client_secret", "credential", "sas",
+    "x-ms-signature", "security-token",
+})
+"""Query parameters whose value is (part of) a credential, lower-case."""
+REDACTED = "REDACTED"
+_NETLOC = re.compile(r"[^/?#]*")
+
+
+def redact_url(url: str) -> str:
+    """``url`` as shardwise may store or print it: without its userinfo (``user:pass@``)
+    and with the value of every credential parameter of its query (:data:`SECRET_PARAMS`)
+    replaced by ``REDACTED``; anything that is not ``scheme://…`` unchanged. Reading
+    still uses the full URL, which is never written to a cache, a state or a message::
+
+        https://me:pw@host/a.jsonl?X-Amz-Signature=9f2c&v=1  ->  https://host/a.jsonl?X-Amz-Signature=REDACTED&v=1
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    end = _NETLOC.match(rest).end()  # type: ignore[union-attr]  # always matches
+    rest = rest[:end].rpartition("@")[2] + rest[end:]
+    path, q, query = rest.partition("?")
+    if q:
+        query = "&".join(_redact_param(p) for p in query.split("&"))
+    return f"{scheme}://{path}{q}{query}"
+
+
+def _redact_param(param: str) -> str:
+    name, eq, _ = param.partition("=")
+    return f"{name}={REDACTED}" if eq and unquote(name).lower() in SECRET_PARAMS else param
 
 
 def user_cache_dir() -> Path:

@@ -43,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.format.atomic import TMP_PREFIX, atomic_write_bytes, npy_blocks
-from shardwise.format.checksum import map_checked_npy
+from shardwise.format.checksum import KnownFiles, map_checked_npy
 from shardwise.plan._checks import IntArray, check_in_range, check_int
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation, derive_seed
 from shardwise.plan.windows import num_windows
@@ -135,9 +135,12 @@ class DocShuffleIndex:
                self.drop_last)
 
     @classmethod
-    def load(cls, directory: Path, fingerprint: str) -> DocShuffleIndex | None:
+    def load(cls, directory: Path, fingerprint: str, known: KnownFiles | None = None
+             ) -> DocShuffleIndex | None:
         """Memory-map a saved index, ``None`` if absent; a damaged one raises ValueError
-        naming the file (a short array, another shape or dtype, totals that disagree)."""
+        naming the file (bytes that do not match their checksum, a short array, another
+        shape or dtype, totals that disagree). ``known``: as
+        :func:`~shardwise.format.checksum.map_checked_npy`'s."""
         directory = Path(directory)
         meta_path = directory / f"{fingerprint}.json"
         if not meta_path.exists():
@@ -158,7 +161,7 @@ class DocShuffleIndex:
             raise ValueError(f"{meta_path}: plan layout {layout!r} (no checksums), this "
                              f"version reads {sorted(LAYOUTS)}; {fix}")
         arrays = {name: _map(directory / f"{fingerprint}.{name}.npy", *want[name],
-                             sums[name], fix) for name in _ARRAYS}
+                             sums[name], fix, known) for name in _ARRAYS}
         cum = arrays["cum_tokens"]
         if cum[0] != 0 or cum[-1] != total:
             raise ValueError(f"{directory / fingerprint}.cum_tokens.npy: runs from "
@@ -167,11 +170,11 @@ class DocShuffleIndex:
         return cls(arrays["doc_order"], cum, int(seq_len), bool(drop_last))
 
 
-def _map(path: Path, dtype: np.dtype, shape: tuple[int, ...], xxh3: str, fix: str
-         ) -> IntArray:
+def _map(path: Path, dtype: np.dtype, shape: tuple[int, ...], xxh3: str, fix: str,
+         known: KnownFiles | None) -> IntArray:
     """``path`` memory-mapped, refused unless its bytes match ``xxh3`` (recorded when it
     was published) and it holds exactly ``dtype`` of ``shape``."""
-    arr = map_checked_npy(path, xxh3, fix)
+    arr = map_checked_npy(path, xxh3, fix, known)
     if arr.dtype != np.dtype(dtype) or arr.shape != shape:
         raise ValueError(f"{path}: expected {np.dtype(dtype)} of shape {shape}, "
                          f"got {arr.dtype} {arr.shape}; {fix}")

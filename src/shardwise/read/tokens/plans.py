@@ -45,6 +45,7 @@ from shardwise.plan.doc_shuffle import (
     write_doc_shuffle,
 )
 from shardwise.storage.cache_range import DocumentRange
+from shardwise.storage.verifier import VerifiedLog
 
 BLOCK = 1 << 20
 _INT32_MAX = np.iinfo(np.int32).max
@@ -62,6 +63,14 @@ def _sidecar(path: Path) -> Path:
     return path.with_suffix(".json")
 
 
+def checked_here(plan_root: Path) -> VerifiedLog:
+    """The node's record of the plan files checked against their checksums, in
+    ``plan_root/verified/plans.<host>.log`` (the verified-chunks log's machinery: no
+    symlink followed; an entry names the file's inode and mtime, so a file replaced since
+    is hashed again): each file is hashed once per node, not once per process."""
+    return VerifiedLog([(plan_root, "")], "plans")
+
+
 def _load(path: Path, n_docs: int, total: int) -> npt.NDArray[np.int64] | None:
     """The published starts, memory-mapped once their checksum matches; ``None`` if
     absent; ValueError if damaged."""
@@ -73,7 +82,7 @@ def _load(path: Path, n_docs: int, total: int) -> npt.NDArray[np.int64] | None:
         xxh3 = str(json.loads(sidecar.read_bytes())["xxh3_64"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{sidecar}: unreadable ({exc!r}); {fix}") from exc
-    arr = map_checked_npy(path, xxh3, fix)
+    arr = map_checked_npy(path, xxh3, fix, checked_here(path.parent))
     if arr.dtype != np.int64 or arr.shape != (n_docs + 1,) or arr[0] != 0 or arr[-1] != total:
         raise ValueError(f"{path}: expected int64 of shape ({n_docs + 1},) from 0 to {total}, "
                          f"got {arr.dtype} {arr.shape}; {fix}")
@@ -197,7 +206,7 @@ def load_or_build(directory: Path, key_fields: Mapping[str, Any],
     directory = Path(directory)
     return build_once(
         directory / f"{fp}.lock", open_lock=lambda: open_under(directory, f"{fp}.lock", LOCK),
-        load=lambda: DocShuffleIndex.load(directory, fp),
+        load=lambda: DocShuffleIndex.load(directory, fp, checked_here(directory)),
         build=lambda: write_doc_shuffle(directory, fp, doc_lengths(), seed=seed, epoch=epoch,
                                         seq_len=seq_len, drop_last=drop_last, block=block,
                                         progress=progress),

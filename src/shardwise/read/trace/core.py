@@ -272,7 +272,7 @@ def _source_file(docs: Documents, c: int) -> str:
     m, info = docs.cache.manifest, docs.cache.chunks[c]
     if m is None:
         return f"{info.base}.bin"
-    return m.sources[info.source].path
+    return m.sources[info.source].shown
 
 
 def trace(config: ReadConfig, step: int, **kwargs: Any) -> StepTrace:

@@ -179,7 +179,7 @@ class Documents:
                          note="a Megatron dataset records no source lines")
         seg = self._segments()[info.stem]
         unit = SourceFormat(m.sources[info.source].format).unit
-        here = Where(m.sources[info.source].path, info.stem, unit, seg.start, seg.stop)
+        here = Where(m.sources[info.source].shown, info.stem, unit, seg.start, seg.stop)
         if seg.clean:  # every line of the segment is a document: no chunk metadata needed
             x: int | None = seg.docs_before + k
         else:
