@@ -6,6 +6,7 @@ written outside" is checked by a snapshot of an outside directory: names, sizes,
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -126,3 +127,12 @@ def test_a_chunk_name_with_a_control_character_is_refused(
     with pytest.raises(ManifestError, match="holds a control character"):
         sw.TokenDataset(root, seq_len=L, seed=1)
     assert not (root / READER_DIR).exists()
+
+
+def test_a_fifo_for_a_log_is_refused_without_hanging(cache_dir: Path) -> None:
+    """Opened for writing, a FIFO would block until someone reads it."""
+    verified = cache_dir / READER_DIR / "verified"
+    verified.mkdir(parents=True)
+    os.mkfifo(verified / log_name(cache_dir))
+    with pytest.raises(CacheError, match="is not a regular file"):
+        read_all(sw.TokenDataset(cache_dir, seq_len=L, seed=1))
