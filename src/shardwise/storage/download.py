@@ -45,7 +45,7 @@ from pathlib import Path
 from shardwise.concurrency import flock
 from shardwise.concurrency.poll import check_wait_args, wait_until
 from shardwise.errors import CacheError, ConfigError, CorruptChunkError
-from shardwise.format.atomic import TMP_PREFIX, open_temp, temp_path
+from shardwise.format.atomic import TMP_PREFIX, temp_path
 from shardwise.format.confined import LOCK, open_under
 from shardwise.format.files import check_key
 from shardwise.remote.client import SMALL_END, RemoteStore
@@ -282,7 +282,7 @@ def get_checked(store: RemoteStore, key: str, spec: dict[str, object], tmp: Path
     url, want = store.url_of(key), int(spec["bytes"])  # type: ignore[call-overload]
     h, got = xxhash.xxh3_64(), 0
     try:
-        with open_temp(tmp) as dst:
+        with open(tmp, "wb") as dst:
             if not want:
                 block = store.get(key)
                 h.update(block)
