@@ -5,6 +5,7 @@ the reader rebuilds the file and serves the clean examples, never the edited one
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from numpy.lib import format as npy
 from tests.cachefactory import make_cache, sample_docs
 
 import shardwise as sw
+from shardwise.format.checksum import file_checksum
 from shardwise.format.paths import READER_DIR
 
 L = 16
@@ -60,3 +62,27 @@ def test_an_edited_plan_file_is_rebuilt_and_never_used(tmp_path: Path, name: str
     for i, a, b in zip(EXAMPLES, clean, again, strict=True):
         assert np.array_equal(a, b), f"example {i} differs after {how} of {name}"
     assert path.read_bytes() == good  # rebuilt, under its lock
+
+
+def test_a_forged_plan_with_its_own_checksums_is_rebuilt(tmp_path: Path) -> None:
+    """A plan shipped inside a cache: the order reversed, the token offsets made to agree
+    with it, and both checksums recorded in its metadata. The checksums pass; the order is
+    not the seed's permutation where the reader samples it, so it is rebuilt."""
+    root = make_cache(tmp_path / "cache", [sample_docs(60, seed=4)], chunk_docs=7)
+    clean = _examples(root)
+    (meta_path,) = (root / READER_DIR).glob("*[0-9a-f].json")
+    fp, plans = meta_path.name[:-len(".json")], meta_path.parent
+    order = np.load(plans / f"{fp}.doc_order.npy")
+    cum = np.load(plans / f"{fp}.cum_tokens.npy")
+    lengths = np.diff(cum)[np.argsort(order)]  # by stored document
+    forged = order[::-1].copy()
+    np.save(plans / f"{fp}.doc_order.npy", forged)
+    np.save(plans / f"{fp}.cum_tokens.npy", np.concatenate(([0], np.cumsum(lengths[forged]))))
+    meta = json.loads(meta_path.read_text())
+    meta["xxh3_64"] = {name: file_checksum(plans / f"{fp}.{name}.npy")
+                       for name in ("doc_order", "cum_tokens")}
+    meta_path.write_text(json.dumps(meta))
+    again = _examples(root)
+    for i, a, b in zip(EXAMPLES, clean, again, strict=True):
+        assert np.array_equal(a, b), f"example {i} differs with a forged plan"
+    assert np.array_equal(np.load(plans / f"{fp}.doc_order.npy"), order)  # rebuilt

@@ -59,6 +59,7 @@ LAYOUT = 3
 is the same)."""
 LAYOUTS = (3,)
 BLOCK = 1 << 20
+SAMPLE = 64  # positions of a loaded order checked against the permutation
 _ARRAYS = ("doc_order", "cum_tokens")
 
 
@@ -168,6 +169,28 @@ class DocShuffleIndex:
                              f"{int(cum[0])} to {int(cum[-1])}, the metadata says 0 to "
                              f"{total}; {fix}")
         return cls(arrays["doc_order"], cum, int(seq_len), bool(drop_last))
+
+
+def check_order(index: DocShuffleIndex, *, seed: int, epoch: int, where: Path,
+                sample: int = SAMPLE) -> DocShuffleIndex:
+    """``index`` if its order is ``(seed, epoch)``'s permutation at ``sample`` positions
+    drawn afresh on each call, else ValueError naming ``where``. Why, beside the
+    checksums: a plan shipped inside a cache can carry checksums of its own edits; an
+    order that is not this permutation where the author cannot know it will be looked at
+    is refused (and rebuilt). O(sample), a few microseconds."""
+    n = len(index.doc_order)
+    if n == 0:
+        return index
+    at = np.random.default_rng().integers(0, n, size=min(n, sample))
+    want = Permutation(n, seed=derive_seed(seed, SEED_TAG), epoch=epoch)(at)
+    got = np.asarray(index.doc_order[at], dtype=np.int64)
+    if not np.array_equal(got, want):
+        k = int(np.flatnonzero(got != want)[0])
+        raise ValueError(f"{where}.doc_order.npy: document {int(got[k])} at shuffled "
+                         f"position {int(at[k])}, the permutation of seed {seed}, epoch "
+                         f"{epoch} puts {int(want[k])} there; delete {where}.* to rebuild "
+                         "the plan")
+    return index
 
 
 def _map(path: Path, dtype: np.dtype, shape: tuple[int, ...], xxh3: str, fix: str,

@@ -41,6 +41,7 @@ from shardwise.format.megatron import HEADER_SIZE, read_idx
 from shardwise.plan.doc_shuffle import BLOCK as PLAN_BLOCK
 from shardwise.plan.doc_shuffle import (
     DocShuffleIndex,
+    check_order,
     plan_fingerprint,
     write_doc_shuffle,
 )
@@ -180,6 +181,15 @@ def doc_lengths_from_starts(path: Path, n_docs: int, *, block: int = BLOCK
     return out
 
 
+def _load_plan(directory: Path, fp: str, seed: int, epoch: int) -> DocShuffleIndex | None:
+    """The published plan, its checksums checked (once per node) and its order sampled
+    against the permutation (every load); ``None`` if absent; ValueError if damaged."""
+    index = DocShuffleIndex.load(directory, fp, checked_here(directory))
+    if index is None:
+        return None
+    return check_order(index, seed=seed, epoch=epoch, where=directory / fp)
+
+
 def load_or_build(directory: Path, key_fields: Mapping[str, Any],
                   doc_lengths: Callable[[], npt.ArrayLike], *, seed: int, epoch: int,
                   seq_len: int, drop_last: bool, block: int = PLAN_BLOCK,
@@ -206,7 +216,7 @@ def load_or_build(directory: Path, key_fields: Mapping[str, Any],
     directory = Path(directory)
     return build_once(
         directory / f"{fp}.lock", open_lock=lambda: open_under(directory, f"{fp}.lock", LOCK),
-        load=lambda: DocShuffleIndex.load(directory, fp, checked_here(directory)),
+        load=lambda: _load_plan(directory, fp, seed, epoch),
         build=lambda: write_doc_shuffle(directory, fp, doc_lengths(), seed=seed, epoch=epoch,
                                         seq_len=seq_len, drop_last=drop_last, block=block,
                                         progress=progress),
