@@ -3,6 +3,7 @@ DataLoader worker met when forked while a download thread held the node's lock."
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import threading
 from pathlib import Path
@@ -11,10 +12,15 @@ from typing import Any
 import pytest
 
 from shardwise.concurrency import flock
+from shardwise.format.confined import LOCK, open_under
+
+
+def _opener(path: Path) -> functools.partial[int]:
+    return functools.partial(open_under, path.parent, path.name, LOCK)
 
 
 def _lock_in_child(path: Path, out: Any) -> None:
-    with flock.exclusive(path):
+    with flock.exclusive(_opener(path)):
         out.put("locked")
 
 
@@ -24,7 +30,7 @@ def test_a_forked_child_does_not_keep_its_parents_lock(tmp_path: Path) -> None:
     held, done = threading.Event(), threading.Event()
 
     def holder() -> None:
-        with flock.exclusive(path):
+        with flock.exclusive(_opener(path)):
             held.set()
             done.wait(10)
 

@@ -119,7 +119,11 @@ def test_load_or_build_caches_and_memory_maps(tmp_path: Path) -> None:
         [expected.pieces(w) for w in range(expected.n_windows)]
     names = sorted(p.name for p in tmp_path.iterdir())
     fp = plan_fingerprint(key)
-    assert names == [f"{fp}.cum_tokens.npy", f"{fp}.doc_order.npy", f"{fp}.json", f"{fp}.lock"]
+    assert names == [f"{fp}.cum_tokens.npy", f"{fp}.doc_order.npy", f"{fp}.json", f"{fp}.lock",
+                     "verified"]  # the node's record of the plan files it hashed
+    (log,) = (tmp_path / "verified").iterdir()
+    assert [line.split()[0] for line in log.read_text().splitlines()] == [
+        f"{fp}.doc_order.npy", f"{fp}.cum_tokens.npy"]  # hashed once, by the first load
     load_or_build(tmp_path, {"cache": "abc"}, doc_lengths, **{**PARAMS, "epoch": 1})
     assert len(calls) == 2  # another key is another plan
 
@@ -132,20 +136,28 @@ def test_blocks_make_the_same_plan_as_one_pass() -> None:
     assert np.array_equal(np.concatenate([e for _, e in parts]), whole.cum_tokens[1:])
 
 
-def test_plans_of_layout_1_keep_loading(tmp_path: Path) -> None:
-    """A plan written before layout 2 (int64 doc_order, no layout key) maps as it is."""
+@pytest.mark.parametrize("layout", [1, 2])
+def test_plans_without_checksums_are_rebuilt_once(tmp_path: Path, layout: int) -> None:
+    """A plan written before layout 3 (no checksums: layout 1's int64 doc_order without a
+    layout key, layout 2's int32) is rebuilt, to the same order, and then kept."""
     lengths = np.arange(50) % 7
     index = build_doc_shuffle_index(lengths, **PARAMS)
     fp = plan_fingerprint({"cache": "old", **PARAMS})
-    np.save(tmp_path / f"{fp}.doc_order.npy", np.asarray(index.doc_order, dtype=np.int64))
+    dtype = np.int64 if layout == 1 else np.int32
+    np.save(tmp_path / f"{fp}.doc_order.npy", np.asarray(index.doc_order, dtype=dtype))
     np.save(tmp_path / f"{fp}.cum_tokens.npy", np.asarray(index.cum_tokens))
     (tmp_path / f"{fp}.json").write_text(json.dumps({
         "version": 1, "permutation_version": 1, "seq_len": 16, "drop_last": True,
-        "n_docs": 50, "total_tokens": index.total_tokens}))
-    loaded = load_or_build(tmp_path, {"cache": "old"}, lambda: pytest.fail("rebuilt"),
+        "n_docs": 50, "total_tokens": index.total_tokens,
+        **({"layout": 2, "doc_order_dtype": "int32"} if layout == 2 else {})}))
+    with pytest.raises(ValueError, match=f"plan layout {layout} .no checksums"):
+        DocShuffleIndex.load(tmp_path, fp)
+    built: list[int] = []
+    loaded = load_or_build(tmp_path, {"cache": "old"}, lambda: built.append(1) or lengths,
                            **PARAMS)
-    assert loaded.doc_order.dtype == np.int64
+    assert built == [1] and loaded.doc_order.dtype == np.int32
     assert np.array_equal(loaded.doc_order, index.doc_order)
+    load_or_build(tmp_path, {"cache": "old"}, lambda: pytest.fail("rebuilt"), **PARAMS)
 
 
 def test_fingerprint_is_order_independent_and_strict() -> None:
@@ -171,8 +183,8 @@ def _damage(directory: Path, fp: str, how: str) -> None:
 
 
 DAMAGE = {"other n_docs": r"doc_order.npy: expected int32 of shape \(7,\)",
-          "truncated array": r"cum_tokens.npy: cannot be read as .npy",
-          "bad header": r"cum_tokens.npy: cannot be read as .npy",
+          "truncated array": r"cum_tokens.npy: xxh3_64 \w+, published as \w+",
+          "bad header": r"cum_tokens.npy: xxh3_64 \w+, published as \w+",
           "other total": r"cum_tokens.npy: runs from 0 to 12, the metadata says 0 to 1",
           "bad json": "unreadable plan metadata"}
 

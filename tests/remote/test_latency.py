@@ -14,6 +14,7 @@ import shardwise as sw
 from shardwise.bench.proxy import LatencyProxy, start_proxy
 from shardwise.concurrency import flock
 from shardwise.errors import ConfigError
+from shardwise.format.confined import LOCK, open_under
 from shardwise.storage import chunk_fetch
 from shardwise.storage.download import LOCK_NAME
 from shardwise.world import World
@@ -77,7 +78,8 @@ def test_a_read_through_the_proxy_keeps_the_local_copy_within_local_bytes(
     def measured(store, key, spec, tmp, **kw):  # type: ignore[no-untyped-def]
         real(store, key, spec, tmp, **kw)
         root = tmp.parent.parent
-        with flock.exclusive(root / LOCK_NAME):  # a snapshot: no claim or eviction meanwhile
+        # a snapshot: no claim or eviction meanwhile
+        with flock.exclusive(lambda: open_under(root, LOCK_NAME, LOCK)):
             peaks.append(sum(p.stat().st_size for p in root.rglob("*")
                              if p.is_file() and not p.name.startswith((".lock", ".claim"))))
 

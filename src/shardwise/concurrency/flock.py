@@ -8,8 +8,11 @@ download thread held the node's download lock did exactly that). Every lock take
 recorded, and a fork hook closes the child's copies, so only the process that took a lock
 holds it.
 
->>> with exclusive(Path("cache/.lock")):      # doctest: +SKIP
+>>> with exclusive(lambda: open_under(cache, ".lock", LOCK)):  # doctest: +SKIP
 ...     ...                                     # one process of the node at a time
+
+The caller opens the lock file (``open_lock``): a lock beside a cache is opened through
+:func:`~shardwise.format.confined.open_under`, which follows no symlink a cache ships.
 """
 
 from __future__ import annotations
@@ -18,8 +21,7 @@ import contextlib
 import fcntl
 import os
 import threading
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 _HELD: set[int] = set()
 _GUARD = threading.Lock()
@@ -59,9 +61,10 @@ def try_lock(fd: int) -> bool:
 
 
 @contextlib.contextmanager
-def exclusive(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` (created if missing) for the block."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+def exclusive(open_lock: Callable[[], int]) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``open_lock()`` opens (a descriptor this takes
+    over) for the block."""
+    fd = open_lock()
     hold(fd)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

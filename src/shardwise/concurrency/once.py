@@ -17,13 +17,13 @@ no stale lock to clean up. A file that ``load`` finds damaged (it raises one of
 damaged, rebuilds it.
 
 >>> plan = build_once(Path("plans/F.lock"), load=load_plan, build=write_plan,
+...                   open_lock=lambda: open_under(plans, "F.lock", LOCK),
 ...                   what="the plan F")                       # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -43,14 +43,17 @@ def _load(load: Callable[[], T | None], damaged: tuple[type[BaseException], ...]
 
 
 def build_once(lock_path: Path, *, load: Callable[[], T | None], build: Callable[[], None],
-               what: str, damaged: tuple[type[BaseException], ...] = (),
+               open_lock: Callable[[], int], what: str,
+               damaged: tuple[type[BaseException], ...] = (),
                timeout: float = math.inf, poll_interval: float = 0.1) -> T:
     """``load()`` if it returns something, else build once per ``lock_path`` and load.
 
     ``load()`` returns ``None`` while nothing is published, and raises one of ``damaged``
     for a published file it cannot use. ``build()`` publishes atomically (a temporary
     name, then a rename); it runs only while this process holds the exclusive lock on
-    ``lock_path`` (created if missing), so it may delete leftovers of a builder that died.
+    ``lock_path``, so it may delete leftovers of a builder that died. ``open_lock()``
+    opens ``lock_path`` (created if missing; beside a cache through
+    :func:`~shardwise.format.confined.open_under`: no symlink followed).
     Waiting follows :func:`~shardwise.concurrency.poll.wait_until`: ``timeout`` is
     seconds without the plan appearing (default: wait as long as a live builder builds;
     a dead one releases the lock at once).
@@ -58,8 +61,7 @@ def build_once(lock_path: Path, *, load: Callable[[], T | None], build: Callable
     value = _load(load, damaged)
     if value is not None:
         return value
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_lock()
     flock.hold(fd)  # a forked child must not keep the lock after this process dies
 
     def attempt() -> tuple[T] | None:

@@ -7,8 +7,9 @@ before it is used, without the rest of the file (format/SPEC.md, "Chunk metadata
 from __future__ import annotations
 
 import base64
+import os
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -25,11 +26,53 @@ def bytes_checksum(data: bytes | memoryview) -> str:
 
 def file_checksum(path: Path) -> str:
     """Checksum of a whole file, read in 8 MiB blocks (constant memory)."""
-    h = xxhash.xxh3_64()
     with open(path, "rb") as f:
-        while block := f.read(_BLOCK):
-            h.update(block)
+        return stream_checksum(f)
+
+
+def stream_checksum(f: BinaryIO) -> str:
+    """Checksum of what is left of the open file ``f``, read in 8 MiB blocks."""
+    h = xxhash.xxh3_64()
+    while block := f.read(_BLOCK):
+        h.update(block)
     return h.hexdigest()
+
+
+class KnownFiles(Protocol):
+    """Files this node has checked, by a line naming the file's identity
+    (:class:`~shardwise.storage.verifier.VerifiedLog`)."""
+
+    def __contains__(self, key: str) -> bool: ...
+    def add(self, key: str) -> None: ...
+
+
+def map_checked_npy(path: Path, xxh3: str, fix: str, known: KnownFiles | None = None
+                    ) -> npt.NDArray[Any]:
+    """The ``.npy`` file ``path`` memory-mapped, once its bytes are found to match
+    ``xxh3`` (their checksum when it was published); ValueError naming it, with ``fix``,
+    if they do not or it cannot be read. Hashed by plain reads, so the map's pages stay
+    out of the reader's RSS; the map is of the very file hashed (one descriptor), even if
+    the name is replaced meanwhile. ``known``: the node's record of checked files: a file
+    it lists with this identity (checksum, size, mtime, device, inode) is not hashed
+    again, one that passes is added (a 1.2 GB plan is hashed once per node, not per
+    process)."""
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            key = (f"{path.name} {xxh3} {st.st_size} {st.st_mtime_ns} {st.st_dev} "
+                   f"{st.st_ino} plan")
+            if known is not None and key in known:
+                return _map_npy(f)
+            got = stream_checksum(f)
+            if got == xxh3:
+                if known is not None:
+                    known.add(key)
+                f.seek(0)
+                return _map_npy(f)
+    except (OSError, ValueError) as exc:  # missing, a bad header, shorter than it says
+        raise ValueError(f"{path}: cannot be read as .npy ({exc}); {fix}") from exc
+    raise ValueError(f"{path}: xxh3_64 {got}, published as {xxh3} (damaged or edited "
+                     f"since); {fix}")
 
 
 def copy_checksum(path: Path, out: BinaryIO) -> tuple[int, str]:
@@ -42,6 +85,19 @@ def copy_checksum(path: Path, out: BinaryIO) -> tuple[int, str]:
             out.write(block)
             n += len(block)
     return n, h.hexdigest()
+
+
+def _map_npy(f: BinaryIO) -> npt.NDArray[Any]:
+    """The ``.npy`` open as ``f`` memory-mapped read-only (``np.load`` maps only a name)."""
+    from numpy.lib import format as npy
+
+    major, _ = npy.read_magic(f)
+    read = npy.read_array_header_1_0 if major == 1 else npy.read_array_header_2_0
+    shape, fortran, dtype = read(f)
+    if dtype.hasobject:
+        raise ValueError(f"dtype {dtype} holds Python objects")
+    return np.memmap(f, dtype=dtype, mode="r", offset=f.tell(), shape=shape,
+                     order="F" if fortran else "C")
 
 
 def block_checksums(data: bytes | memoryview, block: int = BLOCK_BYTES) -> str:

@@ -17,6 +17,7 @@ import orjson
 from shardwise.errors import ManifestError
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.files import Files
+from shardwise.format.paths import redact_url
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -35,6 +36,12 @@ class SourceInfo:
     size: int
     fingerprint: str
     format: str
+
+    @property
+    def shown(self) -> str:
+        """``path`` as shardwise stores and prints it: a URL without its credentials
+        (:func:`~shardwise.format.paths.redact_url`); the build reads ``path``."""
+        return redact_url(self.path)
 
 
 @dataclass(frozen=True)

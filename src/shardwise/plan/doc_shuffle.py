@@ -21,7 +21,8 @@ say the permutation puts the stored documents in the order 2, 0, 1)::
 
 Cache files in the plan directory, for fingerprint ``F``: ``F.doc_order.npy`` (int32
 while document ids fit: layout 2), ``F.cum_tokens.npy`` and ``F.json`` (written last: its
-presence means the arrays are complete; format/SPEC.md, "Plan caches"). Every file is
+presence means the arrays are complete, and it holds their xxh3-64, checked when they are
+mapped: layout 3; format/SPEC.md, "Plan caches"). Every file is
 written to a temporary name, fsynced and renamed; :func:`write_doc_shuffle` streams the
 arrays there block by block (:func:`doc_shuffle_blocks`), so the builder never holds
 them. Which process builds (one per node, the others waiting) is decided above this
@@ -42,6 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.format.atomic import TMP_PREFIX, atomic_write_bytes, npy_blocks
+from shardwise.format.checksum import KnownFiles, map_checked_npy
 from shardwise.plan._checks import IntArray, check_in_range, check_int
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation, derive_seed
 from shardwise.plan.windows import num_windows
@@ -50,11 +52,14 @@ DOC_SHUFFLE_VERSION: int = 1
 """Part of every fingerprint; bump when the index built from the same inputs changes."""
 
 SEED_TAG = "doc_shuffle"
-LAYOUT = 2
+LAYOUT = 3
 """The plan files' layout, in their metadata: 1 (no ``layout`` key) int64 ``doc_order``;
-2 ``doc_order_dtype`` named (int32 while ids fit). Both load; the order is the same."""
-LAYOUTS = (1, 2)
+2 ``doc_order_dtype`` named (int32 while ids fit); 3 each array's xxh3-64 recorded
+(``xxh3_64``), checked on load. Only 3 loads: a plan of 1 or 2 is rebuilt once (the order
+is the same)."""
+LAYOUTS = (3,)
 BLOCK = 1 << 20
+SAMPLE = 64  # positions of a loaded order checked against the permutation
 _ARRAYS = ("doc_order", "cum_tokens")
 
 
@@ -131,9 +136,12 @@ class DocShuffleIndex:
                self.drop_last)
 
     @classmethod
-    def load(cls, directory: Path, fingerprint: str) -> DocShuffleIndex | None:
+    def load(cls, directory: Path, fingerprint: str, known: KnownFiles | None = None
+             ) -> DocShuffleIndex | None:
         """Memory-map a saved index, ``None`` if absent; a damaged one raises ValueError
-        naming the file (a short array, another shape or dtype, totals that disagree)."""
+        naming the file (bytes that do not match their checksum, a short array, another
+        shape or dtype, totals that disagree). ``known``: as
+        :func:`~shardwise.format.checksum.map_checked_npy`'s."""
         directory = Path(directory)
         meta_path = directory / f"{fingerprint}.json"
         if not meta_path.exists():
@@ -141,18 +149,20 @@ class DocShuffleIndex:
         fix = f"delete {directory}/{fingerprint}.* to rebuild the plan"
         try:
             meta = json.loads(meta_path.read_text())
-            n_docs, seq_len, drop_last = meta["n_docs"], meta["seq_len"], meta["drop_last"]
-            layout, total = meta.get("layout", 1), meta["total_tokens"]
-            order_dt = np.dtype(meta["doc_order_dtype"] if layout >= 2 else np.int64)
-        except (ValueError, KeyError, TypeError) as exc:
+            layout = meta.get("layout", 1)
+            if layout in LAYOUTS:
+                n_docs, total = meta["n_docs"], meta["total_tokens"]
+                sums = {name: str(meta["xxh3_64"][name]) for name in _ARRAYS}
+                seq_len, drop_last = meta["seq_len"], meta["drop_last"]
+                want = {"doc_order": (np.dtype(meta["doc_order_dtype"]), (n_docs,)),
+                        "cum_tokens": (np.dtype(np.int64), (n_docs + 1,))}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{meta_path}: unreadable plan metadata ({exc!r}); {fix}") from exc
         if layout not in LAYOUTS:
-            raise ValueError(f"{meta_path}: plan layout {layout!r}, this version reads "
-                             f"{sorted(LAYOUTS)}; {fix}")
-        want = {"doc_order": (order_dt, (n_docs,)),
-                "cum_tokens": (np.dtype(np.int64), (n_docs + 1,))}
-        arrays = {name: _map(directory / f"{fingerprint}.{name}.npy", *want[name], fix)
-                  for name in _ARRAYS}
+            raise ValueError(f"{meta_path}: plan layout {layout!r} (no checksums), this "
+                             f"version reads {sorted(LAYOUTS)}; {fix}")
+        arrays = {name: _map(directory / f"{fingerprint}.{name}.npy", *want[name],
+                             sums[name], fix, known) for name in _ARRAYS}
         cum = arrays["cum_tokens"]
         if cum[0] != 0 or cum[-1] != total:
             raise ValueError(f"{directory / fingerprint}.cum_tokens.npy: runs from "
@@ -161,12 +171,33 @@ class DocShuffleIndex:
         return cls(arrays["doc_order"], cum, int(seq_len), bool(drop_last))
 
 
-def _map(path: Path, dtype: np.dtype, shape: tuple[int, ...], fix: str) -> IntArray:
-    """``path`` memory-mapped, refused unless it holds exactly ``dtype`` of ``shape``."""
-    try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as exc:  # missing, a bad header, shorter than it says
-        raise ValueError(f"{path}: cannot be read as .npy ({exc}); {fix}") from exc
+def check_order(index: DocShuffleIndex, *, seed: int, epoch: int, where: Path,
+                sample: int = SAMPLE) -> DocShuffleIndex:
+    """``index`` if its order is ``(seed, epoch)``'s permutation at ``sample`` positions
+    drawn afresh on each call, else ValueError naming ``where``. Why, beside the
+    checksums: a plan shipped inside a cache can carry checksums of its own edits; an
+    order that is not this permutation where the author cannot know it will be looked at
+    is refused (and rebuilt). O(sample), a few microseconds."""
+    n = len(index.doc_order)
+    if n == 0:
+        return index
+    at = np.random.default_rng().integers(0, n, size=min(n, sample))
+    want = Permutation(n, seed=derive_seed(seed, SEED_TAG), epoch=epoch)(at)
+    got = np.asarray(index.doc_order[at], dtype=np.int64)
+    if not np.array_equal(got, want):
+        k = int(np.flatnonzero(got != want)[0])
+        raise ValueError(f"{where}.doc_order.npy: document {int(got[k])} at shuffled "
+                         f"position {int(at[k])}, the permutation of seed {seed}, epoch "
+                         f"{epoch} puts {int(want[k])} there; delete {where}.* to rebuild "
+                         "the plan")
+    return index
+
+
+def _map(path: Path, dtype: np.dtype, shape: tuple[int, ...], xxh3: str, fix: str,
+         known: KnownFiles | None) -> IntArray:
+    """``path`` memory-mapped, refused unless its bytes match ``xxh3`` (recorded when it
+    was published) and it holds exactly ``dtype`` of ``shape``."""
+    arr = map_checked_npy(path, xxh3, fix, known)
     if arr.dtype != np.dtype(dtype) or arr.shape != shape:
         raise ValueError(f"{path}: expected {np.dtype(dtype)} of shape {shape}, "
                          f"got {arr.dtype} {arr.shape}; {fix}")
@@ -262,7 +293,8 @@ def _write(directory: Path, fingerprint: str, blocks: Iterator[tuple[IntArray, I
                 progress(done)
     meta = {"version": DOC_SHUFFLE_VERSION, "permutation_version": PERMUTATION_VERSION,
             "layout": LAYOUT, "doc_order_dtype": dt.name, "seq_len": int(seq_len),
-            "drop_last": bool(drop_last), "n_docs": int(n_docs), "total_tokens": total}
+            "drop_last": bool(drop_last), "n_docs": int(n_docs), "total_tokens": total,
+            "xxh3_64": {"doc_order": put_order.xxh3, "cum_tokens": put_cum.xxh3}}
     atomic_write_bytes(directory / f"{fingerprint}.json",
                        json.dumps(meta, sort_keys=True).encode())
 

@@ -23,7 +23,10 @@ everything else through fsspec; ``client="fsspec"`` keeps fsspec for all.
 
 Credentials and endpoints come from fsspec/boto's usual environment and config
 (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ``~/.aws/…``) or from ``storage_options``
-given at run time; nothing of them is ever written into the cache. Keys named by a cache
+given at run time; nothing of them is ever written into the cache. Credentials in the URL
+itself (``https://user:pass@…``, a signed query) reach the store and nothing else: ``url``,
+which every name, message and key is made of, is the URL without them
+(:func:`~shardwise.format.paths.redact_url`). Keys named by a cache
 are relative and never leave its prefix (:func:`check_key`).
 """
 
@@ -35,6 +38,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from shardwise.errors import ConfigError
 from shardwise.format.files import check_key
+from shardwise.format.paths import redact_url
 from shardwise.remote.native import NativeGets, native_options
 from shardwise.remote.policy import RemotePolicy, is_transient
 
@@ -68,7 +72,8 @@ class RemoteStore:
                  policy: RemotePolicy | None = None, client: str = "auto") -> None:
         if client not in CLIENTS:
             raise ConfigError(f"RemoteStore(client={client!r}): expected one of {CLIENTS}")
-        self.url = url.rstrip("/")
+        self._url = url.rstrip("/")  # with its credentials: only to reach the store
+        self.url = redact_url(self._url)  # what every name, message and key holds
         self.storage_options = dict(storage_options or {})
         self.policy = policy or RemotePolicy.from_env()
         self.client = client
@@ -76,7 +81,7 @@ class RemoteStore:
         self._fs_pid = 0  # the process that made ``_fs``
         self._path = ""
         self.received = 0
-        args = native_options(self.url, self.storage_options) if client == "auto" else None
+        args = native_options(self._url, self.storage_options) if client == "auto" else None
         self._native = NativeGets(args, self.policy) if args is not None else None
 
     def __str__(self) -> str:
@@ -86,7 +91,7 @@ class RemoteStore:
         return f"RemoteStore({self.url!r})"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "storage_options": self.storage_options,
+        return {"url": self._url, "storage_options": self.storage_options,
                 "policy": self.policy, "client": self.client}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -108,10 +113,10 @@ class RemoteStore:
         if self._fs is None or self._fs_pid != os.getpid():
             import fsspec
 
-            protocol = self.url.split("://", 1)[0]
+            protocol = self._url.split("://", 1)[0]
             options = (self.policy.s3fs_options(self.storage_options)
                        if protocol in ("s3", "s3a") else self.storage_options)
-            self._fs, self._path = fsspec.core.url_to_fs(self.url, **options)
+            self._fs, self._path = fsspec.core.url_to_fs(self._url, **options)
             self.policy.quiet_client_retries(self._fs)
             self._path = self._path.rstrip("/")
             self._fs_pid = os.getpid()

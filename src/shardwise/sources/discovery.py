@@ -22,6 +22,7 @@ import xxhash
 from shardwise.errors import ConfigError
 from shardwise.format.ledger import Segment
 from shardwise.format.manifest import SourceInfo
+from shardwise.format.paths import redact_url
 from shardwise.remote.client import is_url
 from shardwise.sources import hf
 from shardwise.sources.bucket import (
@@ -92,19 +93,21 @@ def _expand(pattern: str) -> list[str]:
 
 
 def _expand_url(pattern: str, options: Options) -> list[str]:
-    """:func:`_expand` for a URL: the same rules, over the bucket's listing."""
+    """:func:`_expand` for a URL: the same rules, over the bucket's listing (named
+    without its credentials)."""
+    shown = redact_url(pattern)
     if source_format(pattern) and not any(c in pattern for c in "*?["):
         if object_exists(pattern, options):
             return [pattern]
-        raise ConfigError(f"{pattern}: no such file, directory or glob match")
+        raise ConfigError(f"{shown}: no such file, directory or glob match")
     found = expand_url(pattern, options)
     if not found:
-        raise ConfigError(f"{pattern}: no such file, directory or glob match")
+        raise ConfigError(f"{shown}: no such file, directory or glob match")
     supported = [f for f in found if source_format(f)]
     if len(found) == 1 and found[0] == pattern and not supported:
-        raise ConfigError(f"{pattern}: unsupported source type; expected one of "
+        raise ConfigError(f"{shown}: unsupported source type; expected one of "
                           f"{sorted(_SUFFIXES)}")
-    return supported or _no_supported(pattern)
+    return supported or _no_supported(shown)
 
 
 def _no_supported(pattern: str) -> list[str]:
@@ -188,7 +191,7 @@ def describe(paths: Iterable[str], storage_options: Options = None) -> list[Sour
     for p in paths:
         fmt = source_format(p)
         if fmt is None:
-            raise ConfigError(f"{p}: unsupported source type")
+            raise ConfigError(f"{redact_url(p)}: unsupported source type")
         size = object_size(p, storage_options)
         out.append(SourceInfo(path=p if is_url(p) else os.path.abspath(p), size=size,
                               fingerprint=fingerprint(p, storage_options, size=size),

@@ -118,9 +118,9 @@ class _ZstdStream(io.RawIOBase):
 
 def _truncated(info: SourceInfo, seg: Segment, pos: int, line: int, err: Exception
                ) -> InputError:
-    return InputError(f"{info.path}: compressed stream is truncated or damaged after "
+    return InputError(f"{info.shown}: compressed stream is truncated or damaged after "
                       f"{pos} uncompressed bytes (line {line + 1}): {err}",
-                      path=info.path, line=line + 1, reason="truncated_file")
+                      path=info.shown, line=line + 1, reason="truncated_file")
 
 
 def _seek(f: Any, position: int, compressed: bool) -> tuple[int, Exception | None]:
@@ -161,7 +161,7 @@ def iter_lines(info: SourceInfo, seg: Segment, position: int, line: int,
         if damaged is not None:
             yield _truncated(info, seg, pos, line, damaged), pos, line
             return
-        pending = _Pending(info.path, max_record_bytes, None if compressed else f)
+        pending = _Pending(info.shown, max_record_bytes, None if compressed else f)
         at_start = position == 0
         while stop < 0 or pos < stop:
             try:
@@ -315,8 +315,8 @@ def _select(info: SourceInfo, seg: Segment, position: int, columns: list[str] | 
     if not missing:
         return selected
     kind = SourceFormat(info.format).name.capitalize()
-    return InputError(f"{info.path}: {kind} file has no column {missing[0]!r}; columns are "
-                      f"{names}", path=info.path, reason="missing_field")
+    return InputError(f"{info.shown}: {kind} file has no column {missing[0]!r}; columns are "
+                      f"{names}", path=info.shown, reason="missing_field")
 
 
 def _every_row(err: InputError, seg: Segment, position: int) -> Iterator[Located]:
@@ -351,7 +351,7 @@ def iter_records(info: SourceInfo, seg: Segment, position: int, line: int, *,
         if isinstance(raw, InputError):
             yield Located(raw, end, ln)
             continue
-        value = parse_line(raw, path=info.path, line_for_error=ln + 1,
+        value = parse_line(raw, path=info.shown, line_for_error=ln + 1,
                            max_record_bytes=max_record_bytes)
         del raw  # a huge line's bytes go before its record is processed
         yield Located(value, end, ln)
@@ -363,10 +363,10 @@ def relocate(err: InputError, info: SourceInfo, seg_start: int, ln: int,
     when an error is raised: for JSONL it counts the newlines before the segment)."""
     if seg_start <= 0:
         return err
-    path = info.path
+    path = info.shown  # as the message names it
     if SourceFormat(info.format).by_rows:
         abs_line = seg_start + ln + 1
     else:
-        abs_line = absolute_line(path, seg_start, ln, storage_options)
+        abs_line = absolute_line(info.path, seg_start, ln, storage_options)
     msg = str(err).replace(f"{path}:{ln + 1}:", f"{path}:{abs_line}:", 1)
     return InputError(msg, path=path, line=abs_line, reason=err.reason)

@@ -12,6 +12,7 @@ through a symlink is checked when each file is first used
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,9 @@ import numpy.typing as npt
 
 from shardwise.format.chunk import ChunkKind
 from shardwise.format.ledger_index import ChunkColumns
-from shardwise.format.paths import safe_join
+from shardwise.format.paths import CONTROL, safe_join
+
+_CONTROL = re.compile(CONTROL.pattern.encode())
 
 
 @dataclass(frozen=True)
@@ -113,12 +116,15 @@ class View(Protocol):
 
 def check_stems(root: Path, stems: npt.NDArray[np.bytes_], *, where: str) -> None:
     """Every stem is a relative path inside the cache. One scan of the joined bytes looks
-    for what could be wrong (an absolute path, ``..``, a backslash, an empty stem); only
+    for what could be wrong (an absolute path, ``..``, a backslash, an empty stem, a
+    control character); only
     if it finds some is each stem checked by :func:`~shardwise.format.paths.safe_join`,
     which names the culprit."""
     if not len(stems):
         return
-    joined = b"/" + b"/\n/".join(stems.tolist()) + b"/"
-    if any(bad in joined for bad in (b"//", b"/../", b"\\")):
-        for stem in stems.tolist():
+    listed = stems.tolist()
+    joined = b"/" + b"/\n/".join(listed) + b"/"
+    if (any(bad in joined for bad in (b"//", b"/../", b"\\"))
+            or _CONTROL.search(b"".join(listed))):
+        for stem in listed:
             safe_join(root, stem.decode(errors="replace"), where=where)

@@ -46,6 +46,7 @@ from shardwise.concurrency import flock
 from shardwise.concurrency.poll import check_wait_args, wait_until
 from shardwise.errors import CacheError, ConfigError, CorruptChunkError
 from shardwise.format.atomic import TMP_PREFIX, temp_path
+from shardwise.format.confined import LOCK, open_under
 from shardwise.format.files import check_key
 from shardwise.remote.client import SMALL_END, RemoteStore
 
@@ -163,7 +164,7 @@ class DownloadDir:
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:
         """The node's lock on this directory (a forked child never inherits it held)."""
-        return flock.exclusive(self.dir / LOCK_NAME)
+        return flock.exclusive(lambda: open_under(self.dir, LOCK_NAME, LOCK))
 
     def _claim(self, final: Path, claim: Path, size: int, now: bool) -> bool:
         """Under the lock: reserve ``size`` bytes and create the claim. False if another

@@ -32,6 +32,7 @@ from shardwise.concurrency.once import build_once
 from shardwise.errors import CacheError
 from shardwise.format.atomic import atomic_write_bytes
 from shardwise.format.checksum import bytes_checksum
+from shardwise.format.confined import LOCK, open_under
 from shardwise.format.ledger import JOURNAL_DIR, LEDGER_NAME
 from shardwise.format.ledger_index import INDEX_NAME
 from shardwise.format.manifest import MANIFEST_NAME
@@ -71,6 +72,7 @@ class NodeHeads:
 
     def _files(self) -> dict[str, bytes]:
         return build_once(self.dir / LOCK_NAME, load=self._load, build=self._fetch,
+                          open_lock=lambda: open_under(self.dir, LOCK_NAME, LOCK),
                           what=f"the head files of {self.remote.url}", damaged=(CacheError,))
 
     def list_dir(self, directory: str) -> list[str]:

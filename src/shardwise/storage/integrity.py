@@ -81,7 +81,7 @@ class CacheChecks:
         self.verifier: ChunkVerifier | None = None
         if (background and view.verify and not view.is_megatron
                 and store.checks_in_background):
-            self.log = VerifiedLog([store.root / READER_DIR, user_cache_dir()],
+            self.log = VerifiedLog([(store.root, READER_DIR), (user_cache_dir(), "")],
                                    view.fingerprint)
             self.verifier = ChunkVerifier(self._verify_files, store.submit)
 

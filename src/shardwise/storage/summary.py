@@ -126,7 +126,7 @@ def _sources(cache: Cache) -> list[SourceSummary]:
         size = c.base.with_name(c.base.name + ".bin").stat().st_size
         return [SourceSummary(str(c.base), "megatron", size, 1, c.documents, c.tokens, True,
                               empty=_zero_lengths(_with(c.base, ".idx")))]
-    return [SourceSummary(info.path, info.format, info.size, t.chunks, t.documents, t.tokens,
+    return [SourceSummary(info.shown, info.format, info.size, t.chunks, t.documents, t.tokens,
                           t.finished, dict(t.errors), t.empty)
             for info, t in zip(cache.manifest.sources, cache.sources, strict=False)]
 

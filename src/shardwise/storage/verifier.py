@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from shardwise.errors import CorruptChunkError
+from shardwise.format.confined import APPEND, open_under
 
 Submit = Callable[[Callable[[], None]], Future[None]]
 LOG_DIR = "verified"
@@ -36,16 +37,20 @@ class VerifiedLog:
 
         chunks/00000/00000-00003.bin 73c71401c9da7d92 18698 1718000000123456789 2049 77 ids<50000
 
-    ``dirs``: where to keep it, in order (the cache's reader directory, then the user's
-    cache directory when that is not writable); ``name`` is per cache and per host, so a
-    cache on a shared file system gets one log per node. Unwritable everywhere: nothing
-    is recorded, and every process verifies on its own.
+    ``places``: where to keep it, in order, each a trusted root and the directory under
+    it (the cache and its reader directory, then the user's cache directory when that is
+    not writable); ``name`` is per cache and per host, so a cache on a shared file system
+    gets one log per node. Unwritable everywhere: nothing is recorded, and every process
+    verifies on its own. The log is opened by
+    :func:`~shardwise.format.confined.open_under`: a log, or a directory above it, that a
+    cache ships as a symlink is a :class:`~shardwise.errors.CacheError`, never followed.
     """
 
-    def __init__(self, dirs: list[Path], name: str) -> None:
-        self.paths = [d / LOG_DIR / f"{name}.{socket.gethostname()}.log" for d in dirs]
+    def __init__(self, places: list[tuple[Path, str]], name: str) -> None:
+        log = f"{LOG_DIR}/{name}.{socket.gethostname()}.log"
+        self.places = [(root, f"{sub}/{log}" if sub else log) for root, sub in places]
         self._seen: set[str] = set()
-        self._read: dict[Path, int] = {}
+        self._read: dict[tuple[Path, str], int] = {}
 
     @staticmethod
     def key(rel: str, xxh3: str, st: os.stat_result, vocab_size: int | None) -> str:
@@ -61,12 +66,11 @@ class VerifiedLog:
     def add(self, key: str) -> None:
         self._seen.add(key)
         line = (key + "\n").encode()
-        for path in list(self.paths):
+        for place in list(self.places):
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                fd = open_under(*place, APPEND)
             except OSError:  # read-only, or not a directory: try the next place
-                self.paths.remove(path)
+                self.places.remove(place)
                 continue
             try:
                 os.write(fd, line)
@@ -76,15 +80,15 @@ class VerifiedLog:
 
     def _catch_up(self) -> None:
         """Read the lines other processes appended since the last look."""
-        for path in self.paths:
+        for place in self.places:
             try:
-                with open(path, "rb") as f:
-                    f.seek(self._read.get(path, 0))
+                with os.fdopen(open_under(*place, os.O_RDONLY), "rb") as f:
+                    f.seek(self._read.get(place, 0))
                     data = f.read()
             except OSError:
                 continue
             end = data.rfind(b"\n") + 1  # a line being written is read next time
-            self._read[path] = self._read.get(path, 0) + end
+            self._read[place] = self._read.get(place, 0) + end
             self._seen.update(data[:end].decode(errors="replace").splitlines())
 
 

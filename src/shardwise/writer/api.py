@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from shardwise._version import __version__
@@ -186,7 +187,7 @@ class _Coordinator:
                                f"{getattr(recorded, k)!r}" for k in vars(recorded)
                                if getattr(recorded, k) != getattr(msg.entry, k))
             raise CacheError(f"{self.root.name(msg.entry.stem)}: made again with different "
-                             f"bytes ({differ}): the source {self.infos[msg.source].path} "
+                             f"bytes ({differ}): the source {self.infos[msg.source].shown} "
                              "changed since this cache was built; start again with "
                              "overwrite=True (--overwrite), or build into a new directory")
 
@@ -250,7 +251,7 @@ def build(sources: Sequence[str | os.PathLike[str] | Any] | Any, out: str | os.P
         ledger, check = start_ledger(root, manifest, policy, overwrite, depth, storage_options)
         job = Job(root.location, proc, policy, err_mode, manifest.dtype,
                   manifest.tokenizer.vocab_size, records, max_record_bytes, storage_options)
-        coordinator = _run(root, runner, release, job, ledger, check, manifest.sources, progress)
+        coordinator = _run(root, runner, release, job, ledger, check, found, progress)
         return _summary(root, ledger, check, coordinator, time.monotonic() - started,
                         notes=switched_off_notes(getattr(proc, "switched_off", {})))
 
@@ -267,7 +268,8 @@ def _manifest(proc: Processor, policy: ChunkPolicy, infos: list[SourceInfo],
         processor=proc.settings(),
         chunking={"max_docs": policy.max_docs, "max_bytes": policy.max_bytes,
                   "segment_bytes": policy.segment_bytes},
-        sources=infos, on_error=err_mode.value, created_by=f"shardwise {__version__}")
+        sources=[replace(i, path=i.shown) for i in infos],  # read by `found`'s full paths
+        on_error=err_mode.value, created_by=f"shardwise {__version__}")
 
 
 def _run(root: ChunkStore, runner: Executor, release: Callable[[], None], job: Job, ledger: Ledger,

@@ -221,7 +221,7 @@ def _task_error(ray: Any, error: Exception, task: Task, retries: int) -> BaseExc
                                                                      BaseException):
         return error.cause
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return WorkerCrashed(f"the Ray task building {task.info.path} segment {task.seg_index} "
+    return WorkerCrashed(f"the Ray task building {task.info.shown} segment {task.seg_index} "
                          f"failed after {retries} retries ({type(error).__name__}: {first}); "
                          "the ledger is intact: run the same build again to resume")
 

@@ -146,7 +146,7 @@ class SegmentBuilder:
 
     def _check_ids(self, ids: Any, line: int) -> None:
         if len(ids) and (int(np.max(ids)) >= self.job.vocab_size or int(np.min(ids)) < 0):
-            raise ConfigError(f"{self.t.info.path}: a token id in [{int(np.min(ids))}, "
+            raise ConfigError(f"{self.t.info.shown}: a token id in [{int(np.min(ids))}, "
                               f"{int(np.max(ids))}] at line {line + 1} of segment "
                               f"{self.t.seg_index} is outside the vocabulary of "
                               f"{self.job.vocab_size}")
@@ -202,7 +202,7 @@ class SegmentBuilder:
         t = self.t
         stem = chunk_stem(t.source, t.seg_index, self.next_index)
         unit = SourceFormat(t.info.format).unit
-        fields = {"source": t.source, "source_path": t.info.path, "segment": t.seg_index,
+        fields = {"source": t.source, "source_path": t.info.shown, "segment": t.seg_index,
                   "index": self.next_index,
                   "range": SourceRange(unit, p.start, end, p.line_start, line)}
         skipped = _skipped_lines(p.lines, p.line_start, line)
@@ -308,8 +308,8 @@ def _flush(builder: SegmentBuilder, batch: list[Located]) -> None:
         value = loc.value if isinstance(loc.value, InputError) else next(docs)
         if isinstance(value, InputError):
             if not value.path:  # from the processor: add where the record came from
-                value = InputError(f"{t.info.path}:{loc.line + 1}: {value}",
-                                   path=t.info.path, line=loc.line + 1, reason=value.reason)
+                value = InputError(f"{t.info.shown}:{loc.line + 1}: {value}",
+                                   path=t.info.shown, line=loc.line + 1, reason=value.reason)
             builder.count(value, loc)
         else:
             n_docs += 1

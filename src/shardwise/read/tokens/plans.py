@@ -22,6 +22,7 @@ reads, not a map: a builder's peak memory is the int32 lengths, not the file too
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -33,15 +34,19 @@ from numpy.lib import format as npy
 
 from shardwise.concurrency.once import build_once
 from shardwise.errors import CorruptChunkError
-from shardwise.format.atomic import TMP_PREFIX, npy_blocks
+from shardwise.format.atomic import TMP_PREFIX, atomic_write_bytes, npy_blocks
+from shardwise.format.checksum import map_checked_npy
+from shardwise.format.confined import LOCK, open_under
 from shardwise.format.megatron import HEADER_SIZE, read_idx
 from shardwise.plan.doc_shuffle import BLOCK as PLAN_BLOCK
 from shardwise.plan.doc_shuffle import (
     DocShuffleIndex,
+    check_order,
     plan_fingerprint,
     write_doc_shuffle,
 )
 from shardwise.storage.cache_range import DocumentRange
+from shardwise.storage.verifier import VerifiedLog
 
 BLOCK = 1 << 20
 _INT32_MAX = np.iinfo(np.int32).max
@@ -54,15 +59,31 @@ def starts_path(cache: Any, plan_root: Path) -> Path:
     return plan_root / f"{key}.doc_starts.npy"
 
 
+def _sidecar(path: Path) -> Path:
+    """``<key>.doc_starts.json``: the starts file's xxh3-64, published after it."""
+    return path.with_suffix(".json")
+
+
+def checked_here(plan_root: Path) -> VerifiedLog:
+    """The node's record of the plan files checked against their checksums, in
+    ``plan_root/verified/plans.<host>.log`` (the verified-chunks log's machinery: no
+    symlink followed; an entry names the file's inode and mtime, so a file replaced since
+    is hashed again): each file is hashed once per node, not once per process."""
+    return VerifiedLog([(plan_root, "")], "plans")
+
+
 def _load(path: Path, n_docs: int, total: int) -> npt.NDArray[np.int64] | None:
-    """The published starts, memory-mapped; ``None`` if absent; ValueError if damaged."""
-    if not path.exists():
+    """The published starts, memory-mapped once their checksum matches; ``None`` if
+    absent; ValueError if damaged."""
+    sidecar = _sidecar(path)
+    if not sidecar.exists():
         return None
     fix = f"delete {path} to rebuild it"
     try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: cannot be read as .npy ({exc}); {fix}") from exc
+        xxh3 = str(json.loads(sidecar.read_bytes())["xxh3_64"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{sidecar}: unreadable ({exc!r}); {fix}") from exc
+    arr = map_checked_npy(path, xxh3, fix, checked_here(path.parent))
     if arr.dtype != np.int64 or arr.shape != (n_docs + 1,) or arr[0] != 0 or arr[-1] != total:
         raise ValueError(f"{path}: expected int64 of shape ({n_docs + 1},) from 0 to {total}, "
                          f"got {arr.dtype} {arr.shape}; {fix}")
@@ -97,6 +118,7 @@ def _chunk_lengths(cache: Any, c: int, block: int) -> Iterator[npt.NDArray[np.in
 def _build(cache: Any, path: Path, block: int) -> None:
     """Stream every chunk's document lengths, as running sums, into ``path``; a chunk whose
     lengths do not add up to its tokens is refused (its documents would be misplaced)."""
+    _sidecar(path).unlink(missing_ok=True)  # unpublished while rebuilt
     for stale in path.parent.glob(f"{TMP_PREFIX}{path.name}.*"):  # a dead builder's
         stale.unlink(missing_ok=True)
     with npy_blocks(path, np.int64, cache.num_documents + 1) as put:
@@ -117,14 +139,17 @@ def _build(cache: Any, path: Path, block: int) -> None:
                                         f"{carry - first} tokens (negative ones: {negative}), "
                                         f"the cache says {info.tokens}; run 'shardwise "
                                         f"verify {cache.location}'")
+    atomic_write_bytes(_sidecar(path), json.dumps({"xxh3_64": put.xxh3}).encode())
 
 
 def stored_doc_starts(cache: Any, plan_root: Path, *, block: int = BLOCK
                       ) -> npt.NDArray[np.int64]:
     """Start of every stored document (``n_docs + 1`` values), memory-mapped; built once
-    per node (per ``plan_root``) if absent or damaged."""
+    per node (per ``plan_root``) if absent or damaged (its checksum, in
+    ``<key>.doc_starts.json``, checked on every load)."""
     path = starts_path(cache, plan_root)
-    return build_once(path.with_suffix(".lock"),
+    lock = path.with_suffix(".lock")
+    return build_once(lock, open_lock=lambda: open_under(plan_root, lock.name, LOCK),
                       load=lambda: _load(path, cache.num_documents, cache.num_tokens),
                       build=lambda: _build(cache, path, block),
                       what=f"the document starts {path}", damaged=(ValueError,))
@@ -156,6 +181,15 @@ def doc_lengths_from_starts(path: Path, n_docs: int, *, block: int = BLOCK
     return out
 
 
+def _load_plan(directory: Path, fp: str, seed: int, epoch: int) -> DocShuffleIndex | None:
+    """The published plan, its checksums checked (once per node) and its order sampled
+    against the permutation (every load); ``None`` if absent; ValueError if damaged."""
+    index = DocShuffleIndex.load(directory, fp, checked_here(directory))
+    if index is None:
+        return None
+    return check_order(index, seed=seed, epoch=epoch, where=directory / fp)
+
+
 def load_or_build(directory: Path, key_fields: Mapping[str, Any],
                   doc_lengths: Callable[[], npt.ArrayLike], *, seed: int, epoch: int,
                   seq_len: int, drop_last: bool, block: int = PLAN_BLOCK,
@@ -181,7 +215,8 @@ def load_or_build(directory: Path, key_fields: Mapping[str, Any],
     fp = plan_fingerprint(key)
     directory = Path(directory)
     return build_once(
-        directory / f"{fp}.lock", load=lambda: DocShuffleIndex.load(directory, fp),
+        directory / f"{fp}.lock", open_lock=lambda: open_under(directory, f"{fp}.lock", LOCK),
+        load=lambda: _load_plan(directory, fp, seed, epoch),
         build=lambda: write_doc_shuffle(directory, fp, doc_lengths(), seed=seed, epoch=epoch,
                                         seq_len=seq_len, drop_last=drop_last, block=block,
                                         progress=progress),

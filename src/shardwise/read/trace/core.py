@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from shardwise.errors import ConfigError
+from shardwise.format.paths import redact_url
 from shardwise.plan.skips import skipped_in
 from shardwise.plan.stream import rank_example_to_global
 from shardwise.read.config import ReadConfig, ReaderKind, check_state
@@ -205,7 +206,8 @@ class Tracer:
 
     def summary(self) -> dict[str, Any]:
         c = self.config
-        return {"reader": c.reader.value, "sources": c.sources(), "seq_len": c.seq_len,
+        sources = {name: redact_url(path) for name, path in c.sources().items()}
+        return {"reader": c.reader.value, "sources": sources, "seq_len": c.seq_len,
                 "global_batch_size": c.global_batch_size,
                 "micro_batch_size": c.micro_batch_size, "world_size": c.world_size,
                 "skip": [list(r) for r in c.skip]}
@@ -272,7 +274,7 @@ def _source_file(docs: Documents, c: int) -> str:
     m, info = docs.cache.manifest, docs.cache.chunks[c]
     if m is None:
         return f"{info.base}.bin"
-    return m.sources[info.source].path
+    return m.sources[info.source].shown
 
 
 def trace(config: ReadConfig, step: int, **kwargs: Any) -> StepTrace:

@@ -181,7 +181,7 @@ class Documents:
         seg = self._segments()[info.stem]
         fmt = m.sources[info.source].format
         unit = "row" if fmt in IMPORTED_FORMATS else SourceFormat(fmt).unit
-        here = Where(m.sources[info.source].path, info.stem, unit, seg.start, seg.stop)
+        here = Where(m.sources[info.source].shown, info.stem, unit, seg.start, seg.stop)
         if seg.clean:  # every line of the segment is a document: no chunk metadata needed
             x: int | None = seg.docs_before + k
         else:
