@@ -33,7 +33,6 @@ State keys: ``kind``, ``version``, ``fingerprint``, ``consumed``, ``config``, ``
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -43,9 +42,9 @@ import numpy as np
 from shardwise.checkpoint import SKIP_KEY, Configured, LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, MissingExtraError, StateError
 from shardwise.integrations.guards import refuse_bare_lightning
+from shardwise.integrations.torch_indices import PlacedSampler, _Indices
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import refuse_epoch_view
-from shardwise.read.guard import refuse_framework_sharding
 from shardwise.read.rows import stacked
 from shardwise.read.sampler import BatchSampler, SamplerKind, skip_from_steps
 from shardwise.world import World
@@ -58,7 +57,6 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
     raise MissingExtraError("shardwise.torch needs PyTorch: pip install 'shardwise[torch]'"
                             ) from e
 
-MAX_LOOK_AHEAD = 1024  # micro-batches whose indices the adaptive look-ahead holds at most
 
 
 def _register_iterables() -> None:
@@ -86,69 +84,6 @@ def collate(data: Any) -> Any:
     return default_collate(data)
 
 
-def look_ahead(batches: Iterator[list[int]], prefetch: Callable[[list[int]], bool | None],
-               ahead: int | None) -> Iterator[list[int]]:
-    """``batches`` unchanged, with ``prefetch(batch)`` called before each is handed on, so
-    its chunks download while earlier batches are read.
-
-    ``ahead`` batches early (a fixed look-ahead)::
-
-        ahead=2:  prefetch b0, b1, b2 → yield b0 → prefetch b3 → yield b1 → …
-
-    or, ``ahead=None``, as early as the cache asks: ``prefetch`` returns True while the
-    cache's downloads ahead are fewer than its measured latency and reading pace need
-    (:mod:`shardwise.storage.prefetch`), and then the next batch is prefetched before
-    one is handed on; so the window grows until the latency is hidden (or ``local_bytes``
-    is reached), and stays there (at most :data:`MAX_LOOK_AHEAD` batches)::
-
-        wants more: prefetch b0 → prefetch b1 → prefetch b2 (enough) → yield b0 →
-                    prefetch b3 (enough) → yield b1 → prefetch b4 (wants more) → …
-    """
-    window: collections.deque[list[int]] = collections.deque()
-    for batch in batches:
-        more = prefetch(batch)
-        window.append(batch)
-        if ahead is not None:
-            if len(window) > ahead:
-                yield window.popleft()
-        elif not more or len(window) > MAX_LOOK_AHEAD:
-            yield window.popleft()
-    yield from window
-
-
-class _Indices:
-    """The batch sampler handed to torch: a mutable holder, so a restored position takes
-    effect on the next ``iter()`` (also with persistent workers). ``prefetch`` (a
-    dataset's, for a cache on an object store) sees each batch ``ahead`` batches early
-    (None: as early as the cache asks; 0: never)."""
-
-    def __init__(self, sampler: BatchSampler,
-                 prefetch: Callable[[list[int]], bool | None] | None = None,
-                 ahead: int | None = 0) -> None:
-        self.sampler = sampler
-        self.start = sampler.consumed
-        self.received = 0  # micro-batches handed to the caller since ``start``
-        self.prefetch, self.ahead = prefetch, ahead
-        self.stopped = False  # set to end the current index stream early (see _drain)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        refuse_framework_sharding("a shardwise loader's batch sampler")
-        self.stopped = False
-        batches = iter(self.sampler)
-        if self.prefetch is not None and self.ahead != 0:
-            batches = look_ahead(batches, self.prefetch, self.ahead)
-        return self._until_stopped(batches)
-
-    def _until_stopped(self, batches: Iterator[list[int]]) -> Iterator[list[int]]:
-        for batch in batches:
-            if self.stopped:
-                return
-            yield batch
-
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-
 class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
     """A DataLoader over this rank's micro-batches; iterate it, checkpoint it, restore it.
 
@@ -163,8 +98,20 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
         # the position lives on this plain object: DataLoader.__setattr__ runs Python
         # checks on every attribute set, which would cost each step
         self._indices = _Indices(sampler, getattr(dataset, "prefetch", None), look_ahead)
+        self._placed = PlacedSampler(self._indices)
         super().__init__(dataset, batch_sampler=self._indices,
                          collate_fn=collate if collate_fn is None else collate_fn, **kwargs)
+
+    @property  # type: ignore[override]
+    def sampler(self) -> PlacedSampler:
+        """This rank's placed indices (:class:`PlacedSampler`): a framework that would
+        inject a distributed sampler sees the loader is placed already."""
+        return self._placed
+
+    @sampler.setter
+    def sampler(self, value: Any) -> None:
+        """DataLoader's ``__init__`` sets its default sampler; this loader's is its
+        placement, so the default is not kept."""
 
     @property
     def consumed(self) -> int:
