@@ -56,12 +56,20 @@ INTEGRATIONS: dict[str, str | None] = {
     # Lightning's DDP: shardwise.lightning.loader + TrainedPosition (iterable readers: their
     # DataLoader, which Lightning leaves alone)
     "lightning": "shardwise.integrations.lightning",
+    # torchtitan: ShardwiseDataLoader built from its config (iterable readers: titan's own
+    # ParallelAwareDataloader, which leaves placement to them)
+    "torchtitan": "shardwise.integrations.torchtitan",
+    # Lightning Fabric DDP: setup_dataloaders over litgpt's ShardwiseData loader (iterable
+    # readers: their DataLoader)
+    "fabric": "shardwise.integrations.litgpt",
 }
 # modules placed through another row, with where their multi-rank runs are checked
 NOT_A_ROW = {"shardwise.integrations.megatron": "builds shardwise.torch.loader; "
              "tests/distributed/test_megatron_train.py runs Megatron's own code",
              "shardwise.integrations.megatron_loader": "builds shardwise.torch.loader; "
              "tests/distributed/test_megatron_train.py runs Megatron's own code",
+             "shardwise.integrations.torch_indices": "the torch loader's index stream "
+             "and sampler: the 'torch', 'fabric' and 'torchtitan' rows",
              "shardwise.integrations.guards": "no loader: the frameworks' wrappers every "
              "reader refuses; tests/integrations/test_hf_trainer.py (accelerate, torchrun), "
              "test_trl.py, test_lightning_bare.py, tests/test_framework_seam.py"}
