@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from shardwise.errors import ConfigError, MissingExtraError
-from shardwise.integrations.torch import ShardwiseLoader, loader
+from shardwise.integrations.torch import loader
+from shardwise.integrations.torch_indices import PlacedLoader, PlacedSampler, _Indices
 from shardwise.read.rows import stacked
 from shardwise.read.sampler import BatchSampler
 from shardwise.world import World
@@ -43,6 +44,7 @@ try:
     import torch
     from litgpt.data import DataModule
     from litgpt.tokenizer import Tokenizer
+    from torch.utils.data import DataLoader
 except ImportError as e:  # pragma: no cover - exercised only without litgpt
     raise MissingExtraError("shardwise.litgpt needs litgpt: pip install 'shardwise[litgpt]'"
                             ) from e
@@ -65,13 +67,16 @@ def windows(data: Any) -> torch.Tensor:
     return torch.from_numpy(np.concatenate([ids, labels[:, -1:]], axis=1))
 
 
-class _Passes(ShardwiseLoader):
-    """A loader whose every ``iter()`` is a new pass from the start (litgpt validates
-    with the same loader again and again, and breaks after ``eval.max_iters``)."""
+class _Passes(PlacedLoader, DataLoader):  # type: ignore[type-arg,misc]
+    """litgpt's val loader: every ``iter()`` is a new pass from the start (litgpt
+    validates with the same loader again and again, and breaks after ``eval.max_iters``),
+    so it keeps no position (not a resumable loader); placed as a ShardwiseLoader is."""
 
-    def __iter__(self) -> Any:
-        self._restart(0)
-        return super().__iter__()
+    def __init__(self, dataset: Any, batches: BatchSampler, num_workers: int) -> None:
+        indices = _Indices(batches)  # restarts at the sampler's consumed (0) each iter()
+        self._placed = PlacedSampler(indices)
+        super().__init__(dataset, batch_sampler=indices, collate_fn=windows,
+                         num_workers=num_workers)
 
 
 @dataclass
@@ -114,7 +119,7 @@ class ShardwiseData(DataModule):  # type: ignore[misc]
         return TokenDataset(str(path), seq_len=self.seq_length, seed=self.seed,
                             shuffle=self.shuffle if train else "none")
 
-    def loader(self, dataset: Any, *, train: bool = True) -> ShardwiseLoader:
+    def loader(self, dataset: Any, *, train: bool = True) -> DataLoader:  # type: ignore[type-arg]
         """This rank's loader over ``dataset`` in litgpt's batch format: endless for
         training, one pass per ``iter()`` for validation."""
         m, world = self.batch_size, World.detect()
@@ -123,13 +128,12 @@ class ShardwiseData(DataModule):  # type: ignore[misc]
                           world=world, collate_fn=windows, num_workers=self.num_workers)
         run = len(dataset) - len(dataset) % (m * world.size)
         return _Passes(dataset, BatchSampler(len(dataset), m * world.size, m, world,
-                                             total=run),
-                       collate_fn=windows, num_workers=self.num_workers)
+                                             total=run), self.num_workers)
 
-    def train_dataloader(self) -> ShardwiseLoader:
+    def train_dataloader(self) -> DataLoader:  # type: ignore[type-arg]
         return self.loader(self.dataset(True))
 
-    def val_dataloader(self) -> ShardwiseLoader:
+    def val_dataloader(self) -> DataLoader:  # type: ignore[type-arg]
         return self.loader(self.dataset(False), train=False)
 
 

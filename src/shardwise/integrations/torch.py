@@ -42,7 +42,7 @@ import numpy as np
 from shardwise.checkpoint import SKIP_KEY, Configured, LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, MissingExtraError, StateError
 from shardwise.integrations.guards import refuse_bare_lightning
-from shardwise.integrations.torch_indices import PlacedSampler, _Indices
+from shardwise.integrations.torch_indices import PlacedLoader, PlacedSampler, _Indices
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import refuse_epoch_view
 from shardwise.read.rows import stacked
@@ -84,7 +84,7 @@ def collate(data: Any) -> Any:
     return default_collate(data)
 
 
-class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
+class ShardwiseLoader(PlacedLoader, Resumable, DataLoader):  # type: ignore[type-arg,misc]
     """A DataLoader over this rank's micro-batches; iterate it, checkpoint it, restore it.
 
     Every ``iter()`` continues from the current position (the number of examples of the
@@ -101,17 +101,6 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
         self._placed = PlacedSampler(self._indices)
         super().__init__(dataset, batch_sampler=self._indices,
                          collate_fn=collate if collate_fn is None else collate_fn, **kwargs)
-
-    @property  # type: ignore[override]
-    def sampler(self) -> PlacedSampler:
-        """This rank's placed indices (:class:`PlacedSampler`): a framework that would
-        inject a distributed sampler sees the loader is placed already."""
-        return self._placed
-
-    @sampler.setter
-    def sampler(self, value: Any) -> None:
-        """DataLoader's ``__init__`` sets its default sampler; this loader's is its
-        placement, so the default is not kept."""
 
     @property
     def consumed(self) -> int:

@@ -109,4 +109,21 @@ class PlacedSampler(DistributedSampler):  # type: ignore[type-arg]
         self.epoch = epoch
 
 
-__all__ = ["MAX_LOOK_AHEAD", "PlacedSampler", "look_ahead"]
+class PlacedLoader:
+    """Mixin of a ``DataLoader`` walking an ``_Indices`` batch sampler: its ``sampler`` is
+    that placement (``self._placed``, a :class:`PlacedSampler`), so a framework that would
+    inject a distributed sampler sees the loader is placed already."""
+
+    _placed: PlacedSampler
+
+    @property
+    def sampler(self) -> PlacedSampler:
+        return self._placed
+
+    @sampler.setter
+    def sampler(self, value: object) -> None:
+        """DataLoader's ``__init__`` sets its default sampler; this loader's is its
+        placement, so the default is not kept."""
+
+
+__all__ = ["MAX_LOOK_AHEAD", "PlacedLoader", "PlacedSampler", "look_ahead"]
