@@ -31,8 +31,19 @@ it back, so a checkpoint taken on 2 ranks resumes on 2 or on 1 (or 4), continuin
 global order. The position counts micro-batches titan *received*: titan fetches one per
 micro-step and checkpoints after the step, so the saved state is what was trained on.
 
-To read something else than one cache (a Blend, other reader options), subclass and
-override :meth:`ShardwiseDataLoader.dataset`.
+To read something else than one cache (a Blend, other reader options), subclass,
+override :meth:`ShardwiseDataLoader.dataset`, and give the subclass its own ``Config``
+(titan builds the class that declares the ``Config``)::
+
+    class BlendLoader(ShardwiseDataLoader):
+        @dataclass(kw_only=True, slots=True)
+        class Config(ShardwiseDataLoader.Config):
+            weights: list[float] = field(default_factory=lambda: [0.7, 0.3])
+
+        def dataset(self, config, seq_len):
+            parts = [TokenDataset(p, seq_len=seq_len, seed=config.seed)
+                     for p in config.dataset_path.split(",")]
+            return Blend(parts, config.weights, seed=config.seed)
 """
 
 from __future__ import annotations
@@ -42,7 +53,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardwise.errors import MissingExtraError
+from shardwise.errors import ConfigError, MissingExtraError
 from shardwise.integrations.torch import loader
 from shardwise.world import World
 
@@ -102,6 +113,9 @@ class ShardwiseDataLoader(BaseDataLoader):
         the loader places it)."""
         from shardwise.read.tokens.dataset import TokenDataset
 
+        if not config.dataset_path:
+            raise ConfigError("ShardwiseDataLoader.Config needs dataset_path= (the cache: a "
+                              "directory, a Megatron prefix or a bucket URL)")
         return TokenDataset(str(config.dataset_path), seq_len=seq_len, seed=config.seed,
                             shuffle=config.shuffle)
 
