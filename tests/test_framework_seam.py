@@ -69,8 +69,8 @@ def test_every_framework_guard_is_registered_by_import_shardwise_alone() -> None
     """A program that never imports an integration (a stock HF Trainer / accelerate /
     Lightning / TRL user) gets every guard: the front door registers them."""
     code = ("import shardwise.read.guard as g, shardwise.integrations.guards as i; "
-            "assert set(g.GUARDS) == {w.name for w in i.WRAPPERS} | "
-            "{t.qualname for t in i.TRAINERS}, sorted(g.GUARDS)")
+            "assert set(g.GUARDS) == {g.guard_key(x) for x in (*i.WRAPPERS, *i.TRAINERS, "
+            "*i.UNPLACED_FIXES)}, sorted(g.GUARDS)")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -116,7 +116,7 @@ def test_a_registered_wrapper_is_refused_by_a_reader(tmp_path: Path) -> None:
 
 
 FRONT_DOORS = {"__init__.py", "torch.py", "hf.py", "lightning.py", "torchdata.py",
-               "megatron.py", "olmo.py", "grain.py"}
+               "torchtitan.py", "litgpt.py", "megatron.py", "olmo.py", "grain.py"}
 PACKAGE = Path(shardwise.__file__).parent
 TESTS = Path(__file__).resolve().parent
 

@@ -44,10 +44,12 @@ LAYERS = [
 RANK: dict[str, float] = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 RANK["torch"] = RANK["hf"] = RANK["torchdata"] = RANK["integrations"]
 RANK["megatron"] = RANK["lightning"] = RANK["olmo"] = RANK["grain"] = RANK["integrations"]
+RANK["torchtitan"] = RANK["litgpt"] = RANK["integrations"]
 FRONT_DOOR = RANK["testing"] + 0.5  # `from shardwise import TokenDataset`
 PACKAGE = Path(shardwise.__file__).parent
 # the package's front door and the `shardwise.torch` shortcut sit above every layer
 EXEMPT = {"__init__", "torch", "hf", "torchdata", "megatron", "lightning", "olmo", "grain",
+          "torchtitan", "litgpt",
           "__main__"}
 
 

@@ -76,6 +76,17 @@ class World:
             return cls(rank, size, local_rank, local_size)
         return cls()
 
+    @staticmethod
+    def job_size() -> int:
+        """The number of ranks :meth:`detect` would say, without building a World: cheap
+        enough for a check on every read (a map-style reader asked for examples outside
+        shardwise's placement, :func:`shardwise.read.guard.refuse_unplaced`)."""
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_world_size())
+        size = _env_int("WORLD_SIZE")
+        return size if size is not None and _env_int("RANK") is not None else 1
+
     @classmethod
     def single(cls) -> World:
         """Rank 0 of 1 *on purpose*: this process reads all the data even inside a larger

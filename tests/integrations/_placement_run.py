@@ -163,6 +163,72 @@ def lightning(spec: dict[str, Any]) -> dict[str, np.ndarray]:
     return seen
 
 
+def torchtitan(spec: dict[str, Any]) -> dict[str, np.ndarray]:
+    """torchtitan: a sampler-placed reader through ``ShardwiseDataLoader`` (built by its
+    config, as titan's trainer builds it; a subclass reads the row's reader), an iterable
+    one through titan's own ``ParallelAwareDataloader`` (it places itself)."""
+    from dataclasses import dataclass
+
+    from torchtitan.components.dataloader import ParallelAwareDataloader
+
+    from shardwise.integrations.torchtitan import ShardwiseDataLoader
+
+    class Reading(ShardwiseDataLoader):
+        @dataclass(kw_only=True, slots=True)
+        class Config(ShardwiseDataLoader.Config):
+            pass
+
+        reader: Any = None  # the row's reader
+
+        def dataset(self, config: Any, seq_len: int) -> Any:
+            return self.reader
+
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo")
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    seen = {}
+    for name, reader in READERS.items():
+        ds = reader.make(spec["data"], True)
+        if reader.iterable:
+            batches = (b["input_ids"] for b in ParallelAwareDataloader(
+                ds, dp_rank=rank, dp_world_size=world, batch_size=MICRO, collate_fn=collate))
+        else:
+            Reading.reader = ds
+            dl = Reading.Config().build(dp_world_size=world, dp_rank=rank, seq_len=SEQ_LEN,
+                                        local_batch_size=MICRO)
+            batches = (inputs["input"] for inputs, _ in dl)
+        seen[name] = np.stack([next(batches).numpy().copy()
+                               for _ in range(STEPS * ACCUMULATION)])
+    return seen
+
+
+def fabric(spec: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Lightning Fabric DDP (the launch's process group reused): ``setup_dataloaders`` over
+    litgpt's data module's loader (windows of ``seq_len + 1``) for a sampler-placed reader,
+    over a plain ``DataLoader`` for an iterable one."""
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    from shardwise.integrations.litgpt import ShardwiseData
+
+    f = L.Fabric(accelerator="cpu", devices=int(os.environ["WORLD_SIZE"]), strategy="ddp")
+    f.launch()
+    data = ShardwiseData()
+    data.connect(batch_size=MICRO, max_seq_length=SEQ_LEN)
+    seen = {}
+    for name, reader in READERS.items():
+        ds = reader.make(spec["data"], True)
+        dl = f.setup_dataloaders(DataLoader(ds, batch_size=MICRO, collate_fn=collate)
+                                 if reader.iterable else data.loader(ds))
+        it = iter(dl)
+        rows = []
+        for _ in range(STEPS * ACCUMULATION):
+            b = next(it)
+            rows.append((b["input_ids"] if isinstance(b, dict) else b[:, :-1]).numpy().copy())
+        seen[name] = np.stack(rows)
+    return seen
+
+
 def trainer(spec: dict[str, Any], trl: bool = False) -> dict[str, np.ndarray]:
     """ShardwiseTrainer (``trl``: TRL's SFTTrainer with the mixin): train ``STEPS`` steps on
     each reader, then evaluate and predict its eval form; rank 0 records what
@@ -243,6 +309,8 @@ def main(spec: dict[str, Any]) -> None:
         try:
             seen = (trainer(one, trl=integration == "trl") if integration in ("trainer", "trl")
                     else lightning(one) if integration == "lightning"
+                    else torchtitan(one) if integration == "torchtitan"
+                    else fabric(one) if integration == "fabric"
                     else read(one, integration))
         except Exception:
             (record / f"error.r{rank}.txt").write_text(traceback.format_exc())

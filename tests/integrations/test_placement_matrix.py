@@ -61,6 +61,12 @@ INTEGRATIONS: dict[str, str | None] = {
     # OLMo-core's data loader: ShardwiseDataLoader, each rank batch split into micro-steps
     # as OLMo's train module splits it (rank_microbatch_size)
     "olmo": "shardwise.integrations.olmo",
+    # torchtitan: ShardwiseDataLoader built from its config (iterable readers: titan's own
+    # ParallelAwareDataloader, which leaves placement to them)
+    "torchtitan": "shardwise.integrations.torchtitan",
+    # Lightning Fabric DDP: setup_dataloaders over litgpt's ShardwiseData loader (iterable
+    # readers: their DataLoader)
+    "fabric": "shardwise.integrations.litgpt",
 }
 # modules placed through another row, with where their multi-rank runs are checked
 NOT_A_ROW = {"shardwise.integrations.megatron": "builds shardwise.torch.loader; "
@@ -74,6 +80,8 @@ NOT_A_ROW = {"shardwise.integrations.megatron": "builds shardwise.torch.loader; 
              "shardwise.integrations.grain": "no loader: a Grain transformation (batched "
              "reads); Grain places by its own slicing (ds[rank::world]): "
              "tests/integrations/test_grain.py",
+             "shardwise.integrations.torch_indices": "the torch loader's index stream "
+             "and sampler: the 'torch', 'fabric' and 'torchtitan' rows",
              "shardwise.integrations.guards": "no loader: the frameworks' wrappers every "
              "reader refuses; tests/integrations/test_hf_trainer.py (accelerate, torchrun), "
              "test_trl.py, test_lightning_bare.py, tests/test_framework_seam.py"}

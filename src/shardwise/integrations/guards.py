@@ -7,8 +7,12 @@ sampler's batches over the ranks, ``IterableDatasetShard`` makes every rank read
 and keep ``1/R``, ``DataLoaderDispatcher`` reads on rank 0 and scatters, and
 ``SkipBatchSampler`` replays a run by skipping batches. torch's ``DistributedSampler`` splits
 indices over the ranks. TRL's ``SFTTrainer`` type-checks (and would prepare) the dataset
-before anything of ours runs. Lightning's fetchers read a micro-batch ahead of the step they
-train (:func:`refuse_bare_lightning`, called by shardwise's own loaders).
+before anything of ours runs. A framework's own loader over a map-style reader (torchtitan's
+``ParallelAwareDataloader``, a plain DataLoader) deals every rank the same indices: the
+reader refuses that by itself (``read/guard.PlacedByLoader``); ``UNPLACED_FIXES`` only name
+each framework's shardwise integration in its message. Lightning's fetchers read a
+micro-batch ahead of the step they train (:func:`refuse_bare_lightning`, called by
+shardwise's own loaders).
 
 :func:`register_framework_guards` is called by ``import shardwise`` (the front door), so
 every program that reads through shardwise is guarded whether or not it imports an
@@ -18,7 +22,13 @@ integration (contract 7). Nothing here imports a framework: classes are matched 
 from __future__ import annotations
 
 from shardwise.errors import ConfigError
-from shardwise.read.guard import ForeignTrainer, Wrapper, caller_classes, register_guard
+from shardwise.read.guard import (
+    ForeignTrainer,
+    UnplacedFix,
+    Wrapper,
+    caller_classes,
+    register_guard,
+)
 
 FIX = ("use shardwise.hf.ShardwiseTrainer (or ShardwiseTrainerMixin) with HF Trainer; with "
        "accelerate, do not pass a shardwise loader or reader through accelerator.prepare() "
@@ -54,11 +64,24 @@ WRAPPERS = (
 )
 TRAINERS = (ForeignTrainer("SFTTrainer.__init__", "trl", TRAINER_FIX),
             ForeignTrainer("SFTTrainer._prepare_dataset", "trl", TRAINER_FIX))
+# where a framework's own loader would walk a map-style reader unplaced (every rank the
+# same indices), the shardwise integration to use instead
+UNPLACED_FIXES = (
+    UnplacedFix("torchdata", "StatefulDataLoader(ds, batch_sampler="
+                "shardwise.torchdata.batch_sampler(ds, ...))"),
+    UnplacedFix("torchtitan", "shardwise.torchtitan.ShardwiseDataLoader.Config as "
+                "the trainer's dataloader config (its ParallelAwareDataloader does not "
+                "place a map-style dataset)"),
+    UnplacedFix("Lightning Fabric / litgpt", "fabric.setup_dataloaders("
+                "shardwise.torch.loader(ds, ...)), or shardwise.litgpt.ShardwiseData as "
+                "litgpt's data module"),
+    UnplacedFix("HF Trainer", "shardwise.hf.ShardwiseTrainer"),
+)
 
 
 def register_framework_guards() -> None:
     """Register every framework guard above (again: a no-op)."""
-    for guard in (*WRAPPERS, *TRAINERS):
+    for guard in (*WRAPPERS, *TRAINERS, *UNPLACED_FIXES):
         register_guard(guard)
 
 
@@ -85,5 +108,5 @@ def refuse_bare_lightning(what: str) -> None:
                 "shardwise.lightning.TrainedPosition() to the Trainer's callbacks")
 
 
-__all__ = ["FIX", "LIGHTNING_FETCHERS", "TRAINERS", "TRAINER_FIX", "WRAPPERS",
+__all__ = ["FIX", "LIGHTNING_FETCHERS", "TRAINERS", "TRAINER_FIX", "UNPLACED_FIXES", "WRAPPERS",
            "refuse_bare_lightning", "register_framework_guards"]

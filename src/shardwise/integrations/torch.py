@@ -44,6 +44,7 @@ from shardwise.checkpoint import LoaderState, Resumable
 from shardwise.errors import MissingExtraError
 from shardwise.integrations.guards import refuse_bare_lightning
 from shardwise.integrations.torch_batches import arrays, collate, pin
+from shardwise.integrations.torch_indices import PlacedLoader, PlacedSampler
 from shardwise.read.examples import Output, with_output
 from shardwise.read.loader import Loader, ahead_count, describe_line, plan_sampler
 from shardwise.read.sampler import BatchSampler
@@ -71,7 +72,7 @@ def _register_iterables() -> None:
 _register_iterables()
 
 
-class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
+class ShardwiseLoader(PlacedLoader, Resumable, DataLoader):  # type: ignore[type-arg,misc]
     """A DataLoader over this rank's micro-batches; iterate it, checkpoint it, restore it.
 
     Every ``iter()`` continues from the current position (the number of examples of the
@@ -88,6 +89,7 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
         # the core lives on this plain attribute: DataLoader.__setattr__ runs Python checks
         # on every attribute set, which would cost each step
         self._core = Loader(dataset, sampler, look_ahead=look_ahead)
+        self._placed = PlacedSampler(self._core.indices)
         fn = collate if collate_fn is None else collate_fn
         # workers send numpy arrays (one message) to a collate that takes them: it runs here
         self._here = (fn if kwargs.get("num_workers", 0) > 0

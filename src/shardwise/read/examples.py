@@ -57,7 +57,9 @@ def check_same_layout(parts: list[Any], names: list[str]) -> None:
                           f"every part must emit {NEXT_TOKEN!r} labels (shardwise readers "
                           "do; wrap a foreign dataset to shift its labels and set "
                           "label_convention = 'next_token')")
-    firsts = {n: p[0] for p, n in zip(parts, names, strict=True)
+    from shardwise.read.rows import own_example
+
+    firsts = {n: own_example(p, 0) for p, n in zip(parts, names, strict=True)
               if hasattr(p, "__getitem__") and hasattr(p, "__len__") and len(p)}
     keys = {n: sorted(x) for n, x in firsts.items() if isinstance(x, Mapping)}
     if len({tuple(k) for k in keys.values()}) > 1:

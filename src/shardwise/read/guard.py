@@ -6,9 +6,9 @@ it is given again, reads it on one rank and scatters, or replays a run by skippi
 silently drops (or funnels) data over such a reader; a trainer that accepts only its own
 dataset types fails naming no fix. Which classes those are, what each does and what to do
 instead is framework knowledge: it lives in :mod:`shardwise.integrations.guards`, which
-registers :class:`Wrapper` and :class:`ForeignTrainer` entries here when ``shardwise`` is
-imported (the front door registers them, so a user who never imports ``shardwise.hf`` is
-refused all the same, contract 7). This module knows only the mechanism:
+registers :class:`Wrapper`, :class:`ForeignTrainer` and :class:`UnplacedFix` entries here
+when ``shardwise`` is imported (the front door registers them, so a user who never
+imports ``shardwise.hf`` is refused all the same, contract 7). This module knows only the mechanism:
 
 - :func:`refuse_framework_sharding`, called as an iteration starts, looks up the Python call
   stack (a few frames, once per ``iter()``, never per example) for a frame of a registered
@@ -16,7 +16,18 @@ refused all the same, contract 7). This module knows only the mechanism:
 - :func:`refuse_sharding_sampler`, called from a map-style reader's ``__len__`` (every
   sampler asks it), does the same for a registered sampler that draws from the reader;
 - :class:`GuardedReader`, the base of every reader, refuses a registered trainer's failed
-  ``isinstance`` check on it.
+  ``isinstance`` check on it;
+- :class:`PlacedByLoader`, the base of the map-style readers whose indices are positions of
+  the one global order (TokenDataset, Blend), refuses, in a job of more than one rank,
+  examples asked for with indices that no shardwise placement dealt (:class:`Placed`).
+
+The last one needs no registry and no frame walk: it goes by what happens. A sampler that
+is not shardwise's (a DataLoader's own, torchtitan's ``ParallelAwareDataloader``'s, any
+framework's that expects the dataset to shard itself) deals every rank the same indices
+of the global order, so every rank would train on the same examples. shardwise's
+placement (:class:`~shardwise.read.sampler.BatchSampler`, under every shardwise loader)
+hands the reader :class:`Placed` lists; anything else is refused on its first read, in
+the process that reads (a DataLoader worker too: a ``Placed`` list pickles as itself).
 
 Detection point: the wrapper is on the stack when it starts iterating what it wraps (a
 sharding batch sampler's ``__iter__`` → our batch sampler's ``__iter__``; a sharding
@@ -33,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardwise.errors import ConfigError
+from shardwise.world import World
 
 MAX_FRAMES = 24
 SHARDS_AGAIN = ("shards it a second time (shardwise readers already serve this rank's "
@@ -67,21 +79,39 @@ class ForeignTrainer:
     fix: str
 
 
-GUARDS: dict[str, Wrapper | ForeignTrainer] = {}
+@dataclass(frozen=True)
+class UnplacedFix:
+    """How to walk a :class:`PlacedByLoader` reader inside ``framework`` (its shardwise
+    integration), named when such a reader is asked for unplaced examples."""
+
+    framework: str  # "torchtitan"
+    fix: str  # "shardwise.torchtitan.ShardwiseDataLoader as the job's dataloader"
+
+
+GUARDS: dict[str, Wrapper | ForeignTrainer | UnplacedFix] = {}
 """The registry, by class name (a wrapper) or qualified name (a trainer's method): the one
 piece of module state here, filled by :mod:`shardwise.integrations.guards`."""
 
 
-def register_guard(guard: Wrapper | ForeignTrainer,
-                   guards: dict[str, Wrapper | ForeignTrainer] | None = None) -> None:
+def register_guard(guard: Wrapper | ForeignTrainer | UnplacedFix,
+                   guards: dict[str, Wrapper | ForeignTrainer | UnplacedFix] | None = None
+                   ) -> None:
     """Refuse readers to ``guard`` from now on; registering the same entry again is a no-op,
     another entry under a taken name is refused."""
     known = GUARDS if guards is None else guards
-    key = guard.name if isinstance(guard, Wrapper) else guard.qualname
+    key = guard_key(guard)
     if known.get(key, guard) != guard:
         raise ConfigError(f"a guard for {key!r} is already registered ({known[key]!r}); "
                           "register each framework class once")
     known[key] = guard
+
+
+def guard_key(guard: Wrapper | ForeignTrainer | UnplacedFix) -> str:
+    """Where :data:`GUARDS` keeps ``guard``: a wrapper's class name, a trainer method's
+    qualified name, ``"unplaced:<framework>"`` for an :class:`UnplacedFix`."""
+    if isinstance(guard, Wrapper):
+        return guard.name
+    return guard.qualname if isinstance(guard, ForeignTrainer) else f"unplaced:{guard.framework}"
 
 
 def wrappers(*, samplers: bool = False) -> dict[str, Wrapper]:
@@ -256,6 +286,60 @@ class GuardedReader:
         return type(self)
 
 
+class Placed(list):  # type: ignore[type-arg]
+    """Example indices dealt to this rank by shardwise's placement (a
+    :class:`~shardwise.read.sampler.BatchSampler` micro-batch): the mark a
+    :class:`PlacedByLoader` reader looks for in a job of more than one rank. A list, so
+    torch's and torchdata's fetchers hand it on as it is, and it pickles as itself into
+    DataLoader workers."""
+
+    __slots__ = ()
+
+
+class PlacedByLoader:
+    """Base of a map-style reader whose indices are positions of the one global order
+    (TokenDataset, a Blend of them): the loader that walks it places it. In a job of more
+    than one rank (:meth:`World.job_size`, or a multi-rank ``world=`` given), a read whose
+    indices are not :class:`Placed` raises; ``world=World.single()`` opts one reader out
+    (this process reads what it asks for, on purpose). The check costs a type test per
+    read, plus one look at the job size for an unmarked read."""
+
+    _world: World | None = None
+
+    def _bind_world(self, world: World | None) -> None:
+        if world is not None and not isinstance(world, World):
+            raise ConfigError(f"world must be a shardwise.World, got {type(world).__name__}")
+        self._world = world
+
+    def check_placed(self, indices: object) -> None:
+        """Raise if ``indices`` were not dealt by shardwise's placement in a multi-rank
+        job (see the class docs)."""
+        if type(indices) is Placed:
+            return
+        given = self._world
+        if given is not None and given.deliberate:
+            return
+        if max(World.job_size(), 1 if given is None else given.size) > 1:
+            raise ConfigError(_unplaced_message(self, indices, given))
+
+
+def _unplaced_message(reader: object, indices: object, given: World | None) -> str:
+    shown = list(indices)[:8] if isinstance(indices, list | tuple | range) else indices
+    world = given if given is not None and given.size > 1 else World.detect()
+    fixes = "; ".join(f"{g.framework}: {g.fix}" for g in GUARDS.values()
+                      if isinstance(g, UnplacedFix))
+    return (f"{type(reader).__name__} was asked for examples {shown!r} by a sampler that "
+            f"is not shardwise's, in a job of {world.size} ranks (this process is "
+            f"{world}). A map-style shardwise reader is placed by the loader that walks "
+            "it; any other sampler (a DataLoader's own, or a framework's that expects the "
+            "dataset to shard itself) asks every rank for the same indices, so every rank "
+            "would train on the same examples. Walk it with shardwise's placement, which "
+            "gives each rank its own slice of each global batch: shardwise.torch.loader(ds,"
+            " global_batch_size=..., micro_batch_size=...)" + (f" ({fixes})" if fixes else "")
+            + ". To read everything in this process on purpose (evaluation on one rank, a "
+            "look at some examples), make the reader with world=World.single()")
+
+
 def _frame_qualname(code: object) -> str:
     return str(getattr(code, "co_qualname", getattr(code, "co_name", "")))
 
@@ -270,8 +354,10 @@ def register_with_torch(cls: type) -> None:
         base.register(cls)
 
 
-__all__ = ["GUARDS", "MAX_FRAMES", "SHARDS_AGAIN", "ForeignTrainer", "GuardedReader", "Wrapper",
-           "caller_classes", "check_sampler", "draws_from", "frame_class",
+__all__ = ["GUARDS", "MAX_FRAMES", "SHARDS_AGAIN", "ForeignTrainer",
+           "GuardedReader", "Placed", "PlacedByLoader", "UnplacedFix",
+           "Wrapper",
+           "caller_classes", "check_sampler", "draws_from", "frame_class", "guard_key",
            "refuse_foreign_trainer", "refuse_framework_sharding", "refuse_sharding_sampler",
            "register_guard", "register_with_torch", "sampler_over", "sharding_class",
            "torch_worker", "wrappers"]

@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.read.guard import Placed, PlacedByLoader
+
 Batch = dict[str, npt.NDArray[Any]]
 ROW_FREE = ("cu_seqlens", "max_seqlen")  # batch keys that are not one row per example
 
@@ -150,4 +152,15 @@ def stacked(data: Any) -> Batch | None:
     return None
 
 
-__all__ = ["ROW_FREE", "Rows", "stack_rows", "stacked"]
+def own_example(ds: Any, i: int) -> Any:
+    """Example ``i`` of ``ds``, read by shardwise itself (a Blend's iteration, a layout
+    check of its parts) after its own placement check: a guarded reader is asked through
+    a :class:`~shardwise.read.guard.Placed` batch (``ds[i]`` would count as an unplaced
+    read in a multi-rank job), any other dataset by ``ds[i]``."""
+    if not isinstance(ds, PlacedByLoader):
+        return ds[i]
+    batch = ds.get_batch(Placed([i]))  # type: ignore[attr-defined]
+    return {k: (v if k in ROW_FREE else v[0]) for k, v in batch.items()}
+
+
+__all__ = ["ROW_FREE", "Rows", "own_example", "stack_rows", "stacked"]

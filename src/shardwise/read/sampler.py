@@ -51,6 +51,7 @@ from shardwise.plan.batches import (
 )
 from shardwise.plan.skips import Skip, advance, served_segments, skipped_in
 from shardwise.read.drops import Drop
+from shardwise.read.guard import Placed
 from shardwise.world import World
 
 
@@ -299,6 +300,11 @@ class BatchSampler:
         return idx.tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
+        """This rank's micro-batches as :class:`~shardwise.read.guard.Placed` lists: the
+        mark a map-style reader looks for in a multi-rank job (``read/guard``)."""
+        return map(Placed, self._batches())
+
+    def _batches(self) -> Iterator[list[int]]:
         if self.skip:
             yield from self._iter_skipping()
             return

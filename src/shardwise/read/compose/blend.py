@@ -71,10 +71,11 @@ from shardwise.read.compose.sft_pack import source_identity
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import EpochView
 from shardwise.read.examples import NEXT_TOKEN, Output, check_same_layout
-from shardwise.read.guard import GuardedReader
+from shardwise.read.guard import GuardedReader, Placed, PlacedByLoader
 from shardwise.read.orders import PAD
-from shardwise.read.rows import ROW_FREE, Rows, stacked
+from shardwise.read.rows import ROW_FREE, Rows, own_example, stacked
 from shardwise.read.tokens.dataset import TokenDataset
+from shardwise.world import World
 
 _PLAN_AHEAD = 1024
 Batch = dict[str, npt.NDArray[Any]]
@@ -98,7 +99,7 @@ def _is_stream(ds: Any) -> bool:
     return all(hasattr(ds, a) for a in ("__iter__", "state_dict", "load_state_dict"))
 
 
-class Blend(GuardedReader, EpochView, Resumable):
+class Blend(GuardedReader, PlacedByLoader, EpochView, Resumable):
     """Sources mixed with ``weights``; map-style when every source is, else iterable.
 
     Its order is a :class:`~shardwise.read.compose.schedule.BlendConfig`: ``weights`` or
@@ -119,7 +120,9 @@ class Blend(GuardedReader, EpochView, Resumable):
     def __init__(self, datasets: Sequence[Any], weights: Weights | None = None, *,
                  config: BlendConfig | None = None, names: Sequence[str] | None = None,
                  schedule: Sequence[tuple[int, Weights]] | None = None,
-                 output: Output | None = None, **options: Any) -> None:
+                 output: Output | None = None, world: World | None = None,
+                 **options: Any) -> None:
+        self._bind_world(world)  # map-style: placed by its loader, as a TokenDataset
         self.sources = list(datasets)
         self.output, self._stored = source_output(self.sources, Output.of(output))
         if config is None or weights is not None or schedule is not None or names is not None:
@@ -294,11 +297,11 @@ class Blend(GuardedReader, EpochView, Resumable):
         return off if isinstance(ds, TokenDataset) else off % len(ds)
 
     def _fetch(self, j: int, idx: npt.NDArray[np.int64]) -> Batch:
-        ds = self.sources[j]
+        ds = self.sources[j]  # the blend's own read was placed (or deliberate): so is this
         if hasattr(ds, "get_batch"):
-            return ds.get_batch(idx.tolist())  # type: ignore[no-any-return]
+            return ds.get_batch(Placed(idx.tolist()))  # type: ignore[no-any-return]
         if hasattr(ds, "__getitems__"):
-            got = ds.__getitems__(idx.tolist())
+            got = ds.__getitems__(Placed(idx.tolist()))
             if stacked(got) is not None:
                 return stacked(got)  # type: ignore[return-value]
         else:
@@ -317,6 +320,7 @@ class Blend(GuardedReader, EpochView, Resumable):
         Index :data:`PAD` asks the first source for a masked padding row."""
         if not self.map_style:
             raise TypeError(f"{self!r} has stream sources: iterate it instead")
+        self.check_placed(indices)
         idx = np.asarray(self.positions(indices), dtype=np.int64).reshape(-1)
         if (idx < PAD).any():
             raise IndexError(f"blend indices must be >= 0 (or {PAD}), got {int(idx.min())}")
@@ -345,12 +349,16 @@ class Blend(GuardedReader, EpochView, Resumable):
         return int(s[t - base]), int(off[t - base])
 
     def __iter__(self) -> Iterator[Any]:
-        """Examples from the current position on (a fresh blend starts at 0)."""
+        """Examples from the current position on (a fresh blend starts at 0). Every
+        example in turn: in a multi-rank job, map-style sources are read this way only
+        with ``world=World.single()`` (each rank would read the same ones)."""
+        if any(_is_map(d) for d in self.sources):
+            self.check_placed(None)
         while True:
             j, off = self._next_source()
             ds = self.sources[j]
             if _is_map(ds):
-                example = ds[int(self._offsets(j, np.asarray([off]))[0])]
+                example = own_example(ds, int(self._offsets(j, np.asarray([off]))[0]))
             else:
                 if j not in self._iters:
                     self._iters[j] = iter(ds)

@@ -31,13 +31,14 @@ from shardwise.plan.windows import dropped_tokens, num_windows
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import EpochView
 from shardwise.read.examples import NEXT_TOKEN, Output
-from shardwise.read.guard import GuardedReader
+from shardwise.read.guard import GuardedReader, PlacedByLoader
 from shardwise.read.orders import Order, Runs, WindowOrder, order_class
 from shardwise.read.reader_config import ReaderConfig
 from shardwise.read.rows import ROW_FREE, Rows
 from shardwise.read.tokens.assemble import WindowReader
 from shardwise.storage.cache import Cache
 from shardwise.storage.opening import reader_cache
+from shardwise.world import World
 
 ORDER_VERSION = 1
 
@@ -111,7 +112,7 @@ def parse_shuffle(value: Any) -> Shuffle | str:
         return order_class(value).name
 
 
-class TokenDataset(GuardedReader, EpochView, Configured):
+class TokenDataset(GuardedReader, PlacedByLoader, EpochView, Configured):
     """Packed windows of a cache in a seeded global order; map-style.
 
     Its order is a :class:`TokenConfig`: pass its fields as keyword arguments (``seq_len``,
@@ -126,6 +127,12 @@ class TokenDataset(GuardedReader, EpochView, Configured):
     >>> ds[0]["input_ids"].shape, len(ds)                                # doctest: +SKIP
     ((2048,), 48828)
 
+    It is placed by the loader that walks it (``shardwise.torch.loader``, every
+    integration): in a job of more than one rank, examples asked for by any other sampler
+    are refused, since every rank would get the same ones
+    (:class:`~shardwise.read.guard.PlacedByLoader`). ``world=World.single()`` lets this
+    process read any example on purpose (evaluation on one rank, a look at the data).
+
     With ``drop_last`` (the default) the tokens after the last full window are left out:
     ``drops()`` and the ``repr`` say how many. Index :data:`PAD` is a masked example
     (``pads``), which an eval pass uses to fill its last step.
@@ -138,8 +145,10 @@ class TokenDataset(GuardedReader, EpochView, Configured):
     def __init__(self, cache: Cache | str | os.PathLike[str],
                  config: TokenConfig | None = None, *,
                  plan_dir: str | os.PathLike[str] | None = None, verify: bool | None = None,
-                 output: Output | None = None, **options: Any) -> None:
+                 output: Output | None = None, world: World | None = None,
+                 **options: Any) -> None:
         self.output = Output.of(output)  # the examples' form (read/examples.py); not the order
+        self._bind_world(world)
         self.cache = reader_cache(cache, verify)
         self.config = self.config_class.of(config, options)
         seq_len, drop_last = self.config.seq_len, self.config.drop_last
@@ -214,6 +223,7 @@ class TokenDataset(GuardedReader, EpochView, Configured):
         """A whole micro-batch as a dict of stacked arrays (one call, one allocation each).
         ``indices`` are positions of the global order (past ``len`` in later epochs), shifted
         by :meth:`set_epoch`'s epoch (:mod:`shardwise.read.epochs`)."""
+        self.check_placed(indices)
         idx = list(self.positions(indices.tolist() if isinstance(indices, np.ndarray)
                                   else indices))
         if self.output.is_default:
