@@ -62,7 +62,7 @@ def forked_run(cache: Path, run_dir: Path, rank: int) -> int:
         log = os.open(run_dir / f"log.r{rank}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(log, 2)  # its errors, and an abort's message, in the run's directory
         dist.init_process_group("gloo", init_method=f"file://{run_dir}/store", rank=rank,
-                                world_size=2, timeout=timedelta(seconds=120))
+                                world_size=2, timeout=timedelta(seconds=600))
         train(cache, run_dir, rank)
         raise SystemExit(0)  # up through the module level: a script's normal end
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -74,7 +75,14 @@ def torchrun(script: Path, *args: str, timeout: float = 300.0
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
            "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(_free_port()), str(script), *args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the ranks too, not torchrun alone
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 @dataclass
