@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from shardwise.bench.faults import FaultProxy
+    from tests.faults import FaultProxy
+
     from shardwise.bench.seaweed import S3Server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +65,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 def fault_proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
     """A fault-injecting proxy in front of the session's S3 server (no fault until the test
     calls ``fault_proxy.inject(Fault(...))``); its endpoint: ``fault_proxy.endpoint``."""
-    from shardwise.bench.faults import FaultProxy
+    from tests.faults import FaultProxy
 
     with FaultProxy(s3_server.address) as proxy:
         yield proxy

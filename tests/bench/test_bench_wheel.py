@@ -1,10 +1,12 @@
 """``shardwise bench`` from a built wheel in a fresh venv, run outside any checkout: the
 bundled sample is package data, and bench children import the installed package.
 
-The venv sees the system's site-packages for the heavy dependencies (numpy, tokenizers,
-torch…); its own site-packages, holding the wheel, comes first on ``sys.path``, so the
-editable checkout cannot stand in for the wheel (the test checks where ``shardwise`` is
-imported from)."""
+The venv sees the running interpreter's site-packages for the heavy dependencies (numpy,
+tokenizers, torch…) through a ``.pth`` file naming them (not ``--system-site-packages``:
+run from a virtualenv, that would be the base interpreter's, which lacks them); its own
+site-packages, holding the wheel, comes first on ``sys.path``, and a directory a ``.pth``
+names has its own ``.pth`` files ignored, so the editable checkout cannot stand in for the
+wheel (the test checks where ``shardwise`` is imported from)."""
 
 from __future__ import annotations
 
@@ -25,13 +27,23 @@ def venv_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "-q", "-w", str(tmp / "dist"), str(REPO)], check=True)
     [wheel] = (tmp / "dist").glob("shardwise-*.whl")
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(tmp / "venv")],
-                   check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(tmp / "venv")], check=True)
     python = tmp / "venv" / "bin" / "python"
+    inherit_site_packages(python)
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
                     "--ignore-installed",
                     str(wheel)], check=True)
     return python
+
+
+def inherit_site_packages(python: Path) -> None:
+    """Let the venv of ``python`` import what this interpreter has installed: a ``.pth``
+    in its site-packages lists ours (after its own on ``sys.path``)."""
+    ours = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+    where = subprocess.run([str(python), "-c", "import sysconfig; "
+                            "print(sysconfig.get_paths()['purelib'])"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    Path(where, "_shardwise_test_parent.pth").write_text("".join(p + "\n" for p in ours))
 
 
 def _run(python: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

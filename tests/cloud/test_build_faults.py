@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from tests.cloud.compare import assert_same_files, bucket_files, relocated
 from tests.cloud.conftest import BUCKET, build_local_copies, raw_in_bucket
+from tests.faults import Fault, FaultProxy
 
 import shardwise as sw
-from shardwise.bench.faults import Fault, FaultProxy
 from shardwise.errors import RemoteError
 from shardwise.remote.policy import POLICY_ENV, RemotePolicy
 

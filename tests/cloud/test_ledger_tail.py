@@ -7,8 +7,8 @@ snapshot is fetched again only once a compaction replaced it."""
 from __future__ import annotations
 
 from tests.cloud.conftest import BUCKET
+from tests.faults import FaultProxy
 
-from shardwise.bench.faults import FaultProxy
 from shardwise.format.journal import Journal, LedgerTail
 from shardwise.format.ledger import ChunkEntry, Ledger, Segment, SourceProgress, record_name
 from shardwise.format.ledger_index import LedgerView

@@ -5,6 +5,7 @@ step."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -35,3 +36,42 @@ def test_threads_are_stopped_and_joined_before_the_interpreter_finalises() -> No
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert "ALIVE []" in done.stdout, done.stdout + done.stderr
+
+
+LATE = textwrap.dedent("""
+    import atexit, sys, time
+    import torch
+
+    def late():  # registered before shardwise's own exit hook, so it runs after it
+        from shardwise.concurrency import ReadAhead, ThreadPool
+
+        a = torch.ones(300, 300)
+
+        def matmuls(_=None):  # inside torch's C++ most of the time
+            end = time.monotonic() + 1.0
+            while time.monotonic() < end:
+                a @ a
+
+        job = ThreadPool(1, name="sw-test-late").submit(matmuls)  # not waited for
+        print("POOL", "done" if job.done() else "running", flush=True)
+        try:
+            ReadAhead.call(matmuls, None, name="sw-test-late-ahead")
+        except RuntimeError as e:
+            print("AHEAD", type(e).__name__, flush=True)
+
+    atexit.register(late)
+    import shardwise.concurrency  # its exit hook: registered after late(), runs before it
+    sys.exit(0)
+""")
+
+
+def test_no_thread_starts_after_the_exit_hook() -> None:
+    """A job handed to shardwise by code that runs after its exit hook (an exit handler
+    registered before shardwise was imported, a finaliser) starts no thread: the pool
+    runs it in its caller, a read-ahead refuses. Before, the job's thread outlived the
+    hook, and being inside torch's C++ as the interpreter finalised, aborted the process
+    ("terminate called without an active exception", exit -6)."""
+    done = subprocess.run([sys.executable, "-c", LATE], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "POOL done" in done.stdout and "AHEAD Exiting" in done.stdout, done.stdout + done.stderr

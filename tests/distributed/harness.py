@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -55,6 +57,32 @@ def launch(root: Path, name: str, world_size: int, tasks: list[dict[str, Any]], 
                                            str(out / "spec.json"), str(r)],
                                           stdout=log, stderr=subprocess.STDOUT, env=env))
     return Group(name, world_size, out, tasks, procs)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun(script: Path, *args: str, timeout: float = 300.0
+             ) -> subprocess.CompletedProcess[str]:
+    """``script args`` under ``torchrun --nproc-per-node 2`` (one node, a free port on
+    127.0.0.1, one thread per rank; the checkout importable as ``tests``)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env.update(OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(Path.cwd()), env.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+           "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), str(script), *args]
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the ranks too, not torchrun alone
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 @dataclass

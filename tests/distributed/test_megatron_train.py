@@ -7,15 +7,12 @@ losses, same parameters)."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from tests.distributed.harness import torchrun
 
 from shardwise.megatron import build_train_valid_test_datasets
 
@@ -24,21 +21,9 @@ SEQ_LEN, MBS, GBS, STEPS, SAVE_AT = 16, 2, 8, 9, 4
 RAMPUP = [4, 4, 24]  # global batch 4 for the first 24 samples, then 8
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _torchrun(spec: dict[str, Any], path: Path) -> list[dict[str, Any]]:
     path.write_text(json.dumps(spec))
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    env.update(OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(Path.cwd()), env.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-           "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), str(SCRIPT), str(path)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    done = torchrun(SCRIPT, str(path))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     tag = "resumed" if spec["resume"] else "full"
     return [json.loads((Path(spec["out"]) / f"{tag}.r{r}.json").read_text())

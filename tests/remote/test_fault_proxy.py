@@ -1,4 +1,4 @@
-"""The fault-injecting proxy itself (shardwise.bench.faults), seen by a plain HTTP client
+"""The fault-injecting proxy itself (tests/faults.py), seen by a plain HTTP client
 through presigned URLs: each mode produces exactly its symptom, rules change at run time,
 and ``hits`` counts what was applied."""
 
@@ -9,8 +9,8 @@ import socket
 import urllib.parse
 
 import pytest
+from tests.faults import Fault, FaultProxy
 
-from shardwise.bench.faults import Fault, FaultProxy
 from shardwise.bench.seaweed import FAKE_ENV, S3Server
 from shardwise.errors import ConfigError
 

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.faults import Fault, FaultProxy
 from tests.remote.conftest import BUCKET
 
 import shardwise as sw
-from shardwise.bench.faults import Fault, FaultProxy
+from shardwise.bench.levers import switch_off
 from shardwise.bench.proxy import LatencyProxy
 from shardwise.errors import CorruptChunkError, RemoteError
 from shardwise.remote import RemotePolicy, RemoteStore
@@ -137,7 +138,7 @@ def test_a_stalled_store_raises_remote_error_in_the_main_process_and_download_th
     the GIL-free client) raises RemoteError naming a chunk's URL, within the bound."""
     url, _ = built
     cache = _open(fault_proxy, url, tmp_path, local_bytes=1 << 20)
-    cache.store.ranged = ranged  # type: ignore[attr-defined]
+    switch_off(cache.store, frozenset() if ranged else frozenset({"ranged"}))  # type: ignore[arg-type]
     took, message, error = _stalled_read(fault_proxy, cache)  # adaptive look-ahead
     cache.close()
     assert took <= FAST.bound() + SLACK, took

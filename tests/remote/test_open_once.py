@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.faults import FaultProxy
 
 import shardwise as sw
-from shardwise.bench.faults import FaultProxy
 from shardwise.bench.remote_open import open_at_once
 from shardwise.storage import heads as heads_module
 from shardwise.storage.heads import HEAD_NAMES, LOCK_NAME

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.faults import Fault, FaultProxy
 from tests.remote.conftest import BUCKET
 
 import shardwise as sw
-from shardwise.bench.faults import Fault, FaultProxy
 from shardwise.bench.proxy import LatencyProxy
 from shardwise.errors import CorruptChunkError
 from shardwise.format.checksum import (

@@ -179,7 +179,7 @@ class LatencyProxy:
         return self.port
 
     async def _serve_one(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        """One client connection (a subclass may answer otherwise: bench/faults.py)."""
+        """One client connection (a subclass may answer otherwise: tests/faults.py)."""
         await _serve_one(self.upstream, self.latency, self.bandwidth, r, w)
 
     def __exit__(self, *exc: object) -> None:

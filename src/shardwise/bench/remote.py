@@ -165,6 +165,7 @@ def _remote_round(url: str, endpoint: str, node: Path, local_bytes: int | None,
     """One read of the cache on the store through the proxy at ``endpoint``, from an empty
     local directory ``node``, with the levers ``off`` switched off."""
     import shardwise as sw
+    from shardwise.bench import levers
     from shardwise.remote.client import RemoteStore
     from shardwise.storage.bucket import BucketStore
 
@@ -177,8 +178,7 @@ def _remote_round(url: str, endpoint: str, node: Path, local_bytes: int | None,
     open_s = time.perf_counter() - started
     store = cache.store
     assert isinstance(store, BucketStore) and store.downloads is not None
-    store.ranged, store.paced_budget = "ranged" not in off, "pace" not in off
-    store.group = 1 if "group" in off else store.group
+    levers.switch_off(store, off)
     with _peak_bytes(store.downloads.dir) as peak:
         out = read_round(cache, args, lambda: remote.received)
     cpu = time.process_time() - cpu

@@ -102,10 +102,7 @@ class ReadAhead(Generic[T]):
         self._check_fork()
         with self.cond:  # close() on another thread sees no thread, or a started one
             if self._thread is None and not self.stop.is_set():
-                shutdown.register(self)
-                t = threading.Thread(target=self._run, name=self.name, daemon=True)
-                t.start()
-                self._thread = t
+                self._thread = shutdown.start_thread(self, self._run, self.name)
 
     def _has_room(self, item: T) -> bool:
         if not self.queue:

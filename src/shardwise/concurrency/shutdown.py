@@ -2,19 +2,35 @@
 
 Why: its threads are daemons (a reader must never keep a program alive), and a daemon
 thread still inside native code while the interpreter finalises is killed when it takes
-the GIL back; unwinding through C++ frames (numpy, torch) then aborts the whole process
-with "terminate called without an active exception" (SIGABRT): a torchrun rank dying
-after its last step, at random. ``concurrent.futures`` joins its workers at exit for the
-same reason. Every :class:`~.readahead.ReadAhead` and :class:`~.threads.ThreadPool` that
-starts a thread registers here; at exit each one is stopped (queued work dropped, running
-work finished, waiting threads woken) and joined for at most :data:`JOIN_SECONDS`.
+the GIL back; unwinding through C++ frames (torch's, and whatever torch frees on that
+thread) then aborts the whole process with "terminate called without an active
+exception" (SIGABRT): a torchrun rank dying after its last step, at random. (A thread in
+numpy or xxhash is killed silently; one in torch aborts.) ``concurrent.futures`` joins its
+workers at exit for the same reason.
+
+Every thread shardwise runs is started by :func:`start_thread` (one place), on behalf of
+an owner (a :class:`~.readahead.ReadAhead`, a :class:`~.threads.ThreadPool`) registered
+here. At exit:
+
+1. from then on no thread starts (:func:`start_thread` raises :class:`Exiting`: a
+   thread pool runs the job in its caller instead; an exit handler or a finaliser that
+   runs after this one, e.g. one registered before shardwise was imported, would
+   otherwise start a thread nobody joins);
+2. each owner is stopped (queued work dropped, running work finished, waiting threads
+   woken) and joined for at most :data:`JOIN_SECONDS`, also owners that closing another
+   one registered, and also after one whose close raised;
+3. a thread still alive then is named on stderr with its Python stack, so that an abort
+   that follows names its cause.
 """
 
 from __future__ import annotations
 
 import atexit
+import sys
 import threading
+import traceback
 import weakref
+from collections.abc import Callable
 from typing import Protocol
 
 JOIN_SECONDS = 10.0
@@ -24,8 +40,14 @@ class Stoppable(Protocol):
     def close_at_exit(self, timeout: float) -> None: ...
 
 
+class Exiting(RuntimeError):
+    """The interpreter is exiting: shardwise starts no thread now."""
+
+
 _live: weakref.WeakSet[Stoppable] = weakref.WeakSet()
+_threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 _lock = threading.Lock()
+_exiting: list[bool] = []  # [True] once the exit hook ran (a list: no global statement)
 
 
 def register(owner: Stoppable) -> None:
@@ -34,13 +56,51 @@ def register(owner: Stoppable) -> None:
         _live.add(owner)
 
 
+def start_thread(owner: Stoppable, target: Callable[[], object], name: str) -> threading.Thread:
+    """Start a daemon thread running ``target`` for ``owner`` (registered to be stopped
+    at exit); raises :class:`Exiting` once the interpreter is exiting."""
+    with _lock:
+        if _exiting:
+            raise Exiting(f"{name}: the interpreter is exiting; shardwise starts no thread "
+                          "now (one started now would outlive the exit hook that joins them)")
+        _live.add(owner)
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        _threads.add(thread)
+    thread.start()
+    return thread
+
+
 def _stop_all() -> None:
     with _lock:
-        owners = list(_live)
-    for owner in owners:
-        owner.close_at_exit(JOIN_SECONDS)
+        _exiting.append(True)
+    stopped: set[int] = set()
+    while True:
+        with _lock:
+            owners = [o for o in _live if id(o) not in stopped]
+        if not owners:
+            break
+        for owner in owners:
+            stopped.add(id(owner))
+            try:
+                owner.close_at_exit(JOIN_SECONDS)
+            except Exception as e:  # noqa: BLE001 - the others are stopped all the same
+                print(f"shardwise: stopping {owner!r} at exit failed: {e!r}", file=sys.stderr)
+    _name_survivors()
+
+
+def _name_survivors() -> None:
+    """Name on stderr each shardwise thread still alive (it did not stop in
+    :data:`JOIN_SECONDS`), with where it is."""
+    with _lock:
+        alive = [t for t in _threads if t.is_alive() and t is not threading.current_thread()]
+    frames = sys._current_frames()
+    for t in alive:
+        where = "".join(traceback.format_stack(frames[t.ident])) if t.ident in frames else ""
+        print(f"shardwise: thread {t.name!r} did not stop within {JOIN_SECONDS:g} s of "
+              f"exit; the process may abort when it finalises. It is at:\n{where}",
+              file=sys.stderr, flush=True)
 
 
 atexit.register(_stop_all)
 
-__all__ = ["JOIN_SECONDS", "register"]
+__all__ = ["JOIN_SECONDS", "Exiting", "register", "start_thread"]

@@ -90,25 +90,32 @@ class ThreadPool:
             self._cond.notify_all()
 
     def submit(self, job: Callable[[], T]) -> Future[T]:
-        """Queue ``job``; its future holds its result or its error."""
+        """Queue ``job``; its future holds its result or its error. While the interpreter
+        exits (:mod:`.shutdown`), a job no thread of the pool can take runs here, now."""
         self._check_fork()
         future: Future[T] = Future()
         with self._cond:
             if self._closed:
                 raise RuntimeError(f"{self.name}: the thread pool is closed")
             self._queue.append((future, job))
-            self._spawn()
-            self._cond.notify()
+            try:
+                self._spawn()
+            except shutdown.Exiting:
+                if self._threads:  # a thread of the pool takes it
+                    self._cond.notify()
+                    return future
+                self._queue.pop()
+            else:
+                self._cond.notify()
+                return future
+        _run(future, job)
         return future
 
     def _spawn(self) -> None:
         """Under the lock: start threads for queued work the idle ones cannot take."""
         while (len(self._threads) < self.workers
                and len(self._queue) > self._idle):
-            shutdown.register(self)
-            t = threading.Thread(target=self._serve, name=self.name, daemon=True)
-            self._threads.add(t)
-            t.start()
+            self._threads.add(shutdown.start_thread(self, self._serve, self.name))
 
     def _next(self) -> tuple[Future[Any], Callable[[], Any]] | None:
         """Under the lock: the next job, or None when this thread should exit."""

@@ -63,7 +63,13 @@ class BucketStore(ChunkStore):
     """The :class:`~shardwise.storage.store.ChunkStore` of a prefix on an object store;
     ``downloads``: the node-local copy chunks are read through (None: for writing only);
     ``heads``: where the manifest, ledger and index are read (this node's snapshot of
-    them, :mod:`shardwise.storage.heads`; None: from the store, as a build does)."""
+    them, :mod:`shardwise.storage.heads`; None: from the store, as a build does).
+
+    (``bench remote --ablate`` measures each way it reads faster than a whole-chunk
+    reader by a subclass of its own that reads without it: :mod:`shardwise.bench.levers`.)
+    """
+
+    group = GROUP  # a chunk file's blocks asked for at once
 
 
     def __init__(self, remote: RemoteStore, downloads: DownloadDir | None = None, *,
@@ -71,10 +77,6 @@ class BucketStore(ChunkStore):
         super().__init__()
         self.remote, self.downloads, self.heads = remote, downloads, heads
         self._ahead: Prefetcher | None = None  # downloads ahead
-        # the levers of issue 21 (on; ``bench remote`` switches them off to measure them):
-        self.ranged = True  # a batch's runs by ranged GETs while their chunk is arriving
-        self.paced_budget = True  # the look-ahead's bytes sized by the pace, not a half
-        self.group = GROUP  # a chunk file's blocks asked for at once
         self._arriving = Arriving()
         self._here: set[int] = set()  # chunks on the node for good (see _on_node)
         self._here_stems: set[str] = set()  # their stems
@@ -216,7 +218,7 @@ class BucketStore(ChunkStore):
         return int(self.meta_of(info).files.get(".bin", {}).get("bytes", -1))
 
     def here(self, chunks: Iterable[int]) -> bool:
-        return not self.ranged or all(self._on_node(c) for c in chunks)
+        return all(self._on_node(c) for c in chunks)
 
     def _on_node(self, c: int) -> bool:
         """Chunk ``c`` is mapped, or its checked copy is on this node (remembered where
@@ -248,8 +250,6 @@ class BucketStore(ChunkStore):
         """From the local copy of each chunk that is here; the runs of chunks still
         arriving by ranged GETs, all at once, checked by the chunks' block sums
         (:mod:`shardwise.storage.ranged`), while the whole chunks keep downloading."""
-        if not self.ranged:
-            return super().gather(runs)
         runs, view = Runs.of(runs), self.view
         runs.check(view.chunks.columns.tokens, view.location)
         some, size = runs.length > 0, view.dtype.itemsize
@@ -359,10 +359,12 @@ class BucketStore(ChunkStore):
 
     def _prefetcher(self) -> Prefetcher:
         if self._ahead is None:
-            local = self._downloads().max_bytes
-            self._ahead = (Prefetcher(local, held=self._held_bytes) if self.paced_budget
-                           else Prefetcher(local // 2))
+            self._ahead = self._new_prefetcher()
         return self._ahead
+
+    def _new_prefetcher(self) -> Prefetcher:
+        """Downloads ahead within ``local_bytes`` less what this reader holds mapped."""
+        return Prefetcher(self._downloads().max_bytes, held=self._held_bytes)
 
     def _held_bytes(self) -> int:
         """Bytes of the chunks this reader has mapped (not room for downloads ahead)."""

@@ -1,5 +1,6 @@
-"""The proxy of :mod:`.proxy`, reading HTTP, with the faults of a real object store injected
-on request: the tests' store that misbehaves.
+"""The proxy of :mod:`shardwise.bench.proxy`, reading HTTP, with the faults of a real object
+store injected on request: the tests' store that misbehaves (test infrastructure: it lives
+here, not in the package).
 
 Each client connection gets its own upstream connection; the proxy reads the client's
 requests one by one (a request line, headers, a body by ``Content-Length`` or chunked),
