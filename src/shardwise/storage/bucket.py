@@ -44,7 +44,7 @@ from shardwise.storage.download import GROUP, DownloadDir
 from shardwise.storage.heads import NodeHeads
 from shardwise.storage.owned import clear_keys, is_owned
 from shardwise.storage.prefetch import Prefetcher
-from shardwise.storage.ranged import Arriving, BlockSums, Fetched
+from shardwise.storage.ranged import Arriving, BlockSums, EarlyReads, Fetched
 from shardwise.storage.runs import Runs, gather_runs
 from shardwise.storage.store import ChunkStore
 from shardwise.storage.verify_report import VerifyReport
@@ -76,6 +76,7 @@ class BucketStore(ChunkStore):
         self.paced_budget = True  # the look-ahead's bytes sized by the pace, not a half
         self.group = GROUP  # a chunk file's blocks asked for at once
         self._arriving = Arriving()
+        self._early = EarlyReads()  # ranged reads of coming batches, started ahead
         self._here: set[int] = set()  # chunks on the node for good (see _on_node)
         self._here_stems: set[str] = set()  # their stems
         self._fit = (-1, False)  # (chunks of the view, all their files fit on the node)
@@ -246,38 +247,62 @@ class BucketStore(ChunkStore):
 
     def gather(self, runs: Any) -> npt.NDArray[Any]:
         """From the local copy of each chunk that is here; the runs of chunks still
-        arriving by ranged GETs, all at once, checked by the chunks' block sums
+        arriving by ranged GETs — started early where the reader handed the runs over
+        (:meth:`prefetch_runs`), and now for those the early read did not cover (a chunk
+        that seemed to be landing then) — checked by the chunks' block sums
         (:mod:`shardwise.storage.ranged`), while the whole chunks keep downloading."""
         if not self.ranged:
             return super().gather(runs)
         runs, view = Runs.of(runs), self.view
         runs.check(view.chunks.columns.tokens, view.location)
-        some, size = runs.length > 0, view.dtype.itemsize
-        ahead, chunks = self._prefetcher(), view.chunks
-        etas = {c: ahead.eta(chunks[c].stem + ".bin")
-                for c in np.unique(runs.chunk[some]).tolist() if not self._on_node(c)}
-        # only chunks downloading are read by ranged GETs: one not downloading (queued
-        # for room) is downloaded now by the chunk's own read, and a download that ended
-        # without landing failed, so the chunk's own read raises its error
-        away = [c for c, eta in etas.items() if eta]
-        if not away or not self._arriving.worth([etas[c] for c in away]):  # type: ignore[misc]
+        early = self._early.take(EarlyReads.key(*runs))
+        parts = [early.result()] if early is not None else []  # its errors: this batch's
+        covered = {c for _, usable, _ in parts for c in usable}
+        plan = self._plan(runs, skip=covered)
+        if plan is not None:
+            self._hand_over(plan[0])
+            parts.append(self._read_ranged(runs, *plan))
+        pieces: dict[int, npt.NDArray[Any]] = {}  # row of runs → its tokens
+        size, chunks = view.dtype.itemsize, view.chunks
+        for rows, usable, fetched in parts:
+            if fetched is None:
+                continue  # no chunk of them has block sums to check by: read whole
+            for r in rows[np.isin(runs.chunk[rows], usable)].tolist():
+                o, n = int(runs.offset[r]) * size, int(runs.length[r]) * size
+                pieces[r] = fetched.tokens(chunks[int(runs.chunk[r])].stem, o, o + n, view.dtype)
+        if not pieces:
             return super().gather(runs)  # here, or landing sooner than ranged GETs
-        self._hand_over(away)
-        rows = np.flatnonzero(some & np.isin(runs.chunk, away))
-        usable, fetched = self._ranged(away, rows, runs)
-        if fetched is None:
-            return super().gather(runs)  # no chunk of them has block sums to check by
-        rows = rows[np.isin(runs.chunk[rows], usable)]
-        self._arriving.reads += len(rows)
-        pieces = [fetched.tokens(chunks[c].stem, o * size, (o + n) * size, view.dtype)
-                  for c, o, n in zip(runs.chunk[rows].tolist(), runs.offset[rows].tolist(),
-                                     runs.length[rows].tolist(), strict=True)]
+        self._arriving.reads += len(pieces)
+        rows = np.fromiter(pieces, dtype=np.int64, count=len(pieces))
         chunk, offset = runs.chunk.copy(), runs.offset.copy()
-        chunk[rows], offset[rows] = -1 - np.arange(len(rows)), 0  # run k: pieces[k]
+        chunk[rows], offset[rows] = -1 - rows, 0  # row r: pieces[r]
         out = gather_runs(lambda c: pieces[-1 - c] if c < 0 else self.tokens(c),
                           Runs(chunk, offset, runs.length), view.dtype)
         self._checks().batch_ids(out, runs.stream_offset(view.cum_tokens))
         return out
+
+    def _plan(self, runs: Runs, early: bool = False, skip: set[int] | frozenset[int] = frozenset()
+              ) -> tuple[list[int], npt.NDArray[np.int64]] | None:
+        """The chunks of ``runs`` to read by ranged GETs and the rows of ``runs`` in them;
+        None: read from the local copy. Only chunks downloading are read by ranged GETs:
+        one not downloading (queued for room) is downloaded by the chunk's own read, and
+        a download that ended without landing failed, so the chunk's own read raises its
+        error; and, read now, none where every one is expected to land within two round
+        trips (``early``, a coming batch's: whenever one is away — the expected landing
+        is an estimate, and a wait for a late one is what the early read avoids).
+        ``skip``: chunks whose runs are read already."""
+        some, ahead, chunks = runs.length > 0, self._prefetcher(), self.view.chunks
+        etas = {c: ahead.eta(chunks[c].stem + ".bin")
+                for c in np.unique(runs.chunk[some]).tolist()
+                if c not in skip and not self._on_node(c)}
+        away = [c for c, eta in etas.items() if eta]
+        if not away or not (early or self._arriving.worth([etas[c] for c in away])):  # type: ignore[misc]
+            return None
+        return away, np.flatnonzero(some & np.isin(runs.chunk, away))
+
+    def _read_ranged(self, runs: Runs, away: list[int], rows: npt.NDArray[np.int64]
+                     ) -> tuple[npt.NDArray[np.int64], list[int], Fetched | None]:
+        return (rows, *self._ranged(away, rows, runs))
 
     def _ranged(self, away: list[int], rows: npt.NDArray[np.int64], runs: Runs
                 ) -> tuple[list[int], Fetched | None]:
@@ -319,10 +344,11 @@ class BucketStore(ChunkStore):
         none: it is read whole), from their metadata (what this process lacks read in
         one round trip, checked against the ledger)."""
         infos = [self.view.chunks[c] for c in chunks]
-        missing = [i for i in infos if i.stem not in self._metas]
-        for info, data in zip(missing, self.read_many([i.stem + META_SUFFIX for i in missing]),
-                              strict=True):
-            self._load_meta(info, data)
+        with self._early.meta_lock:  # early reads of several batches: one fetch
+            missing = [i for i in infos if i.stem not in self._metas]
+            for info, data in zip(missing, self.read_many([i.stem + META_SUFFIX
+                                                           for i in missing]), strict=True):
+                self._load_meta(info, data)
         sums = {c: BlockSums.of(self.meta_of(i)) for c, i in zip(chunks, infos, strict=True)}
         return {c: s for c, s in sums.items() if s is not None}
 
@@ -357,6 +383,20 @@ class BucketStore(ChunkStore):
                       partial(self._fetch, info, ".bin"))  # its metadata comes with it
         return ahead.wants_more()
 
+    def prefetch_runs(self, runs: Any) -> bool:
+        """:meth:`prefetch` of the chunks of ``runs`` (a coming batch's, in order), and,
+        while they arrive, the batch's ranged GETs started now (:class:`EarlyReads`): the
+        reader is asked for more batches while fewer than ``DEPTH`` are read ahead."""
+        runs = Runs.of(runs[:3])  # an order's runs carry more columns
+        more = self.prefetch(list(dict.fromkeys(runs.chunk[runs.length > 0].tolist())))
+        if not self.ranged:
+            return more
+        plan = self._plan(runs, early=True)
+        if plan is None:
+            return more
+        self._early.start(EarlyReads.key(*runs), partial(self._read_ranged, runs, *plan))
+        return more or self._early.wants_more()
+
     def _prefetcher(self) -> Prefetcher:
         if self._ahead is None:
             local = self._downloads().max_bytes
@@ -372,20 +412,22 @@ class BucketStore(ChunkStore):
     def stats(self) -> dict[str, object]:
         a = self._arriving
         return {**self._prefetcher().stats(), "ranged_reads": a.reads,
-                "ranged_bytes": a.read_bytes}
+                "ranged_bytes": a.read_bytes, "early_reads": self._early.started,
+                "early_used": self._early.used}
 
     def wait_for_prefetch(self) -> None:
         if self._ahead is not None:
             self._ahead.wait()
 
     def close(self) -> None:
+        self._early.close()
         if self._ahead is not None:
             self._ahead.close()
         super().close()
 
     def __getstate__(self) -> dict[str, object]:
         d = super().__getstate__()
-        d["_ahead"], d["_arriving"] = None, Arriving()
+        d["_ahead"], d["_arriving"], d["_early"] = None, Arriving(), EarlyReads()
         return d
 
 
