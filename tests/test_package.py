@@ -18,7 +18,7 @@ def test_public_names_are_pinned() -> None:
     assert shardwise.__all__ == sorted(shardwise.__all__)
     assert shardwise.__all__ == [
         "Blend", "Cache", "CacheError", "CacheMismatchError", "ChatProcessor", "ConfigError",
-        "ContiguousShards", "CorruptChunkError", "InputError", "LoaderState", "PAD",
+        "ContiguousShards", "CorruptChunkError", "InputError", "LoaderState", "Output", "PAD",
         "PackedSFT", "ProducerDirDataset", "ProducerTimeoutError", "RecordStream", "RemoteError",
         "SequentialConsumer", "ShardwiseError", "Shuffle", "StateError", "StreamDataset",
         "TokenDataset", "World", "__version__", "build", "open_cache",

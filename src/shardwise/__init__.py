@@ -24,6 +24,7 @@ from shardwise.errors import (
     StateError,
 )
 from shardwise.integrations.guards import register_framework_guards
+from shardwise.read.examples import Output
 from shardwise.read.orders import PAD
 from shardwise.read.tokens.dataset import Shuffle, TokenDataset
 from shardwise.storage.cache import Cache
@@ -82,6 +83,7 @@ __all__ = [
     "CorruptChunkError",
     "InputError",
     "LoaderState",
+    "Output",
     "PAD",
     "PackedSFT",
     "ProducerDirDataset",

@@ -86,11 +86,18 @@ def add_subparser(which: Any) -> argparse.ArgumentParser:
                         "chunks (default 16)")
     r.add_argument("--seq-len", type=int, default=2048)
     r.add_argument("--micro-batch", type=int, default=8)
-    r.add_argument("--batches", type=int, default=200,
-                   help="micro-batches per timed run (default 200)")
+    r.add_argument("--batches", type=int, default=None,
+                   help="micro-batches per timed run (default 200; 1000 with --peer)")
     r.add_argument("--rss-batches", type=int, default=500,
                    help="micro-batches read by the RSS processes (default 500)")
-    r.add_argument("--repeat", type=int, default=5, help="best of N runs (default 5)")
+    r.add_argument("--repeat", type=int, default=None,
+                   help="best of N runs (default 5); with --peer, the median of N rounds "
+                        "(default 3)")
+    r.add_argument("--peer", choices=["litdata"], default=None,
+                   help="only shardwise beside this peer on the same tokens, and the null "
+                        "line (see shardwise.bench.read_peer)")
+    r.add_argument("--workers", type=int, default=0,
+                   help="with --peer: DataLoader workers of every reader (default 0)")
     r.add_argument("--seed", type=int, default=1234)
     add_megatron_options(r, keep="the data")
     r.add_argument("--baseline-src", action="append", default=[], metavar="[LABEL=]DIR",
@@ -235,6 +242,9 @@ def _check_args(args: argparse.Namespace) -> None:
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, "
                               f"got {getattr(args, name)}")
+    if args.workers < 0 or (args.workers and args.peer is None):
+        raise ConfigError(f"--workers {args.workers}: a count of DataLoader workers for "
+                          "--peer (the other figures are measured without workers)")
     if args.tokens < 2 * (args.seq_len + 1):
         raise ConfigError(f"--tokens {args.tokens} holds under two windows of --seq-len "
                           f"{args.seq_len} + 1; give more tokens")
@@ -321,7 +331,14 @@ def _measure(rep: dict[str, Any], work: Path, args: argparse.Namespace,
 
 def run(args: argparse.Namespace) -> int:
     """``shardwise bench read``: make the data, measure, print (``--json``: a dict)."""
+    peer = args.peer is not None
+    args.batches = args.batches or (1000 if peer else 200)
+    args.repeat = args.repeat or (3 if peer else 5)
     _check_args(args)
+    if peer:
+        from shardwise.bench import read_peer
+
+        return read_peer.run(args)
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
     rep: dict[str, Any] = {"config": {**{k: v for k, v in vars(args).items()
                                          if not k.startswith("_")},

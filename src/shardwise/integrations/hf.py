@@ -41,6 +41,9 @@ take any shardwise dataset as ``train_dataset`` / ``eval_dataset``, under torchr
   per-rank DataLoader, never accelerate's dispatcher; one made for another world than the
   Trainer's (``World.single()`` under 2 processes) is refused. Their own ``state_dict()``
   is saved per rank (``shardwise_rank{r}.json``).
+* **Compact batches** (``shardwise_output=shardwise.Output(dtype="stored", compact=True)``):
+  DataLoader workers send the window's tokens (2 bytes each from a uint16 cache) instead
+  of the model inputs; they are expanded on the device before the model runs.
 * **Evaluation and prediction** see each real example once: the eval loader pads the last
   step with masked rows (the ``eval`` sampler's index -1, a finite PackedSFT's aligned
   end), marks them in each batch (``shardwise_pad``, removed before the model runs), and
@@ -63,11 +66,12 @@ from typing import Any, cast
 
 from shardwise.errors import ConfigError, MissingExtraError, StateError
 from shardwise.format.atomic import atomic_write_bytes
+from shardwise.integrations.hf_batches import collate, model_inputs
 from shardwise.integrations.hf_trl import SFTHooks
 from shardwise.integrations.torch import ShardwiseLoader, loader
-from shardwise.integrations.torch import collate as torch_collate
+from shardwise.integrations.torch_batches import expand
 from shardwise.plan.skips import advance
-from shardwise.read.examples import NEXT_TOKEN
+from shardwise.read.examples import NEXT_TOKEN, Output, with_output
 from shardwise.world import World
 
 try:
@@ -79,28 +83,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
                             "pip install 'shardwise[hf]'") from e
 
 STATE_FILE = "shardwise_loader.json"
-IGNORE_INDEX = -100
-MODEL_KEYS = ("input_ids", "labels", "shift_labels", "position_ids", "attention_mask")
 PAD_KEY = "shardwise_pad"  # an eval batch's padding rows (bool per row); never reaches a model
-
-
-def collate(data: Any) -> dict[str, torch.Tensor]:
-    """A shardwise micro-batch → the inputs of a transformers causal LM (see module docs)::
-
-        input_ids      7    8    9    3         shardwise labels  8 9 3 4, loss_mask 1 1 0 1
-        shift_labels   8    9 -100    4         (the targets, as ForCausalLMLoss takes them)
-        labels      -100    8    9 -100         (HF's unshifted convention)
-    """
-    batch = torch_collate(data)
-    out = {k: v for k, v in batch.items() if k in MODEL_KEYS}
-    if "labels" in batch:
-        shift = batch["labels"].clone()
-        if "loss_mask" in batch:
-            shift[batch["loss_mask"] == 0] = IGNORE_INDEX
-        labels = torch.full_like(shift, IGNORE_INDEX)
-        labels[..., 1:] = shift[..., :-1]
-        out["labels"], out["shift_labels"] = labels, shift
-    return out
 
 
 def _is_iterable(ds: Any) -> bool:
@@ -157,8 +140,9 @@ class _EvalBatches:
         counts = self.pads()
         for batch in self.loader:
             k = next(counts)
-            if isinstance(batch, dict) and isinstance(batch.get("input_ids"), torch.Tensor):
-                n = len(batch["input_ids"])
+            rows = batch.get("input_ids", batch.get("tokens")) if isinstance(batch, dict) else None
+            if isinstance(rows, torch.Tensor):
+                n = len(rows)
                 batch[PAD_KEY] = torch.arange(n) >= n - k
             yield batch
 
@@ -187,11 +171,14 @@ class ShardwiseTrainerMixin(SFTHooks):
     other map-style datasets; default: chosen by the dataset) and ``shardwise_seed`` (the
     cyclic sampler's seed). A ``data_collator`` you pass gets the list of examples torch
     gives any collator; the default is :func:`collate`. ``shardwise_skip_steps``: ranges
-    ``[a, b)`` of optimizer steps whose data is never read (see the module docs)."""
+    ``[a, b)`` of optimizer steps whose data is never read (see the module docs).
+    ``shardwise_output``: the form shardwise readers hand over
+    (:class:`~shardwise.read.examples.Output`; compact batches expand on the device)."""
 
     def __init__(self, *args: Any, shardwise_sampler: str | None = None,
                  shardwise_seed: int = 0, shardwise_skip_steps: Any = None,
-                 **kwargs: Any) -> None:
+                 shardwise_output: Output | None = None, **kwargs: Any) -> None:
+        self._sw_output = shardwise_output
         given = kwargs.get("data_collator") or (args[2] if len(args) > 2 else None)
         self._sw_given = given
         self._sw_sampler, self._sw_seed = shardwise_sampler, shardwise_seed
@@ -213,6 +200,17 @@ class ShardwiseTrainerMixin(SFTHooks):
                       else default_data_collator)
         return self._sw_for_trl(chosen)
 
+    def _prepare_inputs(self, inputs: Any) -> Any:
+        """Trainer's move to the device, then a compact batch expanded into model inputs
+        there (what crossed from the workers was the window's tokens)."""
+        inputs = super()._prepare_inputs(inputs)  # type: ignore[misc]
+        if isinstance(inputs, dict) and "tokens" in inputs:
+            inputs = model_inputs(expand(inputs))
+        return inputs
+
+    def _sw_shaped(self, ds: Any) -> Any:
+        return ds if self._sw_output is None else with_output(ds, self._sw_output)
+
     def _sw_world(self) -> World:
         a = self.args  # type: ignore[attr-defined]
         return World(a.process_index, a.world_size)
@@ -221,6 +219,7 @@ class ShardwiseTrainerMixin(SFTHooks):
         ds = self.train_dataset  # type: ignore[attr-defined]
         if ds is None:
             raise ValueError("Trainer: training requires a train_dataset.")
+        ds = self._sw_shaped(ds)
         if _is_iterable(ds):
             self._sw_refuse_skip_steps(ds)
             self._sw_train = self._iterable_loader(ds, self.args.per_device_train_batch_size)  # type: ignore[attr-defined]
@@ -280,6 +279,7 @@ class ShardwiseTrainerMixin(SFTHooks):
             ds = self.eval_dataset[ds]  # type: ignore[attr-defined]
         if ds is None:
             raise ValueError("Trainer: evaluation requires an eval_dataset.")
+        ds = self._sw_shaped(ds)
         m = self.args.eval_batch_size  # type: ignore[attr-defined]
         if _is_iterable(ds):
             dl = self._iterable_loader(ds, m)
@@ -391,4 +391,4 @@ class ShardwiseTrainer(ShardwiseTrainerMixin, Trainer):
     loader's position in every checkpoint (see the module docs)."""
 
 
-__all__ = ["ShardwiseTrainer", "ShardwiseTrainerMixin", "collate"]
+__all__ = ["ShardwiseTrainer", "ShardwiseTrainerMixin"]

@@ -19,7 +19,10 @@ checks on resume), only taken at the right moment::
 The wrapper is not a ``DataLoader``, so Lightning's default ``use_distributed_sampler=True``
 leaves it alone (shardwise already places every rank). With a cyclic sampler each
 Lightning epoch is one epoch of shardwise's order (reshuffled per epoch by position, so no
-``set_epoch`` is needed); otherwise one epoch is the whole run.
+``set_epoch`` is needed); otherwise one epoch is the whole run. Compact batches (a loader
+made with ``output=shardwise.Output(compact=True)``) pass through as they are: expand
+them on the device, ``batch = shardwise.torch.expand(batch)`` in ``training_step`` (or
+``on_after_batch_transfer``).
 """
 
 from __future__ import annotations

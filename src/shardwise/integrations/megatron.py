@@ -42,6 +42,7 @@ import numpy.typing as npt
 from shardwise.errors import ConfigError
 from shardwise.format.chunk import IGNORE_INDEX
 from shardwise.read.compose.blend import Blend
+from shardwise.read.examples import Output
 from shardwise.read.tokens.dataset import TokenDataset
 from shardwise.storage.cache import Cache
 from shardwise.storage.cache_range import DocumentRange
@@ -141,12 +142,21 @@ class GPTDataset:
     """Megatron's sample dicts (``tokens``, ``labels``, ``loss_mask``, ``position_ids``,
     and ``attention_mask`` when ``create_attention_mask``) over a map-style shardwise
     token dataset (a TokenDataset or a Blend of them); index, length, order, resume and
-    locality are the inner dataset's."""
+    locality are the inner dataset's. ``output``: ``Output(dtype="int32")`` gives int32
+    ``tokens``, ``labels`` and ``position_ids`` (Megatron's sample dict has no compact form:
+    its ``get_batch`` reads these keys as they are)."""
 
     def __init__(self, dataset: Any, *, split: str = "train", eod_token: int | None = None,
                  reset_position_ids: bool = False, reset_attention_mask: bool = False,
-                 eod_mask_loss: bool = False, create_attention_mask: bool = True) -> None:
+                 eod_mask_loss: bool = False, create_attention_mask: bool = True,
+                 output: Output | None = None) -> None:
         self.dataset, self.split = dataset, split
+        self.output = Output.of(output)
+        if self.output.compact:
+            raise ConfigError("Megatron's sample dicts have no compact form (its get_batch "
+                              "reads tokens, labels, loss_mask and position_ids): use "
+                              "output=Output(dtype='int32'), or shardwise.torch.loader with "
+                              "compact batches and expand() in your own get_batch")
         self.flags = {"reset_position_ids": bool(reset_position_ids),
                       "reset_attention_mask": bool(reset_attention_mask),
                       "eod_mask_loss": bool(eod_mask_loss),
@@ -180,6 +190,9 @@ class GPTDataset:
                "loss_mask": loss_mask, "position_ids": position_ids}
         if attention is not None:
             out["attention_mask"] = attention
+        if not self.output.is_default:
+            for k in ("tokens", "labels", "position_ids"):
+                out[k] = out[k].astype(self.output.dtype_name)
         return out
 
     # -- what the loader asks of a dataset: identity, resume and prefetch, the inner one's
@@ -218,13 +231,15 @@ def build_train_valid_test_datasets(
         reset_attention_mask: bool = False, eod_mask_loss: bool = False,
         create_attention_mask: bool = True, shuffle: str = "document",
         drop_last_partial_validation_sequence: bool = True,
-        plan_dir: str | os.PathLike[str] | None = None) -> list[GPTDataset | None]:
+        plan_dir: str | os.PathLike[str] | None = None,
+        output: Output | None = None) -> list[GPTDataset | None]:
     """``[train, valid, test]`` (None for an empty split) from Megatron's ``--data-path``
     and ``--split``: each dataset is cut into document runs by :func:`split_ranges`, each
     run packed into windows (``shuffle``: TokenDataset's, ``"document"`` by default), and
     several datasets blended by weight (by number of windows when unweighted).
     ``drop_last_partial_validation_sequence=False`` keeps the valid split's last, short
-    window (padded, masked), as a full-validation pass needs."""
+    window (padded, masked), as a full-validation pass needs. ``output``: the sample
+    dicts' dtype (:class:`GPTDataset`)."""
     blend = get_blend_from_list(data_path)
     if blend is None:
         raise ConfigError("data_path is None; give Megatron's --data-path list (prefixes or "
@@ -252,7 +267,8 @@ def build_train_valid_test_datasets(
                               reset_position_ids=reset_position_ids,
                               reset_attention_mask=reset_attention_mask,
                               eod_mask_loss=eod_mask_loss,
-                              create_attention_mask=create_attention_mask))
+                              create_attention_mask=create_attention_mask,
+                              output=output))
     return out
 
 

@@ -38,22 +38,20 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
-
 from shardwise.checkpoint import SKIP_KEY, Configured, LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, MissingExtraError, StateError
 from shardwise.integrations.guards import refuse_bare_lightning
+from shardwise.integrations.torch_batches import collate, pin
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import refuse_epoch_view
+from shardwise.read.examples import Output, with_output
 from shardwise.read.guard import refuse_framework_sharding
-from shardwise.read.rows import stacked
 from shardwise.read.sampler import BatchSampler, SamplerKind, skip_from_steps
 from shardwise.world import World
 
 try:
     import torch
     from torch.utils.data import DataLoader, IterableDataset
-    from torch.utils.data._utils.collate import default_collate
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise MissingExtraError("shardwise.torch needs PyTorch: pip install 'shardwise[torch]'"
                             ) from e
@@ -74,16 +72,6 @@ def _register_iterables() -> None:
 
 
 _register_iterables()
-
-
-def collate(data: Any) -> Any:
-    """A micro-batch → a dict of tensors. A shardwise batch (``get_batch``'s dict, or the
-    :class:`~shardwise.read.rows.Rows` ``__getitems__`` returns) is converted without a
-    copy; anything else (a list of examples) goes to torch's ``default_collate``."""
-    batch = stacked(data)
-    if batch is not None:
-        return {k: torch.from_numpy(np.asarray(v)) for k, v in batch.items()}
-    return default_collate(data)
 
 
 def look_ahead(batches: Iterator[list[int]], prefetch: Callable[[list[int]], bool | None],
@@ -220,10 +208,10 @@ class ShardwiseLoader(Resumable, DataLoader):  # type: ignore[type-arg]
         ds, fn = self.dataset, self.collate_fn
         fast = fn is collate and hasattr(ds, "get_batch")
         getitems = ds.get_batch if fast else ds.__getitems__  # type: ignore[attr-defined]
-        pin = self.pin_memory and torch.cuda.is_available()
+        pinned = self.pin_memory and torch.cuda.is_available()
         for indices in self._indices:
             batch = fn(getitems(indices))
-            yield (_pin(batch) if pin else batch)
+            yield (pin(batch) if pinned else batch)
 
     def _restart(self, consumed: int) -> None:
         pos = self._indices
@@ -298,12 +286,6 @@ def sampler_state_config(dataset: Any, s: BatchSampler) -> dict[str, Any]:
     return cfg
 
 
-def _pin(batch: Any) -> Any:
-    if isinstance(batch, dict):
-        return {k: v.pin_memory() if hasattr(v, "pin_memory") else v for k, v in batch.items()}
-    return batch
-
-
 def _dataset_drops(dataset: Any) -> list[Drop]:
     drops = getattr(dataset, "drops", None)
     return list(drops()) if callable(drops) else []
@@ -342,7 +324,7 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
            total_samples: int | None = None, consumed: int = 0, pin_memory: bool = False,
            persistent_workers: bool = False, prefetch_factor: int | None = None,
            look_ahead: int | None = None, collate_fn: Callable[[Any], Any] | None = None,
-           skip_steps: Iterable[Sequence[int]] | None = None,
+           skip_steps: Iterable[Sequence[int]] | None = None, output: Output | None = None,
            **dataloader_kwargs: Any) -> ShardwiseLoader:
     """This rank's loader over ``dataset`` (a TokenDataset or any map-style dataset).
 
@@ -361,11 +343,14 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
     (of ``global_batch_size``) to leave out (see the module docs); ``epochs`` and
     ``total_samples`` still count positions of the order, skipped ones included, so the
     run ends where it would without skips and never reads past its planned data.
+    ``output``: the examples' form (:class:`~shardwise.read.examples.Output`), made in the
+    workers; ``expand(batch)`` restores a compact one on the device.
 
     >>> dl = loader(ds, global_batch_size=64, micro_batch_size=8,  # doctest: +SKIP
     ...             world=World(0, 2))
     """
     kind, n = SamplerKind.parse(sampler), _map_style_len(dataset)
+    dataset = with_output(dataset, output)
     if look_ahead is not None:
         look_ahead = as_count(look_ahead, "look_ahead", error=ConfigError)
     world = World.resolve(world, reader="shardwise.torch.loader")
@@ -378,11 +363,18 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
                            skip_from_steps(skip_steps, global_batch_size))
     if kind is SamplerKind.EVAL:
         _check_eval(dataset, batches)
-    extra: dict[str, Any] = {}
-    if num_workers > 0:
-        extra["persistent_workers"] = persistent_workers
-        if prefetch_factor is not None:
-            extra["prefetch_factor"] = prefetch_factor
     return ShardwiseLoader(dataset, batches, num_workers=num_workers, pin_memory=pin_memory,
-                           look_ahead=look_ahead, collate_fn=collate_fn, **extra,
+                           look_ahead=look_ahead, collate_fn=collate_fn,
+                           **_worker_options(num_workers, persistent_workers, prefetch_factor),
                            **dataloader_kwargs)
+
+
+def _worker_options(workers: int, persistent: bool, prefetch_factor: int | None
+                    ) -> dict[str, Any]:
+    """DataLoader's options that exist only with worker processes."""
+    if workers == 0:
+        return {}
+    extra: dict[str, Any] = {"persistent_workers": persistent}
+    if prefetch_factor is not None:
+        extra["prefetch_factor"] = prefetch_factor
+    return extra

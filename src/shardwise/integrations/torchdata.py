@@ -20,7 +20,10 @@ torchdata snapshots the sampler iterator when it hands out each batch's indices
 caller *received*, not what the workers prefetched. The position is global (the same on
 every rank); restoring into another world size works when it is a whole number of the
 new ``micro_batch_size × world size``. ``skip_steps`` leaves global steps out as
-:func:`shardwise.torch.loader`'s does (the same state rule on resume).
+:func:`shardwise.torch.loader`'s does (the same state rule on resume). Compact batches
+between the workers and the step: make the reader with
+``output=shardwise.Output(dtype="stored", compact=True)`` (the workers read it in that
+form) and call ``shardwise.torch.expand(batch)`` on the device.
 """
 
 from __future__ import annotations

@@ -64,12 +64,13 @@ from shardwise.read.compose.blend_rows import (
     locate_sources,
     prefetch_sources,
     remote,
+    source_output,
 )
 from shardwise.read.compose.schedule import BlendConfig, Weights, mixture
 from shardwise.read.compose.sft_pack import source_identity
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import EpochView
-from shardwise.read.examples import NEXT_TOKEN, check_same_layout
+from shardwise.read.examples import NEXT_TOKEN, Output, check_same_layout
 from shardwise.read.guard import GuardedReader
 from shardwise.read.orders import PAD
 from shardwise.read.rows import ROW_FREE, Rows, stacked
@@ -102,7 +103,9 @@ class Blend(GuardedReader, EpochView, Resumable):
 
     Its order is a :class:`~shardwise.read.compose.schedule.BlendConfig`: ``weights`` or
     ``schedule`` and ``names`` (turned into its fields by ``mixture``), its other fields
-    (``seed``, ``length``) as keyword arguments, or ``config=`` one.
+    (``seed``, ``length``) as keyword arguments, or ``config=`` one. ``output``: the
+    examples' form (:class:`~shardwise.read.examples.Output`), set on the blend (its
+    sources keep the default form).
 
     >>> mix = Blend([web, code], weights=[0.7, 0.3], names=["web", "code"])  # doctest: +SKIP
     >>> dl = loader(mix, global_batch_size=64, micro_batch_size=8)           # doctest: +SKIP
@@ -116,8 +119,9 @@ class Blend(GuardedReader, EpochView, Resumable):
     def __init__(self, datasets: Sequence[Any], weights: Weights | None = None, *,
                  config: BlendConfig | None = None, names: Sequence[str] | None = None,
                  schedule: Sequence[tuple[int, Weights]] | None = None,
-                 **options: Any) -> None:
+                 output: Output | None = None, **options: Any) -> None:
         self.sources = list(datasets)
+        self.output, self._stored = source_output(self.sources, Output.of(output))
         if config is None or weights is not None or schedule is not None or names is not None:
             options.update(mixture(len(self.sources), weights, schedule, names))
         config = self.config_class.of(config, options)
@@ -322,7 +326,8 @@ class Blend(GuardedReader, EpochView, Resumable):
         for j in np.unique(src).tolist():
             sel = src == j
             parts.append((rows[sel], self._fetch(j, self._offsets(j, off[sel]))))
-        return assemble(parts, idx.size, self.names)
+        batch = assemble(parts, idx.size, self.names)
+        return batch if self.output.is_default else self.output.shape(batch, self._stored)
 
     def __getitem__(self, index: int) -> dict[str, npt.NDArray[Any]]:
         batch = self.get_batch([int(index)])
@@ -353,7 +358,8 @@ class Blend(GuardedReader, EpochView, Resumable):
                     self.exhausted = self.names[j]
                     return
             self._consumed += 1
-            yield example
+            yield example if self.output.is_default else self.output.shape(
+                example, self._stored, keep=("loss_mask", "position_ids"))
 
     def _position(self) -> tuple[int, dict[str, Any]]:
         streams = [None if _is_map(d) else d.state_dict() for d in self.sources]

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.errors import ConfigError
+from shardwise.read.examples import DEFAULT_OUTPUT, Output
 from shardwise.read.orders import Runs
 from shardwise.read.rows import ROW_FREE
 from shardwise.read.tokens.dataset import TokenDataset
@@ -99,3 +100,17 @@ def cu_seqlens(parts: list[tuple[npt.NDArray[np.intp], Batch]], n: int, L: int
 
 __all__ = ["BlendRuns", "assemble", "cu_seqlens", "locate_sources", "prefetch_sources",
            "remote"]
+
+
+def source_output(sources: list[Any], output: Output) -> tuple[Output, np.dtype[Any]]:
+    """A blend's output form, and the token dtype its ``stored`` means (its sources' cache
+    dtype when they agree, else int32). The sources must keep the default form: the blend
+    joins their rows by key and shapes the joined batch once."""
+    shaped = [i for i, d in enumerate(sources)
+              if not getattr(d, "output", DEFAULT_OUTPUT).is_default]
+    if shaped:
+        raise ConfigError(f"blend sources {shaped} were made with output=...: make them with "
+                          "the default form and pass output= to the Blend, which shapes "
+                          "the mixed batch")
+    dtypes = {np.dtype(d.cache.dtype) for d in sources if hasattr(d, "cache")}
+    return output, (dtypes.pop() if len(dtypes) == 1 else np.dtype(np.int32))

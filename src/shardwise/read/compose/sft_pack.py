@@ -68,7 +68,7 @@ from shardwise.plan.sft_packing import (
 )
 from shardwise.read.deprecated import renamed
 from shardwise.read.drops import Drop, describe_drops
-from shardwise.read.examples import NEXT_TOKEN
+from shardwise.read.examples import NEXT_TOKEN, Output
 from shardwise.read.guard import (
     GuardedReader,
     refuse_framework_sharding,
@@ -152,12 +152,12 @@ class PackedSFT(GuardedReader, Resumable):
 
     def __init__(self, records: Sequence[dict[str, Any]], config: SftConfig | None = None,
                  *, window: int | None = None, world: World | None = None,
-                 **options: Any) -> None:
+                 output: Output | None = None, **options: Any) -> None:
         if window is not None:  # the deprecated name of group_size
             options["group_size"] = renamed("window", window, "group_size",
                                             options.get("group_size", 1024), "PackedSFT",
                                             default=1024)
-        self.config = self.config_class.of(config, options)
+        self.config, self.output = self.config_class.of(config, options), Output.of(output)
         if len(records) == 0:
             raise ConfigError("PackedSFT needs at least one record")
         self.world = World.resolve(world, reader="PackedSFT")
@@ -354,7 +354,13 @@ class PackedSFT(GuardedReader, Resumable):
             after = self.advance(mark, size)
             self._epoch, self._group, self._bin = after or (self.epochs or 0, 0, 0)
             self._consumed += size
-            yield example
+            yield example if self.output.is_default else self._shaped(example)
+
+    def _shaped(self, example: Example) -> Example:
+        """A row in ``output``'s form: compact rows keep the same keys (so they collate);
+        their labels must be the next tokens (a record may carry labels of its own)."""
+        return self.output.shape(example, np.int32, keep=("loss_mask", "position_ids"),
+                                 check=True)
 
     # -- state --------------------------------------------------------------------------------
     def _position(self) -> tuple[int, dict[str, Any]]:

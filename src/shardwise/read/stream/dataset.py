@@ -110,7 +110,7 @@ from shardwise.plan.permutation import PERMUTATION_VERSION
 from shardwise.plan.skips import advance
 from shardwise.plan.stream import dropped_stream_tokens
 from shardwise.read.drops import Drop, describe_drops
-from shardwise.read.examples import NEXT_TOKEN
+from shardwise.read.examples import NEXT_TOKEN, Output
 from shardwise.read.guard import (
     GuardedReader,
     refuse_framework_sharding,
@@ -158,6 +158,8 @@ class StreamDataset(GuardedReader, Resumable):
     ``batch_size × world size`` (see the module docs; a read config's ``skip`` gives
     them in global steps). ``bind(world)``: serve another world, before the first read.
     ``shuffle``: the order of each block's windows (default ``"window"``, seeded).
+    ``output``: the examples' form (:class:`~shardwise.read.examples.Output`); a compact
+    single example always carries ``loss_mask``, so rows collate.
     """
 
     state_kind = "stream"
@@ -169,8 +171,10 @@ class StreamDataset(GuardedReader, Resumable):
                  follow: bool = False, batch_size: int | None = None,
                  poll_interval: float = 0.5, timeout: float = 600.0, prefetch_chunks: int = 2,
                  chunk_cache_bytes: int = 256 << 20, verify: bool | None = None,
-                 skip: Iterable[Sequence[int]] | None = None, **options: Any) -> None:
+                 skip: Iterable[Sequence[int]] | None = None, output: Output | None = None,
+                 **options: Any) -> None:
         self.config = self.config_class.of(config, options)
+        self.output = Output.of(output)
         self.world = World.resolve(world, reader="StreamDataset")
         self.share = self.world.stream_share(self.config.streams)
         self.streams = self.share.streams
@@ -365,7 +369,7 @@ class StreamDataset(GuardedReader, Resumable):
                     j += 1
                 if n == 0:
                     return
-                batch = finish_examples(rows[:n], valid[:n], L)
+                batch = self._shaped(finish_examples(rows[:n], valid[:n], L))
                 self._received += n
                 yield batch if self.batch_size else {key: v[0] for key, v in batch.items()}
                 if n < size:
@@ -374,6 +378,13 @@ class StreamDataset(GuardedReader, Resumable):
             if self._run is run:
                 self._run = None
             run.close()
+
+
+    def _shaped(self, batch: Example) -> Example:
+        if self.output.is_default:
+            return batch
+        keep = () if self.batch_size else ("loss_mask",)
+        return self.output.shape(batch, self.cache.dtype, keep=keep)
 
 
 def _refuse_worker_process() -> None:

@@ -30,7 +30,7 @@ from shardwise.plan.permutation import PERMUTATION_VERSION
 from shardwise.plan.windows import dropped_tokens, num_windows
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import EpochView
-from shardwise.read.examples import NEXT_TOKEN
+from shardwise.read.examples import NEXT_TOKEN, Output
 from shardwise.read.guard import GuardedReader
 from shardwise.read.orders import Order, Runs, WindowOrder, order_class
 from shardwise.read.reader_config import ReaderConfig
@@ -118,7 +118,9 @@ class TokenDataset(GuardedReader, EpochView, Configured):
     ``seed``, ``shuffle``, ...) or ``config=`` one (arguments given too replace its fields).
     ``verify``: check ids and chunk checksums as they are read (default: as the cache was
     opened, which is on; ``False`` for a trusted cache; see
-    :mod:`shardwise.storage.integrity`).
+    :mod:`shardwise.storage.integrity`). ``output``: the examples' form
+    (:class:`~shardwise.read.examples.Output`: int32 ids, or compact batches for
+    DataLoader workers); not part of the order.
 
     >>> ds = TokenDataset(open_cache("cache/"), seq_len=2048, seed=1234)  # doctest: +SKIP
     >>> ds[0]["input_ids"].shape, len(ds)                                # doctest: +SKIP
@@ -136,7 +138,8 @@ class TokenDataset(GuardedReader, EpochView, Configured):
     def __init__(self, cache: Cache | str | os.PathLike[str],
                  config: TokenConfig | None = None, *,
                  plan_dir: str | os.PathLike[str] | None = None, verify: bool | None = None,
-                 **options: Any) -> None:
+                 output: Output | None = None, **options: Any) -> None:
+        self.output = Output.of(output)  # the examples' form (read/examples.py); not the order
         self.cache = reader_cache(cache, verify)
         self.config = self.config_class.of(config, options)
         seq_len, drop_last = self.config.seq_len, self.config.drop_last
@@ -211,7 +214,9 @@ class TokenDataset(GuardedReader, EpochView, Configured):
         by :meth:`set_epoch`'s epoch (:mod:`shardwise.read.epochs`)."""
         idx = list(self.positions(indices.tolist() if isinstance(indices, np.ndarray)
                                   else indices))
-        return self.order.read(idx)
+        if self.output.is_default:
+            return self.order.read(idx)
+        return self.output.shape(self.order.read(idx), self.cache.dtype)
 
     def prefetch(self, indices: list[int]) -> bool:
         """Start downloading the chunks examples ``indices`` will read, in the background
