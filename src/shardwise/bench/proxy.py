@@ -48,13 +48,13 @@ _METHODS = (b"GET ", b"PUT ", b"HEAD ", b"POST ", b"DELETE ")
 class Counters:
     """What crossed a proxy since the last :meth:`reset`: ``requests`` (HTTP request
     lines from clients), ``connections`` (open now), ``max_connections`` (the most open at
-    once), ``bytes`` answered, ``first_s`` / ``last_s`` (monotonic: the first request, the
+    once), ``bytes_out`` answered, ``first_s`` / ``last_s`` (monotonic: the first request, the
     last answer byte; 0 before any)."""
 
     requests: int = 0
     connections: int = 0
     max_connections: int = 0
-    bytes: int = 0
+    bytes_out: int = 0
     first_s: float = 0.0
     last_s: float = 0.0
 
@@ -73,13 +73,13 @@ class Counters:
             self.first_s = self.first_s or time.monotonic()
 
     def answered(self, n: int) -> None:
-        self.bytes += n
+        self.bytes_out += n
         self.last_s = time.monotonic()
 
     def rate(self) -> float:
         """Bytes/s answered between the first request and the last byte."""
         span = self.last_s - self.first_s
-        return self.bytes / span if span > 0 else 0.0
+        return self.bytes_out / span if span > 0 else 0.0
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,

@@ -314,9 +314,8 @@ def run(args: argparse.Namespace) -> int:
         if side_by_side:
             urls = {"shardwise": url}
             if args.peer:
-                urls["peer"] = write_peer_copy(local, prefix, work / "litdata",
-                                               f"s3://{BUCKET}/litdata",
-                                               server.storage_options(), args.chunk_mb)
+                urls["peer"] = write_peer_copy(local, work / "litdata", f"s3://{BUCKET}/litdata",
+                                               server.storage_options())
             summary["side_by_side"] = summarize_peer(compare(urls, slow, work, args))
     shutil.rmtree(work / "seaweed", ignore_errors=True)
     if args.json:

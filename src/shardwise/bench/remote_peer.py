@@ -9,15 +9,21 @@ Each reader (this checkout's shardwise, each ``--baseline-src`` tree's, LitData'
 * flat out: the first batch, ``--batches`` batches (the first included), then on to the
   end of the epoch; the proxy's counters (:class:`~shardwise.bench.proxy.Counters`) give
   the requests, the most connections open at once, the bytes and the download rate, for
-  every client alike; CPU seconds of the reader's process per GiB the proxy answered;
+  every client alike; CPU seconds of the reader's process per GiB the proxy answered
+  (the clients' imports done before the clock starts, for every reader);
 * stepped: ``--step-ms`` of "training" after every batch, for ``--step-batches`` batches:
   waits over 10 and 50 ms after the first batch, the longest, and the steady stall (time
-  in ``next()`` after the first batch over the time since it).
+  in ``next()`` after the first batch over the time since it: the batches' own reading
+  time included).
 
 Beside them, with no reader (:data:`CEILING_CODE`, obstore alone): the same server and
 proxy serving bare ranged GETs at shardwise's concurrency (the most connections its flat
 rounds held open), in 8 MiB and in 32 MiB requests — the ceiling its rate is a ratio of —
 and that bare client's CPU seconds per GiB.
+
+LitData downloads through obstore where it is installed; its client options do not allow
+plain http (a real bucket is https), so the bench allows it for the proxy's endpoint,
+changing nothing else.
 
 The orders differ, as each system defines its shuffle: shardwise's window shuffle is a
 keyed permutation of every window of the corpus; LitData shuffles the order of chunks and
@@ -40,10 +46,8 @@ from typing import Any
 from shardwise.bench.child import child_env, run_child
 from shardwise.bench.proxy import ProxyProcess
 from shardwise.bench.seaweed import FAKE_ENV
-from shardwise.errors import MissingExtraError
 
 PEERS = ("litdata",)
-LITDATA_INSTALL = "pip install litdata"
 
 _LOOP = r'''
 waits, tokens, first_s, to_n = [], 0, None, None
@@ -57,6 +61,8 @@ for i, batch in enumerate(batches):
         to_n = now - t0
         if step:
             break
+    if i + 1 == total:  # the epoch's last whole batch (shardwise's loader goes on)
+        break
     if step:
         time.sleep(step)
     last = time.perf_counter()
@@ -80,6 +86,11 @@ seq_len, micro, n, step = int(seq_len), int(micro), int(n), float(step)
 local_bytes = int(local_bytes)
 import shardwise as sw
 from shardwise.torch import loader
+import fsspec, s3fs  # noqa: the clients' imports are not the reader's time
+try:
+    import obstore
+except ImportError:
+    pass
 opts = {"endpoint_url": endpoint, "key": "testing", "secret": "testing",
         "skip_instance_cache": True}
 shutil.rmtree(node, ignore_errors=True)
@@ -90,6 +101,7 @@ ds = sw.TokenDataset(cache, seq_len=seq_len, seed=1, shuffle=shuffle)
 batches = loader(ds, global_batch_size=micro, micro_batch_size=micro, world=sw.World.single())
 ids = lambda b: b["input_ids"]
 stats = cache.prefetch_stats
+total = len(ds) // micro
 ''' + _LOOP + r'''
 cache.close()
 shutil.rmtree(node, ignore_errors=True)
@@ -100,18 +112,21 @@ import json, shutil, sys, time
 import numpy as np
 url, endpoint, node, seq_len, micro, n, step, shuffle, local_bytes = sys.argv[1:10]
 seq_len, micro, n, step = int(seq_len), int(micro), int(n), float(step)
-from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
-from litdata.streaming.resolver import Dir
+from shardwise.bench import litdata_peer
+import litdata, boto3, obstore  # the clients' imports are not the reader's time
+import litdata.streaming.downloader as dl  # its obstore client, as on https: http allowed
+if hasattr(dl, "_OBSTORE_CLIENT_OPTIONS"):
+    dl._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
 opts = {"endpoint_url": endpoint, "aws_access_key_id": "testing",
         "aws_secret_access_key": "testing", "region_name": "us-east-1"}
 shutil.rmtree(node, ignore_errors=True)
 cpu0, t0 = time.process_time(), time.perf_counter()
-ds = StreamingDataset(input_dir=Dir(path=node, url=url),
-                      item_loader=TokensLoader(block_size=seq_len + 1),
-                      shuffle=shuffle != "none", seed=1, storage_options=opts)
-batches = StreamingDataLoader(ds, batch_size=micro, num_workers=0)
+ds = litdata_peer.dataset(url, seq_len=seq_len, seed=1, shuffle=shuffle != "none",
+                          cache_dir=node, storage_options=opts)
+batches = litdata_peer.loader(ds, batch_size=micro)
 ids = lambda b: b
 stats = lambda: {}
+total = None
 ''' + _LOOP + r'''
 shutil.rmtree(node, ignore_errors=True)
 '''
@@ -146,11 +161,9 @@ print(json.dumps({"bytes": got, "seconds": seconds, "bytes_per_s": got / seconds
 
 def check_peer(peer: str) -> None:
     """A missing peer package is a message naming its install line, not a traceback."""
-    import importlib.util
+    from shardwise.bench.litdata_peer import require
 
-    if importlib.util.find_spec(peer) is None:
-        raise MissingExtraError(f"bench remote --peer {peer}: the peer is not installed; "
-                                f"{LITDATA_INSTALL}")
+    require()
 
 
 def readers(args: argparse.Namespace) -> dict[str, tuple[str, dict[str, str]]]:
@@ -174,8 +187,8 @@ def _one(code: str, env: dict[str, str], url: str, proxy: ProxyProcess, node: Pa
     got = run_child(code, url, endpoint, node, args.seq_len, args.micro_batch, n, step,
                     args.shuffle, local, env=env, what=f"bench remote's {label} reader")
     c = proxy.counters()
-    got.update(requests=c.requests, max_connections=c.max_connections, received=c.bytes,
-               rate=c.rate(), cpu_s_per_gib=got["cpu_s"] / max(c.bytes / (1 << 30), 1e-9))
+    got.update(requests=c.requests, max_connections=c.max_connections, received=c.bytes_out,
+               rate=c.rate(), cpu_s_per_gib=got["cpu_s"] / max(c.bytes_out / (1 << 30), 1e-9))
     shutil.rmtree(node, ignore_errors=True)
     print(f"  {label}{' stepped' if step else ''}: {time.perf_counter() - started:.1f} s",
           file=sys.stderr, flush=True)
@@ -258,14 +271,19 @@ def print_peer(s: dict[str, Any], args: argparse.Namespace) -> None:
               f"{c['cpu_s_per_gib']:.2f} CPU s/GiB (a bare obstore client)")
 
 
-def write_peer_copy(local: Path, prefix: Path, out: Path, url: str, options: dict[str, Any],
-                    chunk_mb: float) -> str:
-    """The corpus in LitData's format (``bench.litdata_peer``), uploaded beside the
-    shardwise cache; its URL."""
-    from shardwise.bench.litdata_peer import write_litdata
+def write_peer_copy(local: Path, out: Path, url: str, options: dict[str, Any]) -> str:
+    """The shardwise cache ``local``'s chunks as LitData chunks (one each,
+    :mod:`shardwise.bench.litdata_peer`), uploaded beside the shardwise cache; its URL."""
+    import shardwise as sw
+    from shardwise.bench.litdata_peer import cache_chunks, write_tokens
     from shardwise.bench.moto import upload
 
-    write_litdata(prefix, out, chunk_bytes=int(chunk_mb * (1 << 20)))
+    shutil.rmtree(out, ignore_errors=True)
+    cache = sw.open_cache(local)
+    try:
+        write_tokens(cache_chunks(cache), out)
+    finally:
+        cache.close()
     upload(out, url, options)
     return url
 
