@@ -30,9 +30,10 @@ def _batches(cache: sw.Cache | Path, shuffle: str, n: int | None = None) -> list
 
     ds = sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=3, shuffle=shuffle)
     dl = loader(ds, global_batch_size=4, micro_batch_size=4, world=World.single())
-    it = iter(dl)
+    it = iter(dl)  # endless (epoch after epoch): n batches, or one epoch's
     try:
-        return [b["input_ids"].numpy() for _, b in zip(range(n or 10**9), it, strict=False)]
+        return [b["input_ids"].numpy() for _, b in zip(range(n or len(ds) // 4), it,
+                                                        strict=False)]
     finally:
         it.close()
 
