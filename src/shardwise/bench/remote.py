@@ -264,16 +264,10 @@ def _length(remote: Any, block: tuple[str, int, int]) -> int:
     return len(remote.read_range(*block))
 
 
-def run(args: argparse.Namespace) -> int:
-    from shardwise.bench.remote_peer import (
-        check_peer,
-        compare,
-        print_peer,
-        summarize_peer,
-        write_peer_copy,
-    )
-    from shardwise.bench.remote_report import check_same_rows, print_report, summarize
-    from shardwise.bench.seaweed import seaweed_s3
+def _check_args(args: argparse.Namespace) -> bool:
+    """``--quick``'s sizes, the arguments checked, the peer found; whether readers run side
+    by side."""
+    from shardwise.bench.remote_peer import check_peer
 
     if args.quick:
         for k, v in QUICK.items():
@@ -282,9 +276,17 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--tokens, --chunk-mb, --repeat must be positive, --batches >= 2")
     if args.peer:
         check_peer(args.peer)
-    side_by_side = bool(args.peer or args.baseline_src or args.compare_only)
     if args.step_batches is None:
         args.step_batches = args.batches
+    return bool(args.peer or args.baseline_src or args.compare_only)
+
+
+def run(args: argparse.Namespace) -> int:
+    from shardwise.bench.remote_peer import print_peer, side_by_side_rounds
+    from shardwise.bench.remote_report import check_same_rows, print_report, summarize
+    from shardwise.bench.seaweed import seaweed_s3
+
+    side_by_side = _check_args(args)
     work = Path(args.tmp_dir or tempfile.gettempdir()) / "shardwise-bench-remote"
     work.mkdir(parents=True, exist_ok=True)
     prefix = work / f"corpus-{args.tokens}"
@@ -312,11 +314,7 @@ def run(args: argparse.Namespace) -> int:
             check_same_rows(runs)
             summary = summarize(runs, cache_bytes, chunks, args, top)
         if side_by_side:
-            urls = {"shardwise": url}
-            if args.peer:
-                urls["peer"] = write_peer_copy(local, work / "litdata", f"s3://{BUCKET}/litdata",
-                                               server.storage_options())
-            summary["side_by_side"] = summarize_peer(compare(urls, slow, work, args))
+            summary["side_by_side"] = side_by_side_rounds(local, url, server, slow, work, args)
     shutil.rmtree(work / "seaweed", ignore_errors=True)
     if args.json:
         print(json.dumps(summary, indent=1, default=str))

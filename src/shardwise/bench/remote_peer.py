@@ -288,6 +288,17 @@ def write_peer_copy(local: Path, out: Path, url: str, options: dict[str, Any]) -
     return url
 
 
+def side_by_side_rounds(local: Path, url: str, server: Any, proxy: ProxyProcess, work: Path,
+                        args: argparse.Namespace) -> dict[str, Any]:
+    """The readers side by side (the peer's copy uploaded first), summarized."""
+    urls = {"shardwise": url}
+    if args.peer:
+        bucket = url.removeprefix("s3://").split("/")[0]
+        urls["peer"] = write_peer_copy(local, work / "litdata", f"s3://{bucket}/litdata",
+                                       server.storage_options())
+    return summarize_peer(compare(urls, proxy, work, args))
+
+
 def bench_options(endpoint: str) -> dict[str, Any]:
     return {"endpoint_url": endpoint, "key": FAKE_ENV["AWS_ACCESS_KEY_ID"],
             "secret": FAKE_ENV["AWS_SECRET_ACCESS_KEY"], "skip_instance_cache": True}
@@ -297,4 +308,5 @@ def dumps(s: dict[str, Any]) -> str:
     return json.dumps(s, indent=1, default=str)
 
 
-__all__ = ["PEERS", "check_peer", "compare", "print_peer", "summarize_peer", "write_peer_copy"]
+__all__ = ["PEERS", "check_peer", "compare", "print_peer", "side_by_side_rounds",
+           "summarize_peer", "write_peer_copy"]
