@@ -135,20 +135,20 @@ CEILING_CODE = r'''
 import asyncio, json, sys, time
 import obstore
 from obstore.store import S3Store
-endpoint, bucket, prefix, par, piece = sys.argv[1:6]
-par, piece = int(par), int(piece)
+endpoint, bucket, prefix, par, piece, files = sys.argv[1:7]
+par, piece, files = int(par), int(piece), json.loads(files)
 store = S3Store(bucket, prefix=prefix, client_options={"allow_http": True},
                 config={"endpoint": endpoint, "access_key_id": "testing",
                         "secret_access_key": "testing", "region": "us-east-1"})
-objects = [o for page in obstore.list(store) for o in page if o["path"].endswith(".bin")]
-ranges = [(o["path"], a, min(a + piece, o["size"])) for o in objects
-          for a in range(0, o["size"], piece)]
+ranges = [(key, a, min(a + piece, size)) for key, size in files
+          for a in range(0, size, piece)]
 async def main():
     room, got = asyncio.Semaphore(par), 0
     async def one(key, a, b):
         nonlocal got
-        async with room:
-            got += memoryview(await obstore.get_range_async(store, key, start=a, end=b)).nbytes
+        async with room:  # (got += await ... would read got before the await)
+            n = memoryview(await obstore.get_range_async(store, key, start=a, end=b)).nbytes
+            got += n
     await asyncio.gather(*(one(*r) for r in ranges))
     return got
 cpu0, t0 = time.process_time(), time.perf_counter()
@@ -198,7 +198,8 @@ def _one(code: str, env: dict[str, str], url: str, proxy: ProxyProcess, node: Pa
 def compare(urls: dict[str, str], proxy: ProxyProcess, work: Path, args: argparse.Namespace
             ) -> dict[str, Any]:
     """Rounds of every reader (flat, then stepped), in rotating order; then the ceiling at
-    shardwise's concurrency. ``urls``: the shardwise cache's and the peer's copy's."""
+    shardwise's concurrency. ``urls``: the shardwise cache's, the peer's copy's, and the
+    local cache it was uploaded from (``local``: the chunk files the ceiling reads)."""
     who = readers(args)
     names = list(who)
     flat: dict[str, list[dict[str, Any]]] = {k: [] for k in names}
@@ -215,7 +216,9 @@ def compare(urls: dict[str, str], proxy: ProxyProcess, work: Path, args: argpars
     conns = int(statistics.median(f["max_connections"] for f in flat["shardwise"]))
     bucket, _, prefix = urls["shardwise"].removeprefix("s3://").partition("/")
     endpoint = f"http://127.0.0.1:{proxy.port}"
-    ceilings = [run_child(CEILING_CODE, endpoint, bucket, prefix, conns, piece << 20,
+    files = json.dumps([[p.relative_to(urls["local"]).as_posix(), p.stat().st_size]
+                        for p in sorted(Path(urls["local"]).rglob("*.bin"))])
+    ceilings = [run_child(CEILING_CODE, endpoint, bucket, prefix, conns, piece << 20, files,
                           env=child_env(), what="bench remote's bare client")
                 for piece in (8, 32)]
     return {"flat": flat, "stepped": stepped, "ceilings": ceilings, "concurrency": conns}
@@ -291,7 +294,7 @@ def write_peer_copy(local: Path, out: Path, url: str, options: dict[str, Any]) -
 def side_by_side_rounds(local: Path, url: str, server: Any, proxy: ProxyProcess, work: Path,
                         args: argparse.Namespace) -> dict[str, Any]:
     """The readers side by side (the peer's copy uploaded first), summarized."""
-    urls = {"shardwise": url}
+    urls = {"shardwise": url, "local": str(local)}
     if args.peer:
         bucket = url.removeprefix("s3://").split("/")[0]
         urls["peer"] = write_peer_copy(local, work / "litdata", f"s3://{bucket}/litdata",
