@@ -74,7 +74,7 @@ def test_a_missing_peer_is_named_before_anything_starts(tmp_path: Path,
 
     monkeypatch.setitem(sys.modules, "litdata", None)  # import litdata fails
     args = _parse("--peer", "litdata", "--tmp-dir", str(tmp_path))
-    with pytest.raises(MissingExtraError, match="pip install litdata"):
+    with pytest.raises(MissingExtraError, match=r"--peer litdata needs LitData.*pip install"):
         bench_remote.run(args)
     assert not (tmp_path / "shardwise-bench-remote").exists()
 
