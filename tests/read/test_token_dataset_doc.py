@@ -176,7 +176,7 @@ def test_prefetch_asks_for_the_chunks_of_every_piece(chunked: Path, tmp_path: Pa
     ds.get_batch([0])  # the plan and document starts, made while the cache is local
     asked: list[int] = []
     monkeypatch.setattr(ds.cache.store, "prefetches", True)  # as a bucket store would
-    monkeypatch.setattr(ds.cache, "prefetch", asked.extend)
+    monkeypatch.setattr(ds.cache, "prefetch_runs", lambda runs: asked.extend(runs.chunks()))
     for idx in ([0, 1, 2, 3], [40, sw.PAD, 7]):
         asked.clear()
         ds.prefetch(idx)

@@ -45,6 +45,40 @@ def test_json_report_on_a_tiny_cache(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert not list((tmp_path / "shardwise-bench-remote").glob("node-*"))  # removed
 
 
+def test_side_by_side_with_litdata_on_a_tiny_cache(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``--peer litdata --compare-only``: shardwise and LitData read the same tokens from
+    the same server through the same proxy, each in a fresh process; every figure of the
+    table is there, counted by the proxy for both, beside the ceiling and a bare client."""
+    args = _parse("--tokens", "400000", "--chunk-mb", "0.1", "--seq-len", "64",
+                  "--batches", "20", "--step-batches", "10", "--latency", "0.02",
+                  "--compare-only", "--peer", "litdata", "--json", "--tmp-dir", str(tmp_path))
+    assert bench_remote.run(args) == 0
+    side = json.loads(capsys.readouterr().out)["side_by_side"]
+    assert set(side["readers"]) == {"shardwise", "litdata"}
+    for name, r in side["readers"].items():
+        assert r["requests"] > 0 and r["max_connections"] >= 1, name
+        assert r["received"] >= 800_000 and r["rate"] > 0 and r["cpu_s_per_gib"] > 0, name
+        assert 0.02 < r["first_s"] <= r["to_n_s"] <= r["epoch_s"], name
+        assert r["waits_10"] is not None and r["longest"] is not None, name
+        assert r["tokens"] > 0.9 * 400_000, name  # a whole epoch, each in its own windows
+    assert [c["bytes"] for c in side["ceilings"]] == [800_000, 800_000]
+    assert side["bare_cpu_s_per_gib"] > 0 and side["concurrency"] >= 1
+    assert not list((tmp_path / "shardwise-bench-remote").glob("peer-node-*"))  # removed
+
+
+def test_a_missing_peer_is_named_before_anything_starts(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "litdata", None)  # import litdata fails
+    args = _parse("--peer", "litdata", "--tmp-dir", str(tmp_path))
+    with pytest.raises(MissingExtraError, match=r"--peer litdata needs LitData.*pip install"):
+        bench_remote.run(args)
+    assert not (tmp_path / "shardwise-bench-remote").exists()
+
+
 def test_without_moto_it_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     from shardwise.bench.moto import moto_server
 

@@ -37,6 +37,9 @@ class _WholeChunks(BucketStore):
     def gather(self, runs: Any) -> npt.NDArray[Any]:
         return ChunkStore.gather(self, runs)
 
+    def prefetch_runs(self, runs: Any) -> bool:
+        return ChunkStore.prefetch_runs(self, runs)  # the chunks only, no early reads
+
 
 class _HalfBudget(BucketStore):
     def _new_prefetcher(self) -> Prefetcher:

@@ -15,6 +15,11 @@ Run it in its own process (:func:`start_proxy`: the proxy's copying never compet
 the measured reader for the GIL) or in a thread of this one (:class:`LatencyProxy`, as the
 tests do). ``python -m shardwise.bench.proxy --upstream HOST:PORT --latency 0.05`` prints
 ``port N`` once it listens.
+
+It counts what crosses it (:class:`Counters`): requests, connections open at once (the
+most since the last reset), bytes answered and when the first request came and the last
+answer byte left — what ``bench remote`` reports for every reader alike, whatever client
+it uses. A proxy process answers ``stats`` and ``reset`` on its stdin (a JSON line).
 """
 
 from __future__ import annotations
@@ -22,24 +27,68 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass
 from functools import partial
+from typing import Any, TextIO
 
 from shardwise.concurrency import ReadAhead
 from shardwise.errors import ConfigError
 
 _READ = 1 << 18
+_METHODS = (b"GET ", b"PUT ", b"HEAD ", b"POST ", b"DELETE ")
+
+
+@dataclass
+class Counters:
+    """What crossed a proxy since the last :meth:`reset`: ``requests`` (HTTP request
+    lines from clients), ``connections`` (open now), ``max_connections`` (the most open at
+    once), ``bytes_out`` answered, ``first_s`` / ``last_s`` (monotonic: the first request, the
+    last answer byte; 0 before any)."""
+
+    requests: int = 0
+    connections: int = 0
+    max_connections: int = 0
+    bytes_out: int = 0
+    first_s: float = 0.0
+    last_s: float = 0.0
+
+    def reset(self) -> None:
+        open_now = self.connections
+        self.__init__()  # type: ignore[misc]
+        self.connections = self.max_connections = open_now
+
+    def opened(self, change: int) -> None:
+        self.connections += change
+        self.max_connections = max(self.max_connections, self.connections)
+
+    def asked(self, data: bytes) -> None:
+        if data.startswith(_METHODS):
+            self.requests += 1
+            self.first_s = self.first_s or time.monotonic()
+
+    def answered(self, n: int) -> None:
+        self.bytes_out += n
+        self.last_s = time.monotonic()
+
+    def rate(self) -> float:
+        """Bytes/s answered between the first request and the last byte."""
+        span = self.last_s - self.first_s
+        return self.bytes_out / span if span > 0 else 0.0
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                latency: float, bandwidth: float | None = None) -> None:
+                latency: float, bandwidth: float | None = None,
+                count: Callable[[bytes], None] | None = None) -> None:
     """Copy ``reader`` to ``writer``, each piece held until ``latency`` after it arrived
     (a queue, so holding one piece never delays reading the next) and, with
-    ``bandwidth``, until the previous pieces have left at that many bytes/s."""
+    ``bandwidth``, until the previous pieces have left at that many bytes/s; ``count``
+    sees each piece as it leaves."""
     free_at = 0.0  # when the connection's bytes so far have left at ``bandwidth``
     queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
@@ -65,6 +114,8 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                 free_at = max(due, time.monotonic()) + len(data) / bandwidth
             writer.write(data)
             await writer.drain()
+            if count is not None:
+                count(data)
     except (ConnectionError, OSError):
         pass
     finally:
@@ -74,17 +125,22 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
 
 
 async def _serve_one(upstream: tuple[str, int], latency: float, bandwidth: float | None,
-                     creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
+                     creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter,
+                     counters: Counters | None = None) -> None:
     try:
         ureader, uwriter = await asyncio.open_connection(*upstream)
     except OSError:
         cwriter.close()
         return
+    c = counters or Counters()
+    c.opened(1)
     try:
-        await asyncio.gather(_pump(creader, uwriter, 0.0),
-                             _pump(ureader, cwriter, latency, bandwidth),
+        await asyncio.gather(_pump(creader, uwriter, 0.0, count=c.asked),
+                             _pump(ureader, cwriter, latency, bandwidth,
+                                   count=lambda data: c.answered(len(data))),
                              return_exceptions=True)
     finally:  # also when cancelled at shutdown: no socket is left open
+        c.opened(-1)
         for w in (uwriter, cwriter):
             w.close()
             with contextlib.suppress(Exception):
@@ -154,6 +210,7 @@ class LatencyProxy:
         self.upstream, self.latency = upstream, check_latency(latency)
         self.bandwidth = check_bandwidth(bandwidth)
         self.port = 0
+        self.counters = Counters()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread: ReadAhead[int] | None = None
@@ -180,7 +237,7 @@ class LatencyProxy:
 
     async def _serve_one(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         """One client connection (a subclass may answer otherwise: tests/faults.py)."""
-        await _serve_one(self.upstream, self.latency, self.bandwidth, r, w)
+        await _serve_one(self.upstream, self.latency, self.bandwidth, r, w, self.counters)
 
     def __exit__(self, *exc: object) -> None:
         if self._loop is not None and self._stop is not None:
@@ -190,26 +247,66 @@ class LatencyProxy:
             self._thread.close(None)
 
 
+@dataclass(frozen=True)
+class ProxyProcess:
+    """A proxy running in a process of its own (:func:`proxy_process`): its ``port``, and
+    its :class:`Counters` read or reset over its stdin."""
+
+    port: int
+    proc: subprocess.Popen[str]
+
+    def _ask(self, what: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(what + "\n")
+        self.proc.stdin.flush()
+        answer: dict[str, Any] = json.loads(self.proc.stdout.readline())
+        return answer
+
+    def counters(self) -> Counters:
+        return Counters(**self._ask("stats"))
+
+    def reset(self) -> None:
+        self._ask("reset")
+
+
 @contextlib.contextmanager
-def start_proxy(upstream: tuple[str, int], *, latency: float,
-                bandwidth: float | None = None) -> Iterator[int]:
-    """The proxy in a process of its own; yields its port, stops it on exit."""
+def proxy_process(upstream: tuple[str, int], *, latency: float,
+                  bandwidth: float | None = None) -> Iterator[ProxyProcess]:
+    """The proxy in a process of its own; stops it on exit."""
     check_latency(latency)
     cap = [] if check_bandwidth(bandwidth) is None else ["--bandwidth", str(bandwidth)]
     proc = subprocess.Popen([sys.executable, "-m", "shardwise.bench.proxy", "--upstream",
                              f"{upstream[0]}:{upstream[1]}", "--latency", str(latency),
-                             *cap], stdout=subprocess.PIPE, text=True)
+                             *cap], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         if not line.startswith("port "):
             raise ConfigError(f"the latency proxy did not start (exit {proc.poll()})")
-        yield int(line.split()[1])
+        yield ProxyProcess(int(line.split()[1]), proc)
     finally:
         proc.terminate()
         proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        for f in (proc.stdout, proc.stdin):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+
+
+@contextlib.contextmanager
+def start_proxy(upstream: tuple[str, int], *, latency: float,
+                bandwidth: float | None = None) -> Iterator[int]:
+    """The proxy in a process of its own; yields its port, stops it on exit."""
+    with proxy_process(upstream, latency=latency, bandwidth=bandwidth) as p:
+        yield p.port
+
+
+def _answer(counters: Counters, commands: TextIO) -> None:
+    """A proxy process's control: ``stats`` (its counters as a JSON line) or ``reset``."""
+    for line in commands:
+        if line.strip() == "reset":
+            counters.reset()
+        print(json.dumps(asdict(counters)), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,9 +320,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     host, _, port = args.upstream.rpartition(":")
     latency, bandwidth = check_latency(args.latency), check_bandwidth(args.bandwidth)
+    counters = Counters()
+    control = ReadAhead.call(lambda _: _answer(counters, sys.stdin), None,
+                             name="shardwise-proxy-control")  # ends with its stdin
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(partial(_serve_one, (host, int(port)), latency, bandwidth),
-                           args.port, None, asyncio.Event()))
+        asyncio.run(_serve(partial(_serve_one, (host, int(port)), latency, bandwidth,
+                                   counters=counters), args.port, None, asyncio.Event()))
+    control.close(1.0)  # a parent that keeps its end open is not waited for
     return 0
 
 

@@ -29,6 +29,13 @@ Figures: examples/s after the first batch and its ratio to ``local``; time to th
 batch (after ``open_cache``); CPU seconds of the loader's process per GiB it received; the
 most bytes the local copy held (sampled every 5 ms) against ``local_bytes``. Target (issue
 21): ``remote`` ≥ 0.8 × ``local``, first batch < 1 s, the local copy within local_bytes.
+
+5. ``--peer litdata`` (and ``--baseline-src [LABEL=]DIR``: another checkout's shardwise):
+   every reader side by side on the same server and proxy, each in a fresh process
+   (:mod:`shardwise.bench.remote_peer`): first batch, time to ``--batches`` and to the end
+   of the epoch, requests and connections (the proxy's counters), download rate against
+   the ceiling at shardwise's concurrency, CPU per GiB against a bare client's, waits with
+   a ``--step-ms`` step. ``--compare-only`` skips the paths of 3.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ from typing import Any
 
 from shardwise.bench import add_common
 from shardwise.bench.moto import upload
-from shardwise.bench.proxy import start_proxy
+from shardwise.bench.proxy import proxy_process, start_proxy
 from shardwise.bench.read_data import chunked_copy, make_corpus
 from shardwise.concurrency import ReadAhead, ThreadPool
 from shardwise.errors import ConfigError
@@ -97,6 +104,19 @@ def add_subparser(which: Any) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help=f"a small run: {QUICK['tokens'] // 1_000_000}M tokens in "
                         f"{QUICK['chunk_mb']:g} MiB chunks, {QUICK['batches']} batches")
+    p.add_argument("--peer", choices=("litdata",), default=None,
+                   help="also read the same tokens with LitData (StreamingDataset + "
+                        "TokensLoader) from the same server and proxy, side by side")
+    p.add_argument("--baseline-src", action="append", default=[], metavar="[LABEL=]DIR",
+                   help="also read with the shardwise of this src directory (e.g. a "
+                        "worktree at main), side by side; repeatable")
+    p.add_argument("--step-ms", type=float, default=20.0,
+                   help="the side-by-side waits: ms of 'training' after each batch (20)")
+    p.add_argument("--step-batches", type=int, default=None,
+                   help="batches of the stepped side-by-side read (default --batches; "
+                        "0: none)")
+    p.add_argument("--compare-only", action="store_true",
+                   help="only the side-by-side readers (not the paths of the levers)")
     add_common(p, repeat=1, repeat_help="rounds of every path")
     return p
 
@@ -244,15 +264,29 @@ def _length(remote: Any, block: tuple[str, int, int]) -> int:
     return len(remote.read_range(*block))
 
 
-def run(args: argparse.Namespace) -> int:
-    from shardwise.bench.remote_report import check_same_rows, print_report, summarize
-    from shardwise.bench.seaweed import seaweed_s3
+def _check_args(args: argparse.Namespace) -> bool:
+    """``--quick``'s sizes, the arguments checked, the peer found; whether readers run side
+    by side."""
+    from shardwise.bench.remote_peer import check_peer
 
     if args.quick:
         for k, v in QUICK.items():
             setattr(args, k, v)
     if args.tokens < 1 or not args.chunk_mb > 0 or args.batches < 2 or args.repeat < 1:
         raise ConfigError("--tokens, --chunk-mb, --repeat must be positive, --batches >= 2")
+    if args.peer:
+        check_peer(args.peer)
+    if args.step_batches is None:
+        args.step_batches = args.batches
+    return bool(args.peer or args.baseline_src or args.compare_only)
+
+
+def run(args: argparse.Namespace) -> int:
+    from shardwise.bench.remote_peer import print_peer, side_by_side_rounds
+    from shardwise.bench.remote_report import check_same_rows, print_report, summarize
+    from shardwise.bench.seaweed import seaweed_s3
+
+    side_by_side = _check_args(args)
     work = Path(args.tmp_dir or tempfile.gettempdir()) / "shardwise-bench-remote"
     work.mkdir(parents=True, exist_ok=True)
     prefix = work / f"corpus-{args.tokens}"
@@ -265,21 +299,28 @@ def run(args: argparse.Namespace) -> int:
                            else [])
     url, bandwidth = f"s3://{BUCKET}/cache", args.bandwidth_mb * 1e6
     shutil.rmtree(work / "seaweed", ignore_errors=True)
+    summary: dict[str, Any] = {}
     with seaweed_s3(work / "seaweed", buckets=(BUCKET,)) as server, \
-            start_proxy(server.address, latency=args.latency, bandwidth=bandwidth) as slow, \
+            proxy_process(server.address, latency=args.latency, bandwidth=bandwidth) as slow, \
             start_proxy(server.address, latency=0.0, bandwidth=bandwidth) as fast:
         upload(local, url, server.storage_options())
-        endpoints = {p: f"http://127.0.0.1:{port}" for p, port in (("slow", slow),
+        endpoints = {p: f"http://127.0.0.1:{port}" for p, port in (("slow", slow.port),
                                                                    ("fast", fast))}
-        runs = _rounds(local, url, endpoints, work, local_bytes, args, paths)
-        best = max(runs["remote"], key=lambda r: r["examples_per_s"])
-        top = ceiling(url, endpoints["slow"], max(2, int(best["prefetch"]["threads"])),
-                      best["native"])
+        if not args.compare_only:
+            runs = _rounds(local, url, endpoints, work, local_bytes, args, paths)
+            best = max(runs["remote"], key=lambda r: r["examples_per_s"])
+            top = ceiling(url, endpoints["slow"], max(2, int(best["prefetch"]["threads"])),
+                          best["native"])
+            check_same_rows(runs)
+            summary = summarize(runs, cache_bytes, chunks, args, top)
+        if side_by_side:
+            summary["side_by_side"] = side_by_side_rounds(local, url, server, slow, work, args)
     shutil.rmtree(work / "seaweed", ignore_errors=True)
-    check_same_rows(runs)
-    summary = summarize(runs, cache_bytes, chunks, args, top)
     if args.json:
         print(json.dumps(summary, indent=1, default=str))
-    else:
+        return 0
+    if "best" in summary:
         print_report(summary)
+    if side_by_side:
+        print_peer(summary["side_by_side"], args)
     return 0

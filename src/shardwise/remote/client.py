@@ -39,7 +39,7 @@ from typing import Any, BinaryIO, TypeVar
 from shardwise.errors import ConfigError
 from shardwise.format.files import check_key
 from shardwise.format.paths import redact_url
-from shardwise.remote.native import NativeGets, native_options
+from shardwise.remote.native import LARGEST_GET, NativeGets, native_options
 from shardwise.remote.policy import RemotePolicy, is_transient
 
 T = TypeVar("T")
@@ -184,8 +184,8 @@ class RemoteStore:
         got = self.get_ranges([(r, 0, _SMALL) for r in relatives])
         return dict(zip(relatives, got, strict=True))
 
-    def get_ranges(self, ranges: list[tuple[str, int, int]], *, checked: bool = False
-                   ) -> list[bytes | Exception]:
+    def get_ranges(self, ranges: list[tuple[str, int, int]], *, checked: bool = False,
+                   raw: bool = False) -> list[Any]:
         """Bytes ``[start, stop)`` of each ``(relative, start, stop)`` (fewer at an
         object's end), all requested at once (one round trip for all on a store far
         away); in the same order, each the bytes or the exception its object raised
@@ -202,14 +202,14 @@ class RemoteStore:
         todo = list(range(len(ranges)))
 
         def attempt(limit: float) -> None:  # the ranges not answered yet, all at once
-            answers = (native.get_ranges([(paths[i], *ranges[i][1:]) for i in todo])
+            answers = (native.get_ranges([(paths[i], *ranges[i][1:]) for i in todo], raw)
                        if native is not None else
                        self.fs.cat_ranges([paths[i] for i in todo],
                                           [ranges[i][1] for i in todo],
                                           [ranges[i][2] for i in todo], on_error="return",
                                           **self._limit(limit)))
             for i, a in zip(list(todo), answers, strict=True):
-                got[i] = a if isinstance(a, Exception) else bytes(a)
+                got[i] = a if isinstance(a, Exception) or raw else bytes(a)
                 if not (isinstance(a, Exception) and is_transient(a)):
                     todo.remove(i)
             if todo:  # retry those (and only those) under the policy
@@ -217,12 +217,13 @@ class RemoteStore:
 
         try:
             self._run(f"GET {len(ranges)} ranges, the first of", ranges[0][0], attempt,
-                      size=sum(min(b - a, 8 << 20) for _, a, b in ranges))
+                      size=sum(min(b - a, LARGEST_GET) for _, a, b in ranges))
         except Exception as e:  # noqa: BLE001 - each range still failing gets the error
             for i in todo:
                 got[i] = e
-        self.received += sum(len(g) for g in got if isinstance(g, bytes))
-        return got  # type: ignore[return-value]
+        self.received += sum(memoryview(g).nbytes for g in got
+                             if g is not None and not isinstance(g, Exception))
+        return got
 
     def exists(self, relative: str) -> bool:
         key = self.key(relative)

@@ -22,9 +22,9 @@ and a Ray worker import obstore afresh and make their own client.
 
 Faults meet the one policy (:mod:`shardwise.remote.policy`): obstore's own retries are off
 (``max_retries=0``); its timeouts are the policy's (``connect_timeout``, ``read_timeout``
-without a byte, and every try cut after ``try_limit`` of the reader's 8 MiB blocks, its
-largest GETs: 32 s by default, so a silent store is a ``RemoteError`` within
-``deadline + 32 s`` = 92 s, as through fsspec);
+without a byte, and every try cut after ``try_limit`` of the reader's 32 MiB pieces, its
+largest GETs: 10 s by default, so a silent store is a ``RemoteError`` within
+``deadline + 10 s`` = 100 s, as through fsspec);
 its errors are classified by the policy's ``is_transient``. Credentials come from
 ``storage_options`` (``key``/``secret``/``token``) or obstore's own environment chain
 (``AWS_ACCESS_KEY_ID``…, web identity, container and instance credentials, refreshed
@@ -43,7 +43,7 @@ from typing import Any
 
 from shardwise.remote.policy import RemotePolicy
 
-LARGEST_GET = 8 << 20  # the reader's blocks: the most one GET asks for in practice
+LARGEST_GET = 32 << 20  # a download's pieces: the most one GET asks for in practice
 # fsspec/s3fs options that mean the same to obstore; any other keeps fsspec
 _TAKEN = frozenset({"endpoint_url", "key", "secret", "token", "anon", "client_kwargs",
                     "config_kwargs", "skip_instance_cache", "use_ssl"})
@@ -129,38 +129,41 @@ class NativeGets:
             _STARTED_IN.add(self._pid)
         return self._store
 
-    def get_range(self, key: str, start: int, stop: int) -> bytes:
-        """Bytes ``[start, stop)`` of ``key`` (fewer at its end; an error from past it)."""
+    def get_range(self, key: str, start: int, stop: int, raw: bool = False) -> Any:
+        """Bytes ``[start, stop)`` of ``key`` (fewer at its end; an error from past it);
+        ``raw``: obstore's own buffer (a ``memoryview`` of it), not a copy."""
         import obstore
 
         if stop <= start:
             return b""
-        return bytes(obstore.get_range(self.store, key, start=start, end=stop))
+        got = obstore.get_range(self.store, key, start=start, end=stop)
+        return memoryview(got) if raw else bytes(got)
 
-    def get_ranges(self, ranges: list[tuple[str, int, int]]) -> list[bytes | Exception]:
-        """Each ``(key, start, stop)`` at once (one round trip for all), each its bytes or
-        its error."""
+    def get_ranges(self, ranges: list[tuple[str, int, int]], raw: bool = False) -> list[Any]:
+        """Each ``(key, start, stop)`` at once (one round trip for all), each its bytes (a
+        ``memoryview`` of obstore's buffer where ``raw``) or its error."""
         if len(ranges) == 1:
             key, start, stop = ranges[0]
             try:
-                return [self.get_range(key, start, stop)]
+                return [self.get_range(key, start, stop, raw)]
             except Exception as e:  # noqa: BLE001 - returned, as for many
                 return [e]
-        return asyncio.run(self._get_ranges(ranges))
+        return asyncio.run(self._get_ranges(ranges, raw))
 
-    async def _get_ranges(self, ranges: list[tuple[str, int, int]]
-                          ) -> list[bytes | Exception]:
+    async def _get_ranges(self, ranges: list[tuple[str, int, int]], raw: bool) -> list[Any]:
         import obstore
 
         store = self.store
 
-        async def one(key: str, start: int, stop: int) -> bytes:
+        async def one(key: str, start: int, stop: int) -> bytes | memoryview:
             if stop <= start:
                 return b""
-            return bytes(await obstore.get_range_async(store, key, start=start, end=stop))
+            got = await obstore.get_range_async(store, key, start=start, end=stop)
+            return memoryview(got) if raw else bytes(got)
 
         got = await asyncio.gather(*(one(*r) for r in ranges), return_exceptions=True)
-        return [g if isinstance(g, (bytes, Exception)) else Exception(repr(g)) for g in got]
+        return [g if isinstance(g, (bytes, memoryview, Exception)) else Exception(repr(g))
+                for g in got]
 
 
 __all__ = ["LARGEST_GET", "NativeGets", "native_options"]

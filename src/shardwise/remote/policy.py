@@ -22,7 +22,7 @@ download threads), opening a cache, ``verify``, and the build's writers:
   the first try. So a store that stops answering raises
   :class:`~shardwise.errors.RemoteError`, naming the URL, within
   :meth:`RemotePolicy.bound` seconds: ``deadline + connect_timeout + read_timeout +
-  size / min_rate`` = 92 s by default for the reader's 8 MiB blocks, 106 s for a 64 MiB
+  size / min_rate`` = 100 s by default for the reader's 32 MiB pieces, 106 s for a 64 MiB
   chunk's PUT — at most 2 minutes — never a hang.
 
 **Another bound** for one store: ``RemoteStore(url, policy=RemotePolicy(...))`` (and

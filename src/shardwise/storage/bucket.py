@@ -26,27 +26,21 @@ import os
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import numpy as np
-import numpy.typing as npt
-
-from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import CacheError
-from shardwise.format.checksum import BLOCK_BYTES
 from shardwise.format.chunk import META_SUFFIX
 from shardwise.format.files import Payload
 from shardwise.remote.client import RemoteStore
 from shardwise.storage import chunk_fetch
+from shardwise.storage.bucket_ranged import RangedGather
 from shardwise.storage.chunk_check import CheckDepth, ChunkExpect, check_remote_chunk
 from shardwise.storage.chunk_table import ChunkInfo
 from shardwise.storage.download import GROUP, DownloadDir
 from shardwise.storage.heads import NodeHeads
 from shardwise.storage.owned import clear_keys, is_owned
 from shardwise.storage.prefetch import Prefetcher
-from shardwise.storage.ranged import Arriving, BlockSums, Fetched
-from shardwise.storage.runs import Runs, gather_runs
-from shardwise.storage.store import ChunkStore
+from shardwise.storage.ranged import Arriving, EarlyReads
 from shardwise.storage.verify_report import VerifyReport
 
 _T = TypeVar("_T")
@@ -59,7 +53,7 @@ def _read_or_error(read: Callable[[str], bytes], name: str) -> bytes | Exception
         return e
 
 
-class BucketStore(ChunkStore):
+class BucketStore(RangedGather):
     """The :class:`~shardwise.storage.store.ChunkStore` of a prefix on an object store;
     ``downloads``: the node-local copy chunks are read through (None: for writing only);
     ``heads``: where the manifest, ledger and index are read (this node's snapshot of
@@ -78,6 +72,7 @@ class BucketStore(ChunkStore):
         self.remote, self.downloads, self.heads = remote, downloads, heads
         self._ahead: Prefetcher | None = None  # downloads ahead
         self._arriving = Arriving()
+        self._early = EarlyReads()  # ranged reads of coming batches, started ahead
         self._here: set[int] = set()  # chunks on the node for good (see _on_node)
         self._here_stems: set[str] = set()  # their stems
         self._fit = (-1, False)  # (chunks of the view, all their files fit on the node)
@@ -246,93 +241,6 @@ class BucketStore(ChunkStore):
                 self._here_stems.clear()
         return self._fit[1]
 
-    def gather(self, runs: Any) -> npt.NDArray[Any]:
-        """From the local copy of each chunk that is here; the runs of chunks still
-        arriving by ranged GETs, all at once, checked by the chunks' block sums
-        (:mod:`shardwise.storage.ranged`), while the whole chunks keep downloading."""
-        runs, view = Runs.of(runs), self.view
-        runs.check(view.chunks.columns.tokens, view.location)
-        some, size = runs.length > 0, view.dtype.itemsize
-        ahead, chunks = self._prefetcher(), view.chunks
-        etas = {c: ahead.eta(chunks[c].stem + ".bin")
-                for c in np.unique(runs.chunk[some]).tolist() if not self._on_node(c)}
-        # only chunks downloading are read by ranged GETs: one not downloading (queued
-        # for room) is downloaded now by the chunk's own read, and a download that ended
-        # without landing failed, so the chunk's own read raises its error
-        away = [c for c, eta in etas.items() if eta]
-        if not away or not self._arriving.worth([etas[c] for c in away]):  # type: ignore[misc]
-            return super().gather(runs)  # here, or landing sooner than ranged GETs
-        self._hand_over(away)
-        rows = np.flatnonzero(some & np.isin(runs.chunk, away))
-        usable, fetched = self._ranged(away, rows, runs)
-        if fetched is None:
-            return super().gather(runs)  # no chunk of them has block sums to check by
-        rows = rows[np.isin(runs.chunk[rows], usable)]
-        self._arriving.reads += len(rows)
-        pieces = [fetched.tokens(chunks[c].stem, o * size, (o + n) * size, view.dtype)
-                  for c, o, n in zip(runs.chunk[rows].tolist(), runs.offset[rows].tolist(),
-                                     runs.length[rows].tolist(), strict=True)]
-        chunk, offset = runs.chunk.copy(), runs.offset.copy()
-        chunk[rows], offset[rows] = -1 - np.arange(len(rows)), 0  # run k: pieces[k]
-        out = gather_runs(lambda c: pieces[-1 - c] if c < 0 else self.tokens(c),
-                          Runs(chunk, offset, runs.length), view.dtype)
-        self._checks().batch_ids(out, runs.stream_offset(view.cum_tokens))
-        return out
-
-    def _ranged(self, away: list[int], rows: npt.NDArray[np.int64], runs: Runs
-                ) -> tuple[list[int], Fetched | None]:
-        """Ranged GETs of ``runs[rows]`` (runs in chunks ``away``), checked: the chunks
-        whose bytes may be used (the others' are read whole) and the bytes (None: none
-        was asked for). When verifying, the whole 64 KiB blocks around each run are
-        asked for while the chunks' metadata (their block sums) is read, on a thread,
-        in the same round trip; once this process holds the metadata, only chunks
-        with block sums are asked for."""
-        view, size = self.view, self.view.dtype.itemsize
-        infos = {c: view.chunks[c] for c in away}
-        sums_of: ReadAhead[dict[int, BlockSums]] | None = None
-        if not view.verify:
-            sums: dict[int, BlockSums | None] = dict.fromkeys(away)
-        elif all(i.stem in self._metas for i in infos.values()):
-            sums = dict(self._block_sums(away))  # no request
-            rows = rows[np.isin(runs.chunk[rows], list(sums))]
-            if not len(rows):
-                return [], None
-        else:
-            sums_of = ReadAhead.call(self._block_sums, away, name="shardwise-block-sums")
-        try:
-            fetched = self._arriving.fetch(
-                self.remote, [(infos[c].stem, o * size, (o + n) * size) for c, o, n in zip(
-                    runs.chunk[rows].tolist(), runs.offset[rows].tolist(),
-                    runs.length[rows].tolist(), strict=True)],
-                {i.stem: i.tokens * size for i in infos.values()},
-                BLOCK_BYTES if view.verify else 0)
-            if sums_of is not None:
-                sums = dict(sums_of.get())
-        finally:
-            if sums_of is not None:
-                sums_of.close(None)
-        usable = fetched.check({infos[c].stem: s for c, s in sums.items()})
-        return [c for c in away if infos[c].stem in usable], fetched
-
-    def _block_sums(self, chunks: list[int]) -> dict[int, BlockSums]:
-        """The block sums of each of ``chunks`` that has them (an older build's chunk has
-        none: it is read whole), from their metadata (what this process lacks read in
-        one round trip, checked against the ledger)."""
-        infos = [self.view.chunks[c] for c in chunks]
-        missing = [i for i in infos if i.stem not in self._metas]
-        for info, data in zip(missing, self.read_many([i.stem + META_SUFFIX for i in missing]),
-                              strict=True):
-            self._load_meta(info, data)
-        sums = {c: BlockSums.of(self.meta_of(i)) for c, i in zip(chunks, infos, strict=True)}
-        return {c: s for c, s in sums.items() if s is not None}
-
-    def _hand_over(self, chunks: list[int]) -> None:
-        """Make sure the whole of ``chunks`` is downloading (or queued to)."""
-        ahead, size = self._prefetcher(), self.view.dtype.itemsize
-        for c in chunks:
-            info = self.view.chunks[c]
-            ahead.add(info.stem + ".bin", info.tokens * size, partial(self._fetch, info, ".bin"))
-
     # -- downloads ahead -----------------------------------------------------------------
     @property
     def prefetches(self) -> bool:  # type: ignore[override]
@@ -374,20 +282,22 @@ class BucketStore(ChunkStore):
     def stats(self) -> dict[str, object]:
         a = self._arriving
         return {**self._prefetcher().stats(), "ranged_reads": a.reads,
-                "ranged_bytes": a.read_bytes}
+                "ranged_bytes": a.read_bytes, "early_reads": self._early.started,
+                "early_used": self._early.used}
 
     def wait_for_prefetch(self) -> None:
         if self._ahead is not None:
             self._ahead.wait()
 
     def close(self) -> None:
+        self._early.close()
         if self._ahead is not None:
             self._ahead.close()
         super().close()
 
     def __getstate__(self) -> dict[str, object]:
         d = super().__getstate__()
-        d["_ahead"], d["_arriving"] = None, Arriving()
+        d["_ahead"], d["_arriving"], d["_early"] = None, Arriving(), EarlyReads()
         return d
 
 

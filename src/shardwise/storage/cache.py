@@ -196,6 +196,12 @@ class Cache:
         here)."""
         return self.store.prefetch(chunks)
 
+    def prefetch_runs(self, runs: Any) -> bool:
+        """:meth:`prefetch` of a coming batch given as its runs (an order's ``locate``):
+        on an object store its ranged reads also start now, while its chunks arrive
+        (:class:`~shardwise.storage.ranged.EarlyReads`)."""
+        return self.store.prefetch_runs(runs)
+
     def prefetch_stats(self) -> dict[str, object]:
         """The downloads ahead: how far, how many at once, and the pace they follow."""
         return self.store.stats()

@@ -82,13 +82,18 @@ class DocumentRange(Cache):
 
     def gather(self, runs: Any) -> npt.NDArray[np.generic]:
         """The parent's gather of the same runs, cut to the range's pieces."""
+        return self.parent.gather(self._in_parent(runs))
+
+    def _in_parent(self, runs: Any) -> Runs:
         runs = Runs.of(runs)
         runs.check(self.chunks.columns.tokens, self.location)
         pieces = self._pieces
         parent_chunk = np.asarray([p.chunk for p in pieces], dtype=np.int64)
         tok_lo = np.asarray([p.tok_lo for p in pieces], dtype=np.int64)
-        return self.parent.gather(Runs(parent_chunk[runs.chunk],
-                                       tok_lo[runs.chunk] + runs.offset, runs.length))
+        return Runs(parent_chunk[runs.chunk], tok_lo[runs.chunk] + runs.offset, runs.length)
+
+    def prefetch_runs(self, runs: Any) -> bool:
+        return self.parent.prefetch_runs(self._in_parent(runs))
 
     def doc_lengths(self, i: int) -> npt.NDArray[Any]:
         p = self._pieces[i]

@@ -36,7 +36,8 @@ def fetch_bin_with_meta(remote: RemoteStore, downloads: DownloadDir, info: Chunk
     key = info.stem + ".bin"
 
     def with_meta(tmp: Path) -> None:
-        meta_data, first = first_block(remote, key, size, also=info.stem + META_SUFFIX)
+        meta_data, first = first_block(remote, key, size, also=info.stem + META_SUFFIX,
+                                       group=group)
         spec = file_spec(remote, meta_of(meta_data), info, ".bin")
         get_checked(remote, key, spec, tmp, first=first, group=group)
 

@@ -41,6 +41,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from shardwise.concurrency import flock
 from shardwise.concurrency.poll import check_wait_args, wait_until
@@ -49,11 +50,12 @@ from shardwise.format.atomic import TMP_PREFIX, temp_path
 from shardwise.format.confined import LOCK, open_under
 from shardwise.format.files import check_key
 from shardwise.remote.client import SMALL_END, RemoteStore
+from shardwise.remote.native import LARGEST_GET
 
 CLAIM_PREFIX = ".claim-"
 LOCK_NAME = ".lock"
-_BLOCK = 8 << 20
-GROUP = 4  # blocks of one file asked for at once (4 × 8 MiB in memory per download)
+PIECE = LARGEST_GET  # bytes of a chunk file one GET asks for (32 MiB)
+GROUP = 2  # pieces of one file asked for at once (2 × 32 MiB in memory per download)
 
 
 def _start_time(pid: int) -> str:
@@ -255,55 +257,66 @@ class DownloadDir:
         return used + size <= self.max_bytes
 
 
-def first_block(store: RemoteStore, key: str, size: int, *, also: str
-                ) -> tuple[bytes | Exception, bytes | Exception]:
-    """Small object ``also`` (a chunk's metadata) and the first block of ``key`` (``size``
-    bytes expected), asked for at once: one round trip for both. Each is its bytes or the
-    exception reading it raised."""
-    small, first = store.get_ranges([(also, 0, SMALL_END), (key, 0, min(_BLOCK, size + 1))],
-                                    checked=True)  # the metadata's xxh3 is in the ledger
-    return small, first
+def pieces(start: int, want: int, group: int) -> list[tuple[int, int]]:
+    """The next ``group`` pieces ``(start, stop)`` of a file of ``want`` bytes from
+    ``start``: :data:`PIECE` bytes each, the one reaching the end asking one byte past it
+    (so an object longer than its metadata is seen, not silently cut)."""
+    return [(a, want + 1 if a + PIECE >= want else a + PIECE)
+            for a in range(start, want, PIECE)[:group]]
+
+
+First = list[tuple[tuple[int, int], "bytes | memoryview | Exception"]]
+
+
+def first_block(store: RemoteStore, key: str, size: int, *, also: str,
+                group: int = GROUP) -> tuple[bytes | Exception, First]:
+    """Small object ``also`` (a chunk's metadata) and the first ``group`` pieces of ``key``
+    (``size`` bytes expected), asked for at once: one round trip for all. Each is its bytes
+    or the exception reading it raised; the pieces as ``((start, stop), answer)``."""
+    asked = pieces(0, size, group) if size else [(0, 1)]
+    small, *got = store.get_ranges([(also, 0, SMALL_END)] + [(key, a, b) for a, b in asked],
+                                   checked=True, raw=True)  # the metadata's xxh3 is in the ledger
+    return (small if isinstance(small, Exception) else bytes(small),
+            list(zip(asked, got, strict=True)))
 
 
 def get_checked(store: RemoteStore, key: str, spec: dict[str, object], tmp: Path, *,
-                first: bytes | Exception | None = None, group: int = GROUP) -> None:
-    """Download ``key`` into ``tmp`` in blocks, checking size and xxh3 (``spec``: the
-    chunk metadata's entry for the file) as it streams.
+                first: First | None = None, group: int = GROUP) -> None:
+    """Download ``key`` into ``tmp`` in pieces, checking size and xxh3 (``spec``: the chunk
+    metadata's entry for the file) as it streams.
 
-    Each block is one ranged GET (no HEAD first: the size is known), :data:`GROUP` of them
-    asked for at once (one round trip; a connection each, so a 64 MiB chunk arrives at
-    up to 4 connections' bandwidth, not one's), then hashed and written in order; a file
-    of up to ``_BLOCK`` bytes costs one round trip. The last block asks for one byte past
-    the expected end, so an object longer than its metadata is seen, not silently cut.
-    ``first``: the first block, already fetched by :func:`first_block` (or its error);
-    ``group``: blocks asked for at once (1: one after another, as before issue 21)."""
+    Each piece is one ranged GET of :data:`PIECE` bytes (no HEAD first: the size is known),
+    ``group`` of them asked for at once (one round trip; a connection each), then hashed
+    and written in order, each with one ``write`` of the client's own buffer (no copy in
+    Python); a file of up to ``group`` pieces costs one round trip. ``first``: the pieces
+    :func:`first_block` fetched (used where they are the ones this asks for first);
+    ``group=1``: one piece after another."""
     import xxhash
 
     url, want = store.url_of(key), int(spec["bytes"])  # type: ignore[call-overload]
     h, got = xxhash.xxh3_64(), 0
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        with open(tmp, "wb") as dst:
-            if not want:
-                block = store.get(key)
-                h.update(block)
-                dst.write(block)
-                got = len(block)
-            while want and got <= want:
-                starts = range(got, want, _BLOCK)[:1 if first is not None else group]
-                if not starts:
-                    break
-                # the block reaching the end asks one byte past it
-                asked = [(a, want + 1 if a + _BLOCK >= want else a + _BLOCK) for a in starts]
-                blocks = ([first] if first is not None else
-                          store.get_ranges([(key, a, b) for a, b in asked], checked=True))
-                first = None
-                ended = not _write_blocks(asked, blocks, h, dst)
-                got = dst.tell()
-                if ended:
-                    break
+        if not want:
+            got = _write(fd, h, store.get(key))
+        while want and got <= want:
+            asked = pieces(got, want, group)
+            if not asked:
+                break
+            if first is not None and [r for r, _ in first] == asked:
+                answers = [a for _, a in first]
+            else:
+                answers = store.get_ranges([(key, a, b) for a, b in asked], checked=True,
+                                           raw=True)
+            first = None
+            got, ended = _write_pieces(asked, answers, h, fd, got)
+            if ended:
+                break
     except FileNotFoundError:
         raise CorruptChunkError(f"{url}: named by the ledger but missing; run 'shardwise "
                                 f"verify {store.url}'") from None
+    finally:
+        os.close(fd)
     if got != want or h.hexdigest() != spec["xxh3_64"]:
         what = (f"{got}{'+' if got > want else ''} bytes, the metadata says {want}"
                 if got != want else
@@ -311,16 +324,24 @@ def get_checked(store: RemoteStore, key: str, spec: dict[str, object], tmp: Path
         raise CorruptChunkError(f"{url}: {what}; run 'shardwise verify {store.url}'")
 
 
-def _write_blocks(asked: list[tuple[int, int]], blocks: list[bytes | Exception],
-                  h: object, dst: object) -> bool:
-    """Hash and write each block of ``asked`` (``(start, stop)`` each) in order; False once
-    the file ended (a block shorter than asked, or past the expected end)."""
-    for (a, stop), block in zip(asked, blocks, strict=True):
-        if isinstance(block, Exception):
-            raise block
-        block = block[:stop - a]  # a first block fetched for a larger spec
-        h.update(block)  # type: ignore[attr-defined]
-        dst.write(block)  # type: ignore[attr-defined]
-        if len(block) < stop - a or not block:
-            return False
-    return True
+def _write_pieces(asked: list[tuple[int, int]], answers: list[bytes | memoryview | Exception],
+                  h: Any, fd: int, got: int) -> tuple[int, bool]:
+    """Hash and write each piece of ``asked`` (``(start, stop)`` each) in order: the bytes
+    written so far, and whether the file ended (a piece shorter than asked)."""
+    for (a, stop), answer in zip(asked, answers, strict=True):
+        if isinstance(answer, Exception):
+            raise answer
+        piece = memoryview(answer)[:stop - a]
+        got += _write(fd, h, piece)
+        if len(piece) < stop - a or not len(piece):
+            return got, True
+    return got, False
+
+
+def _write(fd: int, h: Any, data: bytes | memoryview) -> int:
+    """Hash ``data`` and append it to ``fd`` (one ``write`` unless the kernel takes less)."""
+    h.update(data)
+    view, done = memoryview(data), 0
+    while done < len(view):
+        done += os.write(fd, view[done:])
+    return done

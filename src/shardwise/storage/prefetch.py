@@ -361,8 +361,9 @@ class Prefetcher:
 
     def eta(self, key: str) -> float | None:
         """Seconds until the download of ``key`` is expected to end (its start plus the
-        measured ``fetch_s``; 0: ended; infinite: nothing measured yet); None: not
-        downloading (queued, or never handed over)."""
+        measured ``fetch_s``; 0: ended; infinite: nothing measured yet, or running past
+        that: the estimate failed, e.g. the first of several downloads at once set it);
+        None: not downloading (queued, or never handed over)."""
         entry = self._ahead.get(key)
         if entry is None:
             return None
@@ -370,7 +371,8 @@ class Prefetcher:
             return 0.0
         if self.pace.fetch_s is None:
             return math.inf
-        return max(0.0, entry[2] + self.pace.fetch_s - self.pace.clock())
+        left = entry[2] + self.pace.fetch_s - self.pace.clock()
+        return left if left > 0 else math.inf
 
     def wait(self) -> None:
         """Block until every download started so far has finished."""

@@ -257,6 +257,12 @@ class ChunkStore(ABC):
         background; returns whether the reader should hand over coming chunks sooner."""
         return False
 
+    def prefetch_runs(self, runs: Any) -> bool:
+        """:meth:`prefetch` of the chunks ``runs`` (a coming batch's runs) read, in order;
+        a store that can also start reading the batch's bytes now does so."""
+        chunk, _, length = (np.asarray(a).reshape(-1) for a in runs[:3])
+        return self.prefetch(list(dict.fromkeys(chunk[length > 0].tolist())))
+
     def wait_for_prefetch(self) -> None:
         """Block until every download :meth:`prefetch` started has finished."""
         return None

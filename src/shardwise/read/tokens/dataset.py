@@ -237,4 +237,4 @@ class TokenDataset(GuardedReader, PlacedByLoader, EpochView, Configured):
         look-ahead is shorter than the measured latency needs: Cache.prefetch)."""
         if not self.cache.store.prefetches:
             return False
-        return self.cache.prefetch(self.order.locate(list(indices)).chunks())
+        return self.cache.prefetch_runs(self.order.locate(list(self.positions(indices))))

@@ -1,0 +1,121 @@
+"""Issue 30's remote reads, for correctness (their speed is ``shardwise bench remote``'s):
+a coming batch's ranged GETs start when the loader hands its runs over and the batch
+uses them; a download running past its expected end is not mistaken for one about to
+land; a corpus larger than ``local_bytes`` streams through, fetched ahead in order of
+need and evicted after use, with the local read's bytes."""
+
+from __future__ import annotations
+
+import math
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardwise as sw
+from shardwise.bench.proxy import LatencyProxy
+from shardwise.remote import RemotePolicy, RemoteStore
+from shardwise.storage.prefetch import Prefetcher
+from shardwise.storage.ranged import Arriving, EarlyReads
+from shardwise.world import World
+
+SEQ_LEN = 32
+PATIENT = RemotePolicy(connect_timeout=5, read_timeout=5, first_backoff=0.01,
+                       max_backoff=0.2, deadline=30)
+
+
+def _batches(cache: sw.Cache | Path, shuffle: str, n: int | None = None) -> list[np.ndarray]:
+    from shardwise.torch import loader
+
+    ds = sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=3, shuffle=shuffle)
+    dl = loader(ds, global_batch_size=4, micro_batch_size=4, world=World.single())
+    it = iter(dl)  # endless (epoch after epoch): n batches, or one epoch's
+    try:
+        return [b["input_ids"].numpy() for _, b in zip(range(n or len(ds) // 4), it,
+                                                        strict=False)]
+    finally:
+        it.close()
+
+
+def _same(got: list[np.ndarray], want: list[np.ndarray]) -> None:
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_coming_batches_are_read_early_and_used(built: tuple[str, Path], s3_server: object,
+                                                tmp_path: Path) -> None:
+    """Behind 30 ms and 2 MB/s per connection the chunks arrive slowly: the loader's
+    look-ahead hands over the runs of coming batches, their ranged GETs start then, and
+    the batches read those bytes (checked by the block sums) — the local read's batches."""
+    url, local = built
+    want = _batches(local, "window", 30)
+    with LatencyProxy(s3_server.address, latency=0.03, bandwidth=2e6) as proxy:  # type: ignore[attr-defined]
+        store = RemoteStore(url, {"endpoint_url": f"http://127.0.0.1:{proxy.port}"},
+                            policy=PATIENT)
+        cache = sw.open_cache(store, local_dir=tmp_path / "node")
+        got = _batches(cache, "window", 30)
+        stats = cache.prefetch_stats()
+        cache.close()
+    _same(got, want)
+    assert stats["early_reads"] > 1 and stats["early_used"] >= 1, stats  # type: ignore[operator]
+    assert stats["ranged_reads"] > 0, stats
+
+
+def test_early_reads_are_taken_in_order_and_skipped_ones_dropped() -> None:
+    early = EarlyReads()
+    try:
+        for k in (b"a", b"b", b"c"):
+            early.start(k, lambda k=k: k)  # type: ignore[misc]
+        early.start(b"b", lambda: b"twice")  # already started: not again
+        assert early.started == 3 and early.wants_more()  # 3 ahead of the 4 asked
+        first = early.take(b"b")  # a reader that skipped a: a is dropped with it
+        assert first is not None and first.result() == b"b"
+        assert early.take(b"a") is None and early.take(b"c") is not None
+        assert early.used == 2
+    finally:
+        early.close()
+
+
+def test_a_download_past_its_expected_end_is_away_not_landing() -> None:
+    """The first of several downloads at once sets ``fetch_s``; one still running past
+    its start plus that was read as 'ends now' (eta 0) and a batch waited seconds for
+    it. It is away (infinite), so the batch is read by ranged GETs."""
+    now = [0.0]
+    ahead = Prefetcher(1 << 30, clock=lambda: now[0])
+    release = threading.Event()
+    try:
+        ahead.add("slow", 100, lambda until: (release.wait(10), Path("x"))[1])
+        ahead.pace.fetched(0.5)
+        now[0] = 0.2
+        assert ahead.eta("slow") == pytest.approx(0.3)
+        now[0] = 2.0  # overdue
+        assert ahead.eta("slow") == math.inf
+        assert Arriving().worth([ahead.eta("slow")])  # type: ignore[list-item]
+    finally:
+        release.set()
+        ahead.close()
+
+
+def test_a_corpus_larger_than_local_bytes_streams_through(built: tuple[str, Path],
+                                                          s3_env: dict[str, str],
+                                                          tmp_path: Path) -> None:
+    """``local_bytes`` holds a few of the cache's chunks: a whole epoch in stored order
+    (chunks needed one after another) downloads them ahead in order of need, evicts the
+    ones read, never holds more than ``local_bytes``, and gives the local read's bytes."""
+    url, local = built
+    want = _batches(local, "none")
+    bins = sorted(local.rglob("chunks/*/*.bin"))
+    biggest = max(p.stat().st_size for p in bins)
+    total = sum(p.stat().st_size + p.with_suffix(".idx").stat().st_size for p in bins)
+    room = 4 * biggest + (64 << 10)
+    assert room < total / 2  # the corpus does not fit
+    store = RemoteStore(url, policy=PATIENT)
+    cache = sw.open_cache(store, local_dir=tmp_path / "node", local_bytes=room)
+    got = _batches(cache, "none")
+    downloads = cache.store.downloads  # type: ignore[attr-defined]
+    cache.close()
+    _same(got, want)
+    assert downloads.evicted > 0 and downloads.used_bytes() <= room
+    assert sum(downloads.downloaded.values()) >= len(bins)
