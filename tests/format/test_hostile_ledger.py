@@ -36,9 +36,15 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
                       chunk_docs=4)
 
 
-def examples(root: Path | str) -> list[bytes]:
-    ds = sw.TokenDataset(sw.open_cache(root), seq_len=16, seed=1)
-    return [np.asarray(ds[i]["input_ids"]).tobytes() for i in range(len(ds))]
+def examples(root: Path | str, **open_kw: Any) -> list[bytes]:
+    """Every example of a TokenDataset over ``root``, then what the background checksum
+    verification of the chunks read found (raised)."""
+    cache = sw.open_cache(root, **open_kw)
+    ds = sw.TokenDataset(cache, seq_len=16, seed=1)
+    out = [np.asarray(ds[i]["input_ids"]).tobytes() for i in range(len(ds))]
+    cache.wait_for_verify()
+    cache.raise_if_damaged()
+    return out
 
 
 def journal_record(root: Path, chunks: Callable[[list[dict[str, Any]]], list[Any]]) -> None:
