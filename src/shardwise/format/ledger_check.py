@@ -8,7 +8,7 @@ error — while ``verify`` said BAD (locally; through a bucket, OK). Now the loa
 refuses such a ledger, and ``verify`` reports the same findings (all of them, not only the
 first) from the same generator, :func:`ledger_problems`::
 
-    source 0 segment 1 chunk 3: tokens is -300, expected a count >= 0
+    source 0 segment 1 chunk 3: tokens is -300, expected a count in [0, 281474976710656]
     source 0 segment 0 chunk 1: stem 'chunks/00000/00000-00000' already named by
                                 source 0 segment 0 chunk 0
 
@@ -33,9 +33,15 @@ _COUNTS = ("documents", "tokens", "empty")
 _POSITIONS = ("start", "stop", "position", "line")
 
 
+MAX_COUNT = 1 << 48
+"""No count a cache holds comes near it (2.8e14 tokens in one chunk); a larger one is
+hostile, and sums of such counts would overflow the int64 prefix sums readers plan by."""
+MAX_TOTAL = 1 << 62
+
+
 def is_count(v: Any) -> bool:
-    """A JSON integer >= 0 (not a bool, a float or a string)."""
-    return type(v) is int and v >= 0
+    """A JSON integer in ``[0, MAX_COUNT]`` (not a bool, a float or a string)."""
+    return type(v) is int and 0 <= v <= MAX_COUNT
 
 
 def stem_problem(stem: Any) -> str | None:
@@ -50,7 +56,8 @@ def stem_problem(stem: Any) -> str | None:
 
 def entry_problems(entry: ChunkEntry) -> list[str]:
     """Why a chunk entry cannot be read by (empty: it can)."""
-    out = [f"{k} is {v!r}, expected " + ("a count >= 0" if type(v) is int else "int")
+    out = [f"{k} is {v!r}, expected " + (f"a count in [0, {MAX_COUNT}]" if type(v) is int
+                                          else "int")
            for k, v in ((k, getattr(entry, k)) for k in _COUNTS) if not is_count(v)]
     stem = stem_problem(entry.stem)
     if stem:
@@ -84,6 +91,7 @@ def ledger_problems(ledger: Ledger) -> Iterator[tuple[int, int, int, str]]:
     """Every problem as ``(source, segment, chunk, what)`` (chunk -1: the segment's own);
     a chunk whose stem an earlier one already named is a problem of the later one."""
     seen: dict[str, tuple[int, int, int]] = {}
+    total = 0
     for s, src in enumerate(ledger.sources):
         for g, seg in enumerate(src.segments):
             bad = segment_problems(seg)
@@ -97,6 +105,10 @@ def ledger_problems(ledger: Ledger) -> Iterator[tuple[int, int, int, str]]:
                     yield s, g, k, what
                 if found:
                     continue
+                total += entry.tokens + entry.documents
+                if total > MAX_TOTAL:
+                    yield s, g, k, f"the ledger's tokens add up past {MAX_TOTAL}"
+                    return
                 first = seen.setdefault(entry.stem, (s, g, k))
                 if first != (s, g, k):
                     yield s, g, k, (f"stem {entry.stem!r} already named by source {first[0]} "
@@ -107,5 +119,5 @@ def where_in(s: int, g: int, k: int) -> str:
     return f"source {s} segment {g}" + (f" chunk {k}" if k >= 0 else "")
 
 
-__all__ = ["entry_problems", "is_count", "ledger_problems", "segment_problems",
-           "stem_problem", "where_in"]
+__all__ = ["MAX_COUNT", "MAX_TOTAL", "entry_problems", "is_count", "ledger_problems",
+           "segment_problems", "stem_problem", "where_in"]
