@@ -104,7 +104,7 @@ def run_case(clean: Clean, target: str, edit, seal: bool) -> None:  # type: igno
         case.close()
 
 
-@settings(**examples(100))  # type: ignore[arg-type]
+@settings(**examples(80))  # type: ignore[arg-type]
 @given(data=st.data(), target=st.sampled_from(TARGETS), seal=st.booleans())
 def test_a_damaged_metadata_file_is_read_clean_or_named(finished: Clean, data: st.DataObject,
                                                         target: str, seal: bool) -> None:
@@ -123,7 +123,7 @@ def _plan_files(clean: Clean) -> list[str]:
                   if p.is_file() and p.suffix in (".npy", ".json"))
 
 
-@settings(**examples(40))  # type: ignore[arg-type]
+@settings(**examples(30))  # type: ignore[arg-type]
 @given(data=st.data())
 def test_a_damaged_plan_file_is_read_clean_or_named(finished: Clean,
                                                     data: st.DataObject) -> None:
@@ -132,7 +132,7 @@ def test_a_damaged_plan_file_is_read_clean_or_named(finished: Clean,
     run_case(finished, target, edit, seal=False)
 
 
-@settings(**examples(40))  # type: ignore[arg-type]
+@settings(**examples(30))  # type: ignore[arg-type]
 @given(data=st.data(), rename=st.sampled_from([None, "²", "00000002", "00000000", "x1"]))
 def test_a_damaged_journal_record_is_read_clean_or_named(journaled: Clean,
                                                          data: st.DataObject,

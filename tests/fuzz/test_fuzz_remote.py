@@ -48,7 +48,7 @@ def upload(root: Path) -> str:
     return url
 
 
-@settings(**examples(12))  # type: ignore[arg-type]
+@settings(**examples(8))  # type: ignore[arg-type]
 @given(data=st.data(), target=st.sampled_from(TARGETS), seal=st.booleans())
 def test_a_damaged_remote_cache_is_read_clean_or_named(s3_server: S3Server, finished: Clean,
                                                        data: st.DataObject, target: str,

@@ -29,6 +29,7 @@ _BAD_STEM = re.compile(r"[\x00-\x1f\x7f\\]|^/|(?:^|/)\.{1,2}(?:/|$)|//|/$|^$|://
 """What no stem may hold: control characters (a NUL, a newline), a backslash, a leading
 ``/``, a ``.`` or ``..`` part, an empty part, a URL scheme. A stem is a relative path
 inside the cache, and one spelling per file (``a/./b`` would alias ``a/b``)."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _COUNTS = ("documents", "tokens", "empty")
 _POSITIONS = ("start", "stop", "position", "line")
 
@@ -48,9 +49,11 @@ def stem_problem(stem: Any) -> str | None:
     """Why ``stem`` cannot name a chunk (None: it can)."""
     if not isinstance(stem, str):
         return f"stem is {stem!r}, expected str"
+    if _CONTROL.search(stem):  # a newline would forge a line of the verified log
+        return f"names {stem!r}, which holds a control character; a stem is a plain path"
     if _BAD_STEM.search(stem):
         return (f"names {stem!r}, not a relative path inside the cache (no '..', '.', "
-                "absolute path, backslash or control character)")
+                "absolute path or backslash)")
     return None
 
 
