@@ -28,6 +28,7 @@ import hashlib
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from numbers import Number
 from typing import Any, ClassVar
 
 import orjson
@@ -177,6 +178,38 @@ def _differences(saved: dict[str, Any], current: dict[str, Any], position: int) 
     return out
 
 
+MAX_DEPTH = 32
+"""How deep a state's JSON may nest: a reader's config is a few levels (a blend of
+sources, its stages); a state nested a thousand deep is hostile, and would meet Python's
+recursion limit in the first comparison or hash of it."""
+
+
+def plain_object(value: Any, name: str) -> dict[str, Any]:
+    """``value`` as a state's ``config`` / ``extra``: a JSON object of plain JSON values
+    (objects with string keys, lists, strings, numbers, booleans, null), at most
+    :data:`MAX_DEPTH` deep; else a :class:`StateError` naming ``name``. Walked without
+    recursion, so no depth is a crash."""
+    if not isinstance(value, dict):
+        raise StateError(f"state {name} is {type(value).__name__}, expected a JSON object; "
+                         "the state was edited or is not a shardwise state")
+    todo: list[tuple[Any, int]] = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            raise StateError(f"state {name} nests deeper than {MAX_DEPTH} levels; the state "
+                             "was edited or is not a shardwise state")
+        if isinstance(item, dict):
+            if not all(isinstance(k, str) for k in item):
+                raise StateError(f"state {name} has a key that is not a string")
+            todo += [(v, depth + 1) for v in item.values()]
+        elif isinstance(item, list | tuple):
+            todo += [(v, depth + 1) for v in item]
+        elif not (item is None or isinstance(item, str | Number) or hasattr(item, "dtype")):
+            # numbers include numpy's; a torch scalar has a dtype (as_count reads both)
+            raise StateError(f"state {name} holds a {type(item).__name__}, not plain JSON")
+    return dict(value)
+
+
 @dataclass(frozen=True)
 class LoaderState:
     """Position in a global order. ``config`` holds the plain fields the fingerprint
@@ -210,9 +243,13 @@ class LoaderState:
         if version != STATE_VERSION:
             raise StateError(f"state version {version!r}; this shardwise reads version "
                              f"{STATE_VERSION}")
-        return cls(fingerprint=str(d["fingerprint"]), consumed=d["consumed"],
-                   config=dict(d.get("config", {})), extra=dict(d.get("extra", {})),
-                   kind=str(d["kind"]), version=version)
+        for key in ("kind", "fingerprint"):
+            if not isinstance(d[key], str):
+                raise StateError(f"state {key} is {type(d[key]).__name__}, expected a string")
+        return cls(fingerprint=d["fingerprint"], consumed=d["consumed"],
+                   config=plain_object(d.get("config", {}), "config"),
+                   extra=plain_object(d.get("extra", {}), "extra"),
+                   kind=d["kind"], version=version)
 
     def check_matches(self, kind: str, fingerprint: str, config: dict[str, Any]) -> None:
         """Raise :class:`StateError` naming every difference from the current reader."""

@@ -89,10 +89,32 @@ class ChunkMeta:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ChunkMeta:
+        """The metadata ``d`` holds, its fields' types checked (a cache is untrusted
+        input: a ``"files": []`` must not reach a ``.get``); TypeError or ValueError."""
         d = dict(d)
         d["kind"] = ChunkKind(d["kind"])
         d["range"] = SourceRange(**d["range"])
-        return cls(**d)
+        meta = cls(**d)
+        meta.check()
+        return meta
+
+    def check(self) -> None:
+        ints = (self.source, self.segment, self.index, self.documents, self.tokens,
+                self.format_version, self.range.start, self.range.stop,
+                self.range.line_start, self.range.line_stop)
+        if not all(type(v) is int for v in ints) or min(ints[:5]) < 0:
+            raise ValueError(f"counts and positions {ints}, expected integers (counts >= 0)")
+        if not isinstance(self.stem, str) or not isinstance(self.source_path, str):
+            raise TypeError(f"stem {self.stem!r:.60} and source_path, expected strings")
+        if not isinstance(self.files, dict) or not all(
+                isinstance(e, dict) and type(e.get("bytes")) is int and e["bytes"] >= 0
+                and isinstance(e.get("xxh3_64"), str) for e in self.files.values()):
+            raise TypeError(f"files is {self.files!r:.80}, expected an object of "
+                            "{suffix: {bytes, xxh3_64}}")
+        skipped = self.skipped_lines
+        if skipped is not None and not (isinstance(skipped, list)
+                                        and all(type(v) is int for v in skipped)):
+            raise TypeError(f"skipped_lines is {skipped!r:.60}, expected a list of lines")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import orjson
 from shardwise.errors import ManifestError
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.files import Files
+from shardwise.format.ledger_check import is_count, ledger_problems, where_in
 from shardwise.format.ledger_index import INDEX_NAME, LedgerView
 
 LEDGER_NAME = "ledger.json"
@@ -151,8 +152,22 @@ class Ledger:
                              "sources": sources, "version": LEDGER_VERSION},
                             option=orjson.OPT_SORT_KEYS)
 
+    def check(self, where: str) -> None:
+        """Refuse a ledger no reader may read by (:mod:`.ledger_check`): the first
+        problem, as a :class:`ManifestError` naming ``where`` (``verify`` lists them all)."""
+        for s, g, k, what in ledger_problems(self):
+            raise ManifestError(f"{where}: {where_in(s, g, k)}: {what}; the ledger is "
+                                "damaged or was edited: rebuild the cache, or run "
+                                "'shardwise verify' on it for every problem")
+
     @classmethod
-    def from_dict(cls, d: dict[str, Any], *, where: str = LEDGER_NAME) -> Ledger:
+    def from_dict(cls, d: dict[str, Any], *, where: str = LEDGER_NAME,
+                  check: bool = True) -> Ledger:
+        """The ledger ``d`` holds; ``check`` False: without :meth:`check` (``verify``,
+        which reports every problem itself)."""
+        if not isinstance(d, dict):
+            raise ManifestError(f"{where}: not a valid shardwise ledger (a JSON "
+                                f"{type(d).__name__}, expected an object)")
         try:
             if d.get("version") not in READABLE_VERSIONS:
                 raise ManifestError(f"{where}: ledger version {d.get('version')!r}, this "
@@ -164,10 +179,15 @@ class Ledger:
             manifest_xxh3 = d.get("manifest_xxh3", "") if d["version"] >= 2 else ""
             if not isinstance(manifest_xxh3, str):
                 raise TypeError(f"manifest_xxh3 is {manifest_xxh3!r}, expected a string")
-            journal = int(d.get("journal", 0))
+            journal = d.get("journal", 0)
+            if not is_count(journal):
+                raise TypeError(f"journal is {journal!r}, expected a record number")
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise ManifestError(f"{where}: not a valid shardwise ledger ({e})") from e
-        return cls(sources=sources, manifest_xxh3=manifest_xxh3, journal=journal)
+        ledger = cls(sources=sources, manifest_xxh3=manifest_xxh3, journal=journal)
+        if check:
+            ledger.check(where)
+        return ledger
 
     def save(self, root: Files) -> None:
         """Replace ``ledger.json`` (the snapshot), then its index (``ledger.index``: the
@@ -182,22 +202,23 @@ class Ledger:
             root.remove(folded)
 
     @classmethod
-    def load(cls, root: Files) -> Ledger:
-        """The ledger: the snapshot, with every journal record after it applied."""
+    def load(cls, root: Files, *, check: bool = True) -> Ledger:
+        """The ledger: the snapshot, with every journal record after it applied
+        (``check``: see :meth:`from_dict`)."""
         for attempt in range(_RACES):
             ledger = cls.parse(read_ledger(root, fresh=attempt > 0),
-                               where=root.name(LEDGER_NAME))
+                               where=root.name(LEDGER_NAME), check=check)
             try:
-                apply_records(root, ledger, record_numbers(root))
+                apply_records(root, ledger, record_numbers(root), check=check)
             except JournalRaced:
                 continue
             return ledger
         raise _unsettled(root)
 
     @classmethod
-    def parse(cls, data: bytes, *, where: str = LEDGER_NAME) -> Ledger:
+    def parse(cls, data: bytes, *, where: str = LEDGER_NAME, check: bool = True) -> Ledger:
         try:
-            return cls.from_dict(orjson.loads(data), where=where)
+            return cls.from_dict(orjson.loads(data), where=where, check=check)
         except orjson.JSONDecodeError as e:
             raise ManifestError(f"{where}: invalid JSON ({e})") from e
 
@@ -268,14 +289,16 @@ def record_numbers(root: Files) -> list[int]:
     numbers = []
     for name in root.list_dir(JOURNAL_DIR):
         stem, dot, ext = name.partition(".")
-        if dot and ext == "json" and stem.isdigit():
+        if dot and ext == "json" and stem.isascii() and stem.isdigit():  # not '²'
             numbers.append(int(stem))
     return sorted(numbers)
 
 
-def apply_records(root: Files, ledger: Ledger, numbers: list[int]) -> None:
+def apply_records(root: Files, ledger: Ledger, numbers: list[int], *,
+                  check: bool = True) -> None:
     """Apply the records numbered after ``ledger.journal``, which must follow it without a
-    gap (else :class:`JournalRaced`: a compaction ran; read the snapshot again)."""
+    gap (else :class:`JournalRaced`: a compaction ran; read the snapshot again); then
+    (``check``) :meth:`Ledger.check` the result, naming the journal."""
     todo = [n for n in numbers if n > ledger.journal]
     if todo != list(range(ledger.journal + 1, ledger.journal + 1 + len(todo))):
         raise JournalRaced
@@ -286,6 +309,8 @@ def apply_records(root: Files, ledger: Ledger, numbers: list[int]) -> None:
         if isinstance(data, Exception):
             raise data
         apply_record(ledger, data, name=root.name(name))
+    if check and names:
+        ledger.check(f"{root.name(LEDGER_NAME)} + {root.name(JOURNAL_DIR)}")
 
 
 def apply_record(ledger: Ledger, data: bytes, *, name: str) -> None:
@@ -296,16 +321,25 @@ def apply_record(ledger: Ledger, data: bytes, *, name: str) -> None:
             raise ManifestError(f"{name}: journal record version {record.get('version')!r}, "
                                 f"this shardwise reads {RECORD_VERSION}; upgrade shardwise")
         for entry in record["segments"]:
+            if not all(is_count(entry[k]) for k in ("source", "segment", "from")):
+                raise ValueError(f"source {entry['source']!r} segment {entry['segment']!r} "
+                                 f"from {entry['from']!r}: expected counts")
             seg = ledger.sources[entry["source"]].segments[entry["segment"]]
-            since = int(entry["from"])
+            since = entry["from"]
+            if not isinstance(entry["chunks"], list):
+                raise TypeError(f"chunks is {type(entry['chunks']).__name__}, expected a list")
             if since > len(seg.chunks):
                 raise ValueError(f"source {entry['source']} segment {entry['segment']} "
                                  f"follows chunk {since}, the ledger has {len(seg.chunks)}")
             seg.chunks[since:] = [ChunkEntry(**c) for c in entry["chunks"]]
             seg.position, seg.line, seg.errors = entry["position"], entry["line"], entry["errors"]
             seg.finished, seg.stop = entry["finished"], entry["stop"]
-        ledger.journal = int(record["record"])
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError) as e:
+        if record["record"] != ledger.journal + 1:
+            raise ValueError(f"record number {record['record']!r}, its name says "
+                             f"{ledger.journal + 1}")
+        ledger.journal = record["record"]
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError,
+            AttributeError) as e:
         raise ManifestError(f"{name}: not a valid ledger journal record ({e}); rerun the "
                             "build (it resumes from the ledger)") from e
 

@@ -29,6 +29,7 @@ Layout (little-endian)::
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ import orjson
 
 from shardwise.errors import ManifestError
 from shardwise.format.checksum import bytes_checksum
+from shardwise.format.ledger_check import MAX_COUNT, MAX_TOTAL, is_count, stem_problem
 
 if TYPE_CHECKING:
     from shardwise.format.ledger import ChunkEntry, Ledger
@@ -162,11 +164,76 @@ class LedgerView:
             if bytes_checksum(memoryview(data)[start:]) != header["data_xxh3"]:
                 raise ValueError("its columns do not match their checksum")
             chunks = _columns(data, start, header)
-            sources = [SourceTotals(**s) for s in header["sources"]]
+            sources = [_totals(s) for s in header["sources"]]
+            check_columns(chunks, len(sources))
+            check_totals(chunks, sources, finished=bool(header["finished"]))
             return cls(str(header["manifest_xxh3"]), bool(header["finished"]),
                        dict(header["errors"]), sources, chunks)
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ManifestError(f"{where}: damaged ledger index ({e})") from e
+
+
+_SUSPECT = re.compile(rb"[\x00-\x09\x0b-\x1f\x7f\\]|\n/|/\n|//|\n\n|(?:\n|/)\.{1,2}(?:/|\n)|://")
+
+
+def check_columns(chunks: ChunkColumns, sources: int) -> None:
+    """What :mod:`.ledger_check` refuses in a ledger, over the columns at numpy speed
+    (a hostile index may be consistent with its checksums): counts >= 0, sources in
+    range, each stem once, and a relative path inside the cache (one scan of the joined
+    bytes; only a suspect is checked stem by stem, to name it). ValueError."""
+    for k in ("documents", "tokens"):
+        column = getattr(chunks, k)
+        if len(column) and not 0 <= int(column.min()) <= int(column.max()) <= MAX_COUNT:
+            c = int(np.argmin(column)) if int(column.min()) < 0 else int(np.argmax(column))
+            raise ValueError(f"chunk {c} ({chunks.stem[c]!r}): {k} {int(column[c])}, "
+                             f"expected a count in [0, {MAX_COUNT}]")
+        if int(column.max(initial=0)) * len(column) > MAX_TOTAL and sum(
+                column.tolist()) > MAX_TOTAL:
+            raise ValueError(f"the chunks' {k} add up past {MAX_TOTAL}")
+    if len(chunks.source) and not 0 <= int(chunks.source.min()) <= int(
+            chunks.source.max()) < sources:
+        raise ValueError(f"chunk sources outside [0, {sources})")
+    if len(np.unique(chunks.stem)) != len(chunks.stem):
+        values, counts = np.unique(chunks.stem, return_counts=True)
+        raise ValueError(f"stem {values[np.argmax(counts)]!r} named more than once")
+    stems = chunks.stem.tolist()
+    width = chunks.stem.dtype.itemsize
+    cells = chunks.stem.view(np.uint8).reshape(len(stems), width) if width else None
+    # a control character, or a NUL before the padding ends: not in the joined scan below,
+    # whose separator a stem could hold
+    hidden = cells is not None and bool(
+        (((cells > 0) & (cells < 32)) | (cells == 127)).any()
+        or ((cells[:, :-1] == 0) & (cells[:, 1:] != 0)).any())
+    if hidden or _SUSPECT.search(b"\n" + b"\n".join(stems) + b"\n"):
+        for stem in stems:
+            why = stem_problem(stem.decode(errors="replace"))
+            if why:
+                raise ValueError(f"a chunk {why}")
+
+
+def check_totals(chunks: ChunkColumns, sources: list[SourceTotals], *, finished: bool
+                 ) -> None:
+    """The visible chunks add up to the sources' totals (of every chunk the ledger names):
+    equal once the ledger is finished (every chunk is visible), at most before. An index
+    whose one count was edited, and its checksums made again, is caught here, even for a
+    chunk no reader would open (a last chunk shrunk into the tail a reader drops). ValueError."""
+    for k in ("chunks", "documents", "tokens"):
+        got = np.zeros(len(sources), np.int64)
+        np.add.at(got, chunks.source, 1 if k == "chunks" else getattr(chunks, k))
+        for s, total in enumerate(sources):
+            want = getattr(total, k)
+            if int(got[s]) != want if finished else int(got[s]) > want:
+                raise ValueError(f"source {s}'s visible chunks hold {int(got[s])} {k}, its "
+                                 f"totals say {want}")
+
+
+def _totals(s: dict[str, Any]) -> SourceTotals:
+    totals = SourceTotals(**s)
+    counts = (totals.chunks, totals.documents, totals.tokens, totals.empty)
+    if not all(is_count(v) for v in counts) or not isinstance(totals.errors, dict) or not all(
+            is_count(v) for v in totals.errors.values()):
+        raise ValueError(f"source totals {s!r:.100}, expected counts")
+    return totals
 
 
 def _pad(b: bytes) -> bytes:

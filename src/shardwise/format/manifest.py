@@ -12,14 +12,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import orjson
 
 from shardwise.errors import ManifestError
 from shardwise.format.checksum import bytes_checksum
+from shardwise.format.chunk import ChunkKind
 from shardwise.format.files import Files
+from shardwise.format.megatron import dtype_code
 from shardwise.format.paths import redact_url
 
 FORMAT_VERSION = 1
+_TYPES = {"tokenizer.fingerprint": str, "dtype": str, "chunk_kind": str, "processor": dict,
+          "chunking": dict, "on_error": str, "created_by": str}
 MANIFEST_NAME = "manifest.json"
 
 
@@ -84,8 +89,10 @@ class Manifest:
                                     f"reads {FORMAT_VERSION}; upgrade shardwise or rebuild")
             d["tokenizer"] = TokenizerInfo(**d["tokenizer"])
             d["sources"] = [SourceInfo(**s) for s in d["sources"]]
-            return cls(**d)
-        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            manifest = cls(**d)
+            _check(manifest)
+            return manifest
+        except (KeyError, TypeError, AttributeError, ValueError) as e:  # ConfigError too
             raise ManifestError(f"{where}: not a valid shardwise manifest ({e})") from e
 
     def save(self, root: Files) -> None:
@@ -135,3 +142,31 @@ def describe_differences(stored: dict[str, Any], wanted: dict[str, Any], prefix:
             else:
                 lines.append(f"{name}: cache has {a!r}, this build has {b!r}")
     return lines
+
+
+def _check(m: Manifest) -> None:
+    """What a reader uses of a manifest, checked before use (a cache is untrusted input):
+    field types, an integer token dtype with a Megatron code, a known chunk kind, a
+    positive vocabulary holding the end-of-document id. ValueError or TypeError."""
+    for name, kind in _TYPES.items():
+        value = m.tokenizer.fingerprint if name.startswith("tokenizer.") else getattr(m, name)
+        if not isinstance(value, kind):
+            raise TypeError(f"{name} is {value!r:.60}, expected {kind.__name__}")
+    dtype = np.dtype(m.dtype)
+    if dtype.kind not in "ui":
+        raise ValueError(f"dtype {m.dtype!r} is not an integer token dtype")
+    dtype_code(dtype)
+    if m.chunk_kind not in {k.value for k in ChunkKind}:
+        raise ValueError(f"chunk_kind {m.chunk_kind!r}, expected one of "
+                         f"{[k.value for k in ChunkKind]}")
+    vocab, eod = m.tokenizer.vocab_size, m.tokenizer.eod_id
+    if type(vocab) is not int or vocab <= 0:
+        raise ValueError(f"tokenizer.vocab_size {vocab!r}, expected a positive integer")
+    if eod is not None and (type(eod) is not int or not 0 <= eod < vocab):
+        raise ValueError(f"tokenizer.eod_id {eod!r}, expected an id below {vocab} or null")
+    for s in m.sources:
+        if not (isinstance(s.path, str) and type(s.size) is int and s.size >= 0
+                and isinstance(s.fingerprint, str) and isinstance(s.format, str)):
+            raise ValueError(f"source {s!r:.100}: expected path, size >= 0, fingerprint, "
+                             "format")
+

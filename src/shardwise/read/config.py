@@ -226,7 +226,7 @@ class ReadConfig:
         (``cache``, or ``blend={"sources": {name: path}}``, whose mix the state holds;
         ``global_batch_size``, ``micro_batch_size``, ``world_size``) and may override
         any field. :func:`check_state` then proves the rebuilt reader is the saved one."""
-        st = LoaderState.from_dict(dict(state))
+        st = LoaderState.from_dict(dict(state) if isinstance(state, Mapping) else state)
         cfg = dict(st.config)
         kind = next((k for k in ReaderKind if getattr(reader_class(k), "state_kind", None)
                      == st.kind), ReaderKind.TOKENS)

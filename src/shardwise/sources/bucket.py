@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 from shardwise.concurrency.threads import ThreadPool
-from shardwise.errors import ConfigError
+from shardwise.errors import ConfigError, InputError
 from shardwise.remote.client import RemoteStore, is_url
 
 Options = dict[str, Any] | None
@@ -132,13 +132,26 @@ def parquet_input(path: str, options: Options = None, size: int | None = None
                   ) -> Iterator[Any]:
     """A ``pyarrow.parquet.ParquetFile`` of a local file, or of an object read by ranged
     GETs (its footer, then the column chunks a reader asks for)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if not is_url(path):
-        yield pq.ParquetFile(path)
-        return
-    with open_source(path, options, buffer=64 << 10, size=size) as f:
-        yield pq.ParquetFile(f)
+    try:
+        if not is_url(path):
+            pf = pq.ParquetFile(path)
+        else:
+            f = open_source(path, options, buffer=64 << 10, size=size)
+            pf = pq.ParquetFile(f)
+    except (pa.ArrowException, OSError) as e:
+        # a whole file that is not Parquet has no records to skip and count: refused under
+        # on_error='skip' too, so a source never disappears from a cache unannounced
+        raise InputError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e}); "
+                         "replace it, or leave it out of the sources", path=path,
+                         reason="unreadable_file") from e
+    try:
+        yield pf
+    finally:
+        if is_url(path):
+            f.close()
 
 
 def object_size(path: str, options: Options = None) -> int:

@@ -25,8 +25,9 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,12 +37,12 @@ from shardwise.errors import ManifestError
 from shardwise.format.atomic import TMP_PREFIX
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.chunk import DATA_SUFFIXES, META_SUFFIX, ChunkKind, chunk_stem
-from shardwise.format.files import LocalFiles
+from shardwise.format.files import Files, LocalFiles
 from shardwise.format.ledger import LEDGER_NAME, Ledger, Segment
+from shardwise.format.ledger_check import ledger_problems, where_in
 from shardwise.format.ledger_index import INDEX_NAME, LedgerView
 from shardwise.format.manifest import MANIFEST_NAME, Manifest
 from shardwise.format.megatron import dtype_code
-from shardwise.format.paths import safe_join
 from shardwise.remote.client import RemoteStore, is_url
 from shardwise.storage.bucket import BucketStore
 from shardwise.storage.chunk_check import (
@@ -56,45 +57,24 @@ from shardwise.storage.verify_report import with_suffix as _with
 _T = TypeVar("_T")
 
 
-def verify_cache(root: str | Path, *, storage_options: dict[str, Any] | None = None,
-                 _fetch: Callable[[ChunkExpect], AbstractContextManager[None]] | None = None
+def verify_cache(root: str | Path, *, storage_options: dict[str, Any] | None = None
                  ) -> VerifyReport:
     """Check a shardwise cache directory (or URL) exhaustively; never raises on damage."""
     if is_url(root):
         return verify_remote(str(root), storage_options=storage_options)
     root = Path(root)
-    report = VerifyReport(str(root))
-    manifest = load_or_report(Manifest.load, root, MANIFEST_NAME, report)
-    kind, dtype = manifest_kind(root, manifest, report)
-    ledger = load_or_report(Ledger.load, root, LEDGER_NAME, report)
-    if ledger is not None:
-        if manifest is not None and len(manifest.sources) != len(ledger.sources):
-            report.bad(root / LEDGER_NAME, f"{len(ledger.sources)} sources, the manifest "
-                       f"lists {len(manifest.sources)}")
-        trusted = check_manifest_checksum(root, ledger.manifest_xxh3, report)
-        vocab = manifest.tokenizer.vocab_size if manifest is not None and trusted else None
-        expects = list(_check_ledger(root, ledger, kind, dtype, report))
-        for exp in expects:
-            with _fetch(exp) if _fetch is not None else nullcontext():
-                chunk = check_chunk(replace(exp, vocab_size=vocab))
-            report.problems += chunk.problems
-            report.bytes_checked += chunk.bytes_checked
-            report.chunks_checked += 1
-        check_index(root, report, ledger)
-        _note_strays(root, {e.entry.stem for e in expects}, report)
-    report.problems.sort()
-    return report
+    return _verify(LocalFiles(root), root, lambda _: nullcontext())
 
 
 def verify_remote(url: str, *, storage_options: dict[str, Any] | None = None
                   ) -> VerifyReport:
-    """:func:`verify_cache` for a cache on an object store: each chunk's objects are
-    downloaded into a temporary directory, checked, and deleted before the next chunk."""
+    """:func:`verify_cache` for a cache on an object store: the same checks, its head
+    files (manifest, ledger, journal, index) read through the store, each chunk's objects
+    downloaded into a temporary directory, checked, and deleted before the next chunk;
+    every finding names its object by URL."""
     store = RemoteStore(url, storage_options)
     with tempfile.TemporaryDirectory(prefix="shardwise-verify-") as tmp:
         local = Path(tmp)
-        for name in (MANIFEST_NAME, LEDGER_NAME, INDEX_NAME):
-            download_object(store, name, local)
 
         @contextmanager
         def fetch(exp: ChunkExpect) -> Iterator[None]:
@@ -106,26 +86,44 @@ def verify_remote(url: str, *, storage_options: dict[str, Any] | None = None
             finally:
                 shutil.rmtree(local / "chunks", ignore_errors=True)
 
-        inner = verify_cache(local, _fetch=fetch)
+        inner = _verify(BucketStore(store), local, fetch)
     head = str(local)
 
     def named(p: Problem) -> Problem:
         path = store.url + p.path[len(head):] if p.path.startswith(head) else p.path
         return Problem(path, p.what)
 
-    report = VerifyReport(store.url, problems=sorted(named(p) for p in inner.problems),
-                          notes=[named(n) for n in inner.notes],
-                          chunks_checked=inner.chunks_checked,
-                          bytes_checked=inner.bytes_checked)
-    named_stems: set[str] = set()
-    with suppress(ManifestError):
-        named_stems = {e.stem for src in Ledger.load(BucketStore(store)).sources
-                       for seg in src.segments for e in seg.chunks}
-    for key in store.list_keys():
-        stem = key.rsplit(".", 1)[0]
-        if key.startswith("chunks/") and stem not in named_stems:
-            report.notes.append(Problem(store.url_of(key), "orphan: not named by the ledger "
-                                        "(left by an interrupted build; readers ignore it)"))
+    inner.problems = sorted(named(p) for p in inner.problems)
+    inner.notes = [named(n) for n in inner.notes]
+    return inner
+
+
+def _verify(files: Files, chunks: Path,
+            fetch: Callable[[ChunkExpect], AbstractContextManager[None]]) -> VerifyReport:
+    """The one verify of a cache, local or remote: its head files through ``files``, its
+    chunks checked under ``chunks`` (the cache directory, or where ``fetch(exp)`` puts a
+    remote chunk's objects for the time of its check)."""
+    report = VerifyReport(files.location)
+    manifest = load_or_report(Manifest.load, files, MANIFEST_NAME, report)
+    kind, dtype = manifest_kind(files, manifest, report)
+    ledger = load_or_report(partial(Ledger.load, check=False), files, LEDGER_NAME, report)
+    if ledger is not None:
+        if manifest is not None and len(manifest.sources) != len(ledger.sources):
+            report.bad(files.name(LEDGER_NAME), f"{len(ledger.sources)} sources, the "
+                       f"manifest lists {len(manifest.sources)}")
+        trusted = check_manifest_checksum(files, ledger.manifest_xxh3, report)
+        vocab = manifest.tokenizer.vocab_size if manifest is not None and trusted else None
+        expects = list(_check_ledger(files, chunks, ledger, kind, dtype, report))
+        for exp in expects:
+            with fetch(exp):
+                chunk = check_chunk(replace(exp, vocab_size=vocab))
+            report.problems += chunk.problems
+            report.bytes_checked += chunk.bytes_checked
+            report.chunks_checked += 1
+        sound = next(ledger_problems(ledger), None) is None  # else no view to compare
+        check_index(files, report, ledger if sound else None)
+        _note_strays(files, {e.entry.stem for e in expects}, report)
+    report.problems.sort()
     return report
 
 
@@ -147,23 +145,24 @@ def verify_megatron(prefix: str | Path) -> VerifyReport:
     return report
 
 
-def load_or_report(load: Callable[[LocalFiles], _T], root: Path, name: str,
+def load_or_report(load: Callable[[Files], _T], files: Files, name: str,
                    report: VerifyReport) -> _T | None:
-    """``Manifest.load`` or ``Ledger.load`` of directory ``root``; a failure is a problem
-    of that file."""
+    """``Manifest.load`` or ``Ledger.load`` of ``files``; a failure is a problem of that
+    file."""
     try:
-        return load(LocalFiles(root))
+        return load(files)
     except ManifestError as e:
-        report.bad(root / name, strip_advice(str(e), root / name))
+        path = files.name(name)
+        report.bad(path, strip_advice(str(e), path))  # a URL: no Path
         return None
 
 
-def manifest_kind(root: Path, manifest: Manifest | None, report: VerifyReport
+def manifest_kind(files: Files, manifest: Manifest | None, report: VerifyReport
                    ) -> tuple[ChunkKind | None, np.dtype | None]:
     """The chunk kind and token dtype every chunk must have (None: unknown)."""
     if manifest is None:
         return None, None
-    path = root / MANIFEST_NAME
+    path = files.name(MANIFEST_NAME)
     kind = dtype = None
     try:
         kind = ChunkKind(manifest.chunk_kind)
@@ -179,51 +178,32 @@ def manifest_kind(root: Path, manifest: Manifest | None, report: VerifyReport
     return kind, dtype
 
 
-def _check_ledger(root: Path, ledger: Ledger, kind: ChunkKind | None,
+def _check_ledger(files: Files, chunks: Path, ledger: Ledger, kind: ChunkKind | None,
                   dtype: np.dtype | None, report: VerifyReport) -> Iterator[ChunkExpect]:
-    """Ledger-level consistency; yields the chunks whose files can be checked."""
-    where = root / LEDGER_NAME
-    seen: dict[str, str] = {}
+    """Ledger-level consistency: every problem a loader refuses
+    (:func:`~shardwise.format.ledger_check.ledger_problems`), then the segments' positions
+    and each stem's expected name; yields the chunks whose files can be checked."""
+    where = files.name(LEDGER_NAME)
+    bad: set[tuple[int, int, int]] = set()
+    for s, g, k, what in ledger_problems(ledger):
+        report.bad(where, f"{where_in(s, g, k)}: {what}")
+        bad.add((s, g, k))
     for s, src in enumerate(ledger.sources):
         for g, seg in enumerate(src.segments):
-            at = f"source {s} segment {g}"
-            if _mistyped(seg, ("start", "stop", "position", "line"), int, report, where, at):
+            if (s, g, -1) in bad:
                 continue
             previous = src.segments[g - 1] if g else None
+            if previous is not None and (s, g - 1, -1) in bad:
+                previous = None
             for what in _segment_problems(seg, previous):
-                report.bad(where, f"{at}: {what}")
+                report.bad(where, f"{where_in(s, g, -1)}: {what}")
             for k, entry in enumerate(seg.chunks):
-                here = f"{at} chunk {k}"
-                if (_mistyped(entry, ("documents", "tokens"), int, report, where, here)
-                        or _mistyped(entry, ("stem", "meta_xxh3"), str, report, where, here)):
+                if (s, g, k) in bad:
                     continue
-                if entry.stem in seen:
-                    report.bad(where, f"{here}: stem {entry.stem!r} already named by "
-                               f"{seen[entry.stem]}")
-                    continue
-                seen[entry.stem] = here
                 if entry.stem != chunk_stem(s, g, k):
-                    report.bad(where, f"{here}: stem {entry.stem!r}, expected "
+                    report.bad(where, f"{where_in(s, g, k)}: stem {entry.stem!r}, expected "
                                f"{chunk_stem(s, g, k)!r}")
-                if entry.documents < 0 or entry.tokens < 0:
-                    report.bad(where, f"{here}: negative documents or tokens")
-                try:
-                    safe_join(root, entry.stem, where=str(where))
-                except ManifestError:
-                    report.bad(where, f"{here} names {entry.stem!r}, not a relative path "
-                               "inside the cache")
-                    continue
-                yield ChunkExpect(root, s, entry, kind, dtype, segment=g, index=k)
-
-
-def _mistyped(obj: object, names: tuple[str, ...], kind: type, report: VerifyReport,
-              where: Path, at: str) -> bool:
-    """Report fields of the wrong JSON type (the ledger loader does not check types)."""
-    bad = [n for n in names if not isinstance(getattr(obj, n), kind)
-           or isinstance(getattr(obj, n), bool)]
-    for n in bad:
-        report.bad(where, f"{at}: {n} is {getattr(obj, n)!r}, expected {kind.__name__}")
-    return bool(bad)
+                yield ChunkExpect(chunks, s, entry, kind, dtype, segment=g, index=k)
 
 
 def _segment_problems(seg: Segment, previous: Segment | None) -> list[str]:
@@ -241,28 +221,28 @@ def _segment_problems(seg: Segment, previous: Segment | None) -> list[str]:
     return out
 
 
-def check_index(root: Path, report: VerifyReport, ledger: Ledger | None = None
+def check_index(files: Files, report: VerifyReport, ledger: Ledger | None = None
                 ) -> LedgerView | None:
     """``ledger.index`` against ``ledger.json``. Missing or stale: a note (readers then
     parse the ledger); damaged, or (``ledger`` given) disagreeing with the ledger whose
     bytes it names: a problem. Returns its view when readers would use it."""
-    path, rerun = root / INDEX_NAME, "a rerun of the build rewrites it"
+    path, rerun = files.name(INDEX_NAME), "a rerun of the build rewrites it"
     try:
-        data, ledger_bytes = path.read_bytes(), (root / LEDGER_NAME).read_bytes()
+        data, ledger_bytes = files.read(INDEX_NAME), files.read(LEDGER_NAME)
     except FileNotFoundError:
-        report.notes.append(Problem(str(path), "missing (a cache written before ledger.index "
+        report.notes.append(Problem(path, "missing (a cache written before ledger.index "
                                     "existed): readers parse ledger.json on open, slowly for "
                                     f"many chunks; {rerun}"))
         return None
     try:
         view = LedgerView.from_bytes(data, ledger_xxh3=bytes_checksum(ledger_bytes),
-                                     where=str(path))
+                                     where=path)
     except ManifestError as e:
         report.bad(path, f"{strip_advice(str(e), path)}; readers ignore it and parse "
                    f"ledger.json; {rerun}")
         return None
     if view is None:
-        report.notes.append(Problem(str(path), "older than ledger.json (a build stopped "
+        report.notes.append(Problem(path, "older than ledger.json (a build stopped "
                                     "between writing the two): readers ignore it and parse "
                                     f"ledger.json; {rerun}"))
         return None
@@ -272,19 +252,18 @@ def check_index(root: Path, report: VerifyReport, ledger: Ledger | None = None
     return view
 
 
-def check_manifest_checksum(root: Path, xxh3: str, report: VerifyReport) -> bool:
+def check_manifest_checksum(files: Files, xxh3: str, report: VerifyReport) -> bool:
     """The manifest's bytes against the ledger's ``manifest_xxh3`` (``xxh3``; absent: a
-    note).
-    False if they differ (its vocabulary is then not used to judge the chunks)."""
-    path = root / MANIFEST_NAME
+    note). False if they differ (its vocabulary is then not used to judge the chunks)."""
+    path = files.name(MANIFEST_NAME)
     if not xxh3:
-        report.notes.append(Problem(str(root / LEDGER_NAME), "no manifest checksum (a "
+        report.notes.append(Problem(files.name(LEDGER_NAME), "no manifest checksum (a "
                                     "ledger older than version 2): edits to manifest.json "
                                     "cannot be detected"))
         return True
     try:
-        got = bytes_checksum(path.read_bytes())
-    except OSError:  # a missing manifest is reported by its loader
+        got = bytes_checksum(files.read(MANIFEST_NAME))
+    except FileNotFoundError:  # a missing manifest is reported by its loader
         return False
     if got != xxh3:
         report.bad(path, f"xxh3_64 {got}, the ledger says {xxh3}: "
@@ -293,19 +272,14 @@ def check_manifest_checksum(root: Path, xxh3: str, report: VerifyReport) -> bool
     return True
 
 
-def _note_strays(root: Path, stems: set[str], report: VerifyReport) -> None:
-    """Temp files anywhere, and chunk files the ledger does not name."""
-    for p in sorted(root.rglob(f"{TMP_PREFIX}*")):
-        report.notes.append(Problem(str(p), "temporary file of an interrupted write; "
-                                    "the next build removes it"))
-    chunks = root / "chunks"
-    if not chunks.is_dir():
-        return
-    for p in sorted(chunks.rglob("*")):
-        if not p.is_file() or p.name.startswith(TMP_PREFIX):
-            continue
-        rel = p.relative_to(root).as_posix()
-        stem = rel[: -len(p.suffix)] if p.suffix else rel
-        if stem not in stems:
-            report.notes.append(Problem(str(p), "orphan: not named by the ledger (left by "
-                                        "an interrupted build; readers ignore it)"))
+def _note_strays(files: Files, stems: set[str], report: VerifyReport) -> None:
+    """Temp files anywhere, and chunk files the ledger does not name (one listing)."""
+    listed = files.keys()
+    for key in listed:
+        name = key.rsplit("/", 1)[-1]
+        if name.startswith(TMP_PREFIX):
+            report.notes.append(Problem(files.name(key), "temporary file of an interrupted "
+                                        "write; the next build removes it"))
+        elif key.startswith("chunks/") and key.rsplit(".", 1)[0] not in stems:
+            report.notes.append(Problem(files.name(key), "orphan: not named by the ledger "
+                                        "(left by an interrupted build; readers ignore it)"))

@@ -26,6 +26,7 @@ import numpy as np
 
 from shardwise.errors import CorruptChunkError, ManifestError
 from shardwise.format.chunk import DATA_SUFFIXES, META_SUFFIX, ChunkKind
+from shardwise.format.files import LocalFiles
 from shardwise.format.ledger import LEDGER_NAME, Ledger
 from shardwise.format.ledger_index import LedgerView
 from shardwise.format.manifest import MANIFEST_NAME, Manifest
@@ -46,13 +47,13 @@ PARQUET_MAGIC = b"PAR1"
 def verify_quick(root: str | Path) -> VerifyReport:
     """Check the headers and sizes of every visible chunk of a cache directory."""
     root = Path(root)
-    report = VerifyReport(str(root), quick=True)
-    manifest = load_or_report(Manifest.load, root, MANIFEST_NAME, report)
-    kind, dtype = manifest_kind(root, manifest, report)
-    view = check_index(root, report) or _parsed_view(root, report)
+    report, files = VerifyReport(str(root), quick=True), LocalFiles(root)
+    manifest = load_or_report(Manifest.load, files, MANIFEST_NAME, report)
+    kind, dtype = manifest_kind(files, manifest, report)
+    view = check_index(files, report) or _parsed_view(files, report)
     if view is None:
         return report
-    check_manifest_checksum(root, view.manifest_xxh3, report)
+    check_manifest_checksum(files, view.manifest_xxh3, report)
     cols = view.chunks
     try:
         check_stems(root, cols.stem, where=str(root / LEDGER_NAME))
@@ -72,9 +73,9 @@ def verify_quick(root: str | Path) -> VerifyReport:
     return report
 
 
-def _parsed_view(root: Path, report: VerifyReport) -> LedgerView | None:
+def _parsed_view(files: LocalFiles, report: VerifyReport) -> LedgerView | None:
     """The view parsed from ``ledger.json`` (no usable index); None if it is unreadable."""
-    ledger = load_or_report(Ledger.load, root, LEDGER_NAME, report)
+    ledger = load_or_report(Ledger.load, files, LEDGER_NAME, report)
     return LedgerView.from_ledger(ledger) if ledger is not None else None
 
 

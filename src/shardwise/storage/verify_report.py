@@ -46,7 +46,7 @@ class VerifyReport:
 
 
 
-def strip_advice(message: str, path: Path) -> str:
+def strip_advice(message: str, path: Path | str) -> str:
     """An error message without its leading ``<path>: `` (the report shows the path) and
     without advice to run verify (this is verify)."""
     head = f"{path}: "

@@ -316,7 +316,7 @@ class RecordStream(GuardedReader, Resumable):
         missing = [s for s in local if str(s) not in saved]
         if missing:
             raise StateError(f"extra.streams: the state holds streams "
-                             f"{sorted(int(k) for k in saved)}, this reader serves {local} "
+                             f"{sorted(saved)}, this reader serves {local} "
                              f"(missing {missing}); combine every rank's state with "
                              "shardwise.read.records.stream.merge_states")
         positions = {s: StreamPosition.from_dict(saved[str(s)], f"extra.streams.{s}",

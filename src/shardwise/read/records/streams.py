@@ -159,6 +159,8 @@ class StreamPosition:
         ints = {k: _int(d[k], f"{name}.{k}", k in ("stop_epoch", "pos"))
                 for k in ("epoch", "stop_epoch", "range", "pos", "line", "draws", "consumed",
                           "epoch_consumed")}
+        if not isinstance(d["buffer"], list):
+            raise StateError(f"{name}.buffer: expected a list, got {type(d['buffer']).__name__}")
         buffer = [_where(w, f"{name}.buffer[{i}]", n_ranges) for i, w in enumerate(d["buffer"])]
         errors = d["errors"]
         if not isinstance(errors, dict) or not all(isinstance(k, str) for k in errors):
@@ -173,9 +175,17 @@ class StreamPosition:
         return cls(buffer=buffer, errors=errors, done=d["done"], **ints)
 
 
+_MAX = 1 << 62  # no file offset or count comes near it; past it, a seek fails (EINVAL)
+
+
 def _int(v: Any, name: str, nullable: bool = False) -> Any:
     """A count of the state (numpy and torch integers too); ``None`` where allowed."""
-    return None if v is None and nullable else as_count(v, name)
+    if v is None and nullable:
+        return None
+    count = as_count(v, name)
+    if count > _MAX:
+        raise StateError(f"{name}: {count} is past any file offset; the state was edited")
+    return count
 
 
 def _where(w: Any, name: str, n_ranges: int) -> Where:
