@@ -133,7 +133,10 @@ def test_an_index_that_disagrees_with_its_ledger_is_a_problem(cache_dir: Path) -
     (cache_dir / INDEX_NAME).write_bytes(bad.to_bytes(ledger_xxh3))
     report = verify_cache(cache_dir)
     assert [p.path for p in report.problems] == [str(cache_dir / INDEX_NAME)]
-    assert "chunk 5's tokens" in report.problems[0].what
+    # the index's own totals no longer add up (its loader's check, before any comparison
+    # with the ledger): readers ignore it, so no reader trusts the changed count
+    what = report.problems[0].what
+    assert "tokens" in what and "readers ignore it" in what, what
 
 
 def test_an_index_naming_a_path_outside_the_cache_is_refused(cache_dir: Path) -> None:

@@ -146,7 +146,7 @@ def test_a_stalled_store_raises_remote_error_in_the_main_process_and_download_th
     frames = traceback.extract_tb(error.__traceback__)
     # ranged: the batch's chunk metadata (their block sums) or ranged GETs, on the reader's
     # thread; else a download thread
-    where = ("gather", "bucket.py") if ranged else ("_run", "threads.py")
+    where = ("gather", "bucket_ranged.py") if ranged else ("_run", "threads.py")
     assert any(f.name == where[0] and f.filename.endswith(where[1]) for f in frames), \
         f"the error was not raised by {where}"
     assert fault_proxy.hits["stall"] >= 1
