@@ -184,7 +184,8 @@ class Ledger:
                 raise TypeError(f"journal is {journal!r}, expected a record number")
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise ManifestError(f"{where}: not a valid shardwise ledger ({e})") from e
-        ledger = cls(sources=sources, manifest_xxh3=manifest_xxh3, journal=journal)
+        ledger = cls(sources=sources, manifest_xxh3=manifest_xxh3, journal=journal,
+                     version=d["version"])
         if check:
             ledger.check(where)
         return ledger

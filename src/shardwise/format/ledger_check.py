@@ -58,8 +58,10 @@ def stem_problem(stem: Any) -> str | None:
     return None
 
 
-def entry_problems(entry: ChunkEntry) -> list[str]:
-    """Why a chunk entry cannot be read by (empty: it can)."""
+def entry_problems(entry: ChunkEntry, *, counts_empty: bool = True) -> list[str]:
+    """Why a chunk entry cannot be read by (empty: it can). ``counts_empty``: the ledger
+    records empty documents (version 1 did not: its ``empty`` reads as 0, so a chunk of
+    empty documents may hold fewer tokens than documents)."""
     out = [f"{k} is {v!r}, expected " + (f"a count in [0, {MAX_COUNT}]" if type(v) is int
                                           else "int")
            for k, v in ((k, getattr(entry, k)) for k in _COUNTS) if not is_count(v)]
@@ -70,7 +72,7 @@ def entry_problems(entry: ChunkEntry) -> list[str]:
         out.append(f"meta_xxh3 is {entry.meta_xxh3!r}, expected str")
     if not out and entry.empty > entry.documents:
         out.append(f"{entry.empty} empty documents of {entry.documents}")
-    if not out and entry.tokens < entry.documents - entry.empty:
+    if not out and counts_empty and entry.tokens < entry.documents - entry.empty:
         # every document that is not empty holds at least one token
         out.append(f"{entry.tokens} tokens for {entry.documents - entry.empty} documents "
                    "that are not empty")
@@ -104,7 +106,7 @@ def ledger_problems(ledger: Ledger) -> Iterator[tuple[int, int, int, str]]:
             if not isinstance(seg.chunks, list):
                 continue
             for k, entry in enumerate(seg.chunks):
-                found = entry_problems(entry)
+                found = entry_problems(entry, counts_empty=ledger.version != 1)
                 for what in found:
                     yield s, g, k, what
                 if found:
