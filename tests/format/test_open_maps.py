@@ -65,26 +65,36 @@ def test_an_array_in_use_outlives_its_dropped_map(many_chunks: Path,
 
 def _read_all(root: Path, shuffle: str) -> tuple[sw.TokenDataset, list[list[int]]]:
     """Every example of a dataset over ``root``, one a batch (a window inside one chunk is
-    read through the reader's strided view of that chunk's map; a document-shuffled one
-    through memoryviews of the maps)."""
+    gathered through its chunk's strided view; a document-shuffled one as memoryview
+    pieces of the maps: both views of the store's entry for the chunk)."""
     ds = sw.TokenDataset(root, seq_len=4, shuffle=shuffle, seed=1, verify=False)
     return ds, [ds.get_batch([i])["input_ids"].tolist() for i in range(len(ds))]
 
 
-@pytest.mark.parametrize(("shuffle", "held"), [("none", "_views"), ("document", "_memory")])
-def test_views_a_reader_holds_are_counted_by_the_budget(
-        many_chunks: Path, monkeypatch: pytest.MonkeyPatch, shuffle: str, held: str) -> None:
-    """A reader's views of chunk maps keep the maps (and their descriptors) alive: the
-    budget counts them, so a tiny budget drops them too (they are made again) and every
-    example is what an unbounded read gives."""
+@pytest.mark.parametrize("shuffle", ["none", "document"])
+def test_the_store_owns_every_view_of_its_maps(many_chunks: Path,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               shuffle: str) -> None:
+    """The views gather reads a chunk by live in the store's one entry for the chunk, so
+    one budget holds them: a tiny process budget, or a small ``max_open_chunks``, drops
+    them with their maps (made again when read), and every example is what an unbounded
+    read gives. The reader holds no map or view of its own."""
     _, want = _read_all(many_chunks, shuffle)
     monkeypatch.setattr(open_maps, "LIMIT", 4)
     ds, got = _read_all(many_chunks, shuffle)
     assert got == want
-    views = getattr(ds._reader, held)
-    assert 1 <= len(views) <= 4  # 60 chunks read: without the budget, one view each
-    assert all(open_maps.counted(views, c) for c in views)
+    store = ds.cache.store
+    assert 1 <= store.mapped() <= 4  # 60 chunks read: without the budget, one entry each
+    assert all(open_maps.counted(store._maps, c) for c in store._maps)
     assert open_maps.count() <= 4
     gc.collect()
     assert _chunk_fds(many_chunks) <= 4
+    ds.cache.close()
+    monkeypatch.setattr(open_maps, "LIMIT", 1000)
+    ds = sw.TokenDataset(many_chunks, seq_len=4, shuffle=shuffle, seed=1, verify=False)
+    ds.cache.store.max_open_chunks = 3
+    assert [ds.get_batch([i])["input_ids"].tolist() for i in range(len(ds))] == want
+    assert ds.cache.store.mapped() <= 3
+    gc.collect()
+    assert _chunk_fds(many_chunks) <= 3 + 3  # .bin maps, and the .idx of as many
     ds.cache.close()

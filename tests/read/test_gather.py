@@ -54,6 +54,26 @@ def test_gather_is_the_runs_concatenated(cache_dir: Path, n: int, longest: int |
     np.testing.assert_array_equal(cache.gather(tuple(runs)), got)
 
 
+@pytest.mark.parametrize(("n", "chunks"), [(1, 1), (8, 1), (8, 4), (FEW_RUNS + 7, 1),
+                                           (FEW_RUNS + 7, 5)])
+def test_runs_of_one_length_are_gathered_by_the_chunks_row_views(
+        cache_dir: Path, n: int, chunks: int) -> None:
+    """Equal runs (a batch of windows) are copied as rows of each chunk's strided view
+    (one fancy index per chunk; a few in several chunks joined): the same tokens, a
+    writable array, and the store's entry for the chunk holds the view."""
+    cache = sw.open_cache(cache_dir)
+    rng = np.random.default_rng(n + chunks)
+    k = 5
+    chunk = rng.integers(0, chunks, n)
+    offset = rng.integers(0, cache.chunks.columns.tokens[chunk] - k + 1)
+    runs = Runs.of((chunk, offset, np.full(n, k)))
+    got = cache.gather(runs)
+    np.testing.assert_array_equal(got, _expected(cache, runs))
+    assert got.flags.writeable and got.shape == (n * k,)
+    if chunks == 1 or n > FEW_RUNS:
+        assert all(k in cache.store._maps.get(c)._rows for c in set(chunk.tolist()))
+
+
 def test_gather_opens_only_the_chunks_it_reads(cache_dir: Path) -> None:
     cache = sw.open_cache(cache_dir)
     runs = Runs.of(([2] * 40 + [5], [1] * 40 + [0], [3] * 40 + [0]))  # chunk 5: nothing

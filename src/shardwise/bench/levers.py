@@ -18,7 +18,6 @@ subclass that reads as before that lever:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import numpy.typing as npt
@@ -31,9 +30,6 @@ LEVERS = ("ranged", "native", "pace", "group")
 
 
 class _WholeChunks(BucketStore):
-    def here(self, chunks: Iterable[int]) -> bool:
-        return True
-
     def gather(self, runs: Any) -> npt.NDArray[Any]:
         return ChunkStore.gather(self, runs)
 

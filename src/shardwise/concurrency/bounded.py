@@ -1,8 +1,8 @@
 """One bounded cache: an LRU map bounded by entries, by weight (bytes, tokens), or both.
 
 Every per-process cache of the read path is one of these (chunk maps and ``.idx`` in
-storage, window views and chunk memory in the window reader, document starts, order
-blocks, record tables, trace pointers, blend runs), so eviction is written once::
+storage, with their views; document starts, order blocks, record tables, trace pointers,
+blend runs), so eviction is written once::
 
     kept = Bounded(64)                       # at most 64 entries
     blocks = Bounded(weight=1 << 20, weigh=len)   # at most 2**20 by ``len`` of the values

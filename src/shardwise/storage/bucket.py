@@ -212,9 +212,6 @@ class BucketStore(RangedGather):
         """From the metadata: the ``.bin`` may not be here yet."""
         return int(self.meta_of(info).files.get(".bin", {}).get("bytes", -1))
 
-    def here(self, chunks: Iterable[int]) -> bool:
-        return all(self._on_node(c) for c in chunks)
-
     def _on_node(self, c: int) -> bool:
         """Chunk ``c`` is mapped, or its checked copy is on this node (remembered where
         nothing is ever evicted, :meth:`_all_fit`: no stat per chunk and batch)."""
@@ -245,8 +242,8 @@ class BucketStore(RangedGather):
     @property
     def prefetches(self) -> bool:  # type: ignore[override]
         """Worth a reader's work per batch while some chunk of the view is not mapped in
-        this process (a cache of a few chunks, all mapped: its batches skip the look-ahead
-        and the window assembly's ``here`` check)."""
+        this process (a cache of a few chunks, all mapped: its batches skip the
+        look-ahead)."""
         return self._view is not None and len(self._maps) < len(self._view.chunks)
 
     def prefetch(self, chunks: Iterable[int]) -> bool:

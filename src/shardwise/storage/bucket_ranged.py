@@ -24,7 +24,7 @@ from shardwise.remote.client import RemoteStore
 from shardwise.storage.chunk_table import ChunkInfo
 from shardwise.storage.prefetch import Prefetcher
 from shardwise.storage.ranged import Arriving, BlockSums, EarlyReads, Fetched
-from shardwise.storage.runs import Runs, gather_runs
+from shardwise.storage.runs import Mapped, Runs, gather_runs
 from shardwise.storage.store import ChunkStore
 
 
@@ -77,7 +77,7 @@ class RangedGather(ChunkStore):
         rows = np.fromiter(pieces, dtype=np.int64, count=len(pieces))
         chunk, offset = runs.chunk.copy(), runs.offset.copy()
         chunk[rows], offset[rows] = -1 - rows, 0  # row r: pieces[r]
-        out = gather_runs(lambda c: pieces[-1 - c] if c < 0 else self.tokens(c),
+        out = gather_runs(lambda c: Mapped(pieces[-1 - c]) if c < 0 else self._mapped(c),
                           Runs(chunk, offset, runs.length), view.dtype)
         self._checks().batch_ids(out, runs.stream_offset(view.cum_tokens))
         return out

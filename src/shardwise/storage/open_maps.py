@@ -10,11 +10,11 @@ past :data:`LIMIT` the oldest is dropped from its cache, which maps it again whe
 needs it (a stat and an mmap). Arrays already handed out keep their own map alive: a
 dropped entry never invalidates data in use.
 
-Whatever else keeps a view of a map alive is counted the same way: a reader's strided
-window views and memoryviews of chunk maps (:class:`~shardwise.read.tokens.assemble.
-WindowReader`) are kept in caches made by :func:`bounded` and entered with :func:`kept`,
-so the budget drops them too. A cache made by :func:`bounded` tells the budget when it
-evicts an entry itself (:func:`forget`), so :func:`count` is what is held.
+A store keeps each chunk's map together with the views it reads it by (one
+:class:`~shardwise.storage.runs.Mapped` entry, dropped together), so no view outlives its
+map's place here; readers hold none. A cache made by :func:`bounded` tells the budget when
+it evicts an entry itself (:func:`forget`), so :func:`count` is what is held. Each store's
+own bound is its ``max_open_chunks``; this budget caps every store of the process together.
 
 The limit is a quarter of the process's soft ``RLIMIT_NOFILE`` (the rest is the
 program's), at most 1024: 256 maps at the usual 1024.

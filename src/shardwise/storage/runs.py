@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
+from numpy.lib.stride_tricks import as_strided
 
 from shardwise.errors import ConfigError
 
@@ -31,6 +32,9 @@ from shardwise.errors import ConfigError
 # a fancy index per chunk (joined/indexed: 64x2 tok 33/37us, 512x2 152/79, 2048x16 648/986)
 FEW_RUNS = 64
 LONG_RUN = 16
+# up to SMALL runs (a micro-batch of windows) are checked and dispatched in Python: a few
+# list operations cost less than the fixed cost of the whole-array calls they replace
+SMALL = 32
 
 
 class Runs(NamedTuple):
@@ -44,7 +48,9 @@ class Runs(NamedTuple):
     def of(cls, runs: Any) -> Runs:
         """``runs`` (a :class:`Runs`, or any three array-likes ``chunk, offset, length``)
         as int64 columns of one length."""
-        chunk, offset, length = (np.asarray(a, dtype=np.int64).reshape(-1) for a in runs)
+        chunk, offset, length = (a if type(a) is np.ndarray and a.dtype == np.int64
+                                 and a.ndim == 1 else np.asarray(a, dtype=np.int64).reshape(-1)
+                                 for a in runs)
         if not len(chunk) == len(offset) == len(length):
             raise ConfigError(f"runs: columns of {len(chunk)}, {len(offset)} and "
                               f"{len(length)} rows; chunk, offset and length must be "
@@ -57,8 +63,21 @@ class Runs(NamedTuple):
 
     def check(self, chunk_tokens: npt.NDArray[np.int64], where: str) -> None:
         """Every run lies inside its chunk (``chunk_tokens``: each chunk's token count)."""
-        if not len(self.chunk):
+        n = len(self.chunk)
+        if not n:
             return
+        if n <= SMALL:
+            count = len(chunk_tokens)
+            for c, a, k in zip(self.chunk.tolist(), self.offset.tolist(),
+                               self.length.tolist(), strict=True):
+                if not (0 <= c < count and a >= 0 and k >= 0 and a + k <= chunk_tokens[c]):
+                    break
+            else:
+                return
+        elif (min(self.chunk.min(), self.offset.min(), self.length.min()) >= 0
+                and self.chunk.max() < len(chunk_tokens)
+                and not (self.offset + self.length > chunk_tokens[self.chunk]).any()):
+            return  # the usual case: a few whole-array reductions
         bad = ((self.chunk < 0) | (self.chunk >= len(chunk_tokens)) | (self.offset < 0)
                | (self.length < 0))
         if not bad.any():
@@ -75,24 +94,72 @@ class Runs(NamedTuple):
     def stream_offset(self, cum_tokens: npt.NDArray[np.int64]) -> Callable[[int], int]:
         """``k → `` the stream offset of flat element ``k`` of the gathered tokens (to name
         a bad id's chunk)."""
-        ends = np.cumsum(self.length)
-
-        def offset_of(k: int) -> int:
+        def offset_of(k: int) -> int:  # only when an id is bad: nothing computed before
+            ends = np.cumsum(self.length)
             r = int(np.searchsorted(ends, k, side="right"))
             return int(cum_tokens[self.chunk[r]] + self.offset[r] + k - (ends[r]
                                                                          - self.length[r]))
         return offset_of
 
 
-def gather_runs(tokens_of: Callable[[int], npt.NDArray[Any]], runs: Runs,
-                dtype: np.dtype) -> npt.NDArray[Any]:
-    """The tokens of ``runs`` concatenated (``tokens_of(c)``: chunk ``c``'s tokens, e.g.
-    its memory map). A few runs, or long ones, are sliced and joined in one copy; many
-    short ones are gathered with one fancy index per distinct chunk, so the Python cost
-    does not grow with the number of runs."""
-    n, total = len(runs.chunk), runs.total
+class Mapped:
+    """A chunk's tokens (its map) and the views :func:`gather_runs` reads them by, made on
+    first use and kept with the map in the store's one entry for the chunk, so a view never
+    outlives its map's place in the budget (:class:`~shardwise.storage.store.ChunkStore`)."""
+
+    __slots__ = ("_mem", "_rows", "tokens")
+
+    def __init__(self, tokens: npt.NDArray[Any]) -> None:
+        self.tokens = tokens
+        self._mem: memoryview | None = None
+        self._rows: dict[int, npt.NDArray[Any]] = {}
+
+    @property
+    def mem(self) -> memoryview:
+        """The tokens as a memoryview (slicing one costs a third of slicing an array, and
+        ``bytearray().join`` copies many slices in one call)."""
+        if self._mem is None:
+            self._mem = np.ascontiguousarray(self.tokens).data
+        return self._mem
+
+    def rows(self, n: int) -> npt.NDArray[Any]:
+        """``[len - n + 1, n]``: row ``o`` is tokens ``[o, o + n)`` (a strided view, rows
+        overlapping), so equal runs of one chunk are one fancy index: ``rows(n)[offsets]``."""
+        hit = self._rows.get(n)
+        if hit is None:
+            t = self.tokens
+            hit = self._rows[n] = as_strided(t, shape=(max(len(t) - n + 1, 0), n),
+                                             strides=(t.itemsize, t.itemsize),
+                                             writeable=False)
+        return hit
+
+
+def gather_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype
+                ) -> npt.NDArray[Any]:
+    """The tokens of ``runs`` concatenated (``mapped(c)``: chunk ``c``'s :class:`Mapped`),
+    by the shape of the runs, so that the Python cost does not grow with their number:
+
+    * runs of one length (a batch of windows): per chunk, one fancy index of its
+      ``rows(length)`` view — a micro-batch inside one chunk is one numpy call;
+    * a few runs, or long ones: memoryview slices joined in one copy;
+    * many short ones (a document order's pieces): one fancy index per distinct chunk.
+    """
+    n = len(runs.chunk)
+    if not n:
+        return np.zeros(0, dtype=dtype)
+    if n <= SMALL:  # a micro-batch: dispatched on lists
+        chunk, length = runs.chunk.tolist(), runs.length.tolist()
+        k = length[0]
+        if k and length.count(k) == n and chunk.count(chunk[0]) == n:
+            return mapped(chunk[0]).rows(k)[runs.offset].reshape(-1)
+        return _join_runs(mapped, chunk, runs.offset.tolist(), length, dtype)
+    k = int(runs.length[0])
+    if k and (runs.length == k).all():
+        return _equal_runs(mapped, runs, k, dtype)
+    total = runs.total
     if n <= FEW_RUNS or total >= LONG_RUN * n:
-        return _join_runs(tokens_of, runs, dtype)
+        return _join_runs(mapped, runs.chunk.tolist(), runs.offset.tolist(),
+                          runs.length.tolist(), dtype)
     out = np.empty(total, dtype=dtype)
     starts = np.cumsum(runs.length) - runs.length
     some = runs.length > 0  # a chunk only asked for nothing is not opened
@@ -103,20 +170,38 @@ def gather_runs(tokens_of: Callable[[int], npt.NDArray[Any]], runs: Runs,
         lengths = runs.length[sel]
         rep = np.repeat(np.arange(len(sel)), lengths)
         within = np.arange(int(lengths.sum())) - (np.cumsum(lengths) - lengths)[rep]
-        out[starts[sel][rep] + within] = tokens_of(c)[runs.offset[sel][rep] + within]
+        out[starts[sel][rep] + within] = mapped(c).tokens[runs.offset[sel][rep] + within]
     return out
 
 
-def _join_runs(tokens_of: Callable[[int], npt.NDArray[Any]], runs: Runs,
-               dtype: np.dtype) -> npt.NDArray[Any]:
-    """A few runs: each chunk's tokens looked up once (as a memoryview: slicing one costs
-    a third of slicing an array), the slices joined in one copy (writable: a bytearray)."""
-    chunk, offset, length = runs.chunk.tolist(), runs.offset.tolist(), runs.length.tolist()
+def _equal_runs(mapped: Callable[[int], Mapped], runs: Runs, k: int, dtype: np.dtype
+                ) -> npt.NDArray[Any]:
+    """Runs all ``k`` tokens long: row ``r`` of ``[n, k]`` is run ``r``, copied by one fancy
+    index of its chunk's ``rows(k)`` view per distinct chunk (a few runs in several chunks:
+    joined, cheaper than grouping them)."""
+    chunk, offset = runs.chunk, runs.offset
+    if chunk.min() == chunk.max():
+        return mapped(int(chunk[0])).rows(k)[offset].reshape(-1)
+    if len(chunk) <= FEW_RUNS:
+        return _join_runs(mapped, chunk.tolist(), offset.tolist(), runs.length.tolist(),
+                          dtype)
+    out = np.empty((len(chunk), k), dtype=dtype)
+    chunks, inverse = np.unique(chunk, return_inverse=True)
+    for u, c in enumerate(chunks.tolist()):
+        sel = np.flatnonzero(inverse == u)
+        out[sel] = mapped(c).rows(k)[offset[sel]]
+    return out.reshape(-1)
+
+
+def _join_runs(mapped: Callable[[int], Mapped], chunk: list[int], offset: list[int],
+               length: list[int], dtype: np.dtype) -> npt.NDArray[Any]:
+    """A few runs (columns as lists): each chunk's memoryview looked up once, the slices
+    joined in one copy (writable: a bytearray)."""
     # each chunk once, in first-use order; a chunk asked for nothing is not opened
     used = dict.fromkeys(c for c, k in zip(chunk, length, strict=True) if k)
-    mem = {c: np.ascontiguousarray(tokens_of(c), dtype=dtype).data for c in used}
+    mem = {c: mapped(c).mem for c in used}
     parts = [mem[c][a:a + k] for c, a, k in zip(chunk, offset, length, strict=True) if k]
     return np.frombuffer(bytearray().join(parts), dtype=dtype)
 
 
-__all__ = ["FEW_RUNS", "LONG_RUN", "Runs", "gather_runs"]
+__all__ = ["FEW_RUNS", "LONG_RUN", "SMALL", "Mapped", "Runs", "gather_runs"]

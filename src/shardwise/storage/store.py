@@ -27,7 +27,7 @@ import orjson
 
 from shardwise.concurrency import ThreadPool
 from shardwise.concurrency.bounded import Bounded
-from shardwise.errors import CacheError, CorruptChunkError
+from shardwise.errors import CacheError, ConfigError, CorruptChunkError
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.chunk import META_SUFFIX, ChunkKind, ChunkMeta
 from shardwise.format.files import Payload
@@ -36,7 +36,7 @@ from shardwise.storage import open_maps
 from shardwise.storage.chunk_check import CheckDepth, ChunkExpect
 from shardwise.storage.chunk_table import ChunkInfo, View
 from shardwise.storage.integrity import CacheChecks
-from shardwise.storage.runs import Runs, gather_runs
+from shardwise.storage.runs import Mapped, Runs, gather_runs
 from shardwise.storage.verify_report import VerifyReport
 
 _T = TypeVar("_T")
@@ -60,7 +60,10 @@ class ChunkStore(ABC):
         self.checks: CacheChecks | None = None
         self.opened: Counter[str] = Counter()  # chunks whose token data this process read
         self.opened_index: Counter[str] = Counter()  # ... whose .idx it read
-        self._maps: Bounded[int, npt.NDArray[np.generic]] = open_maps.bounded(MAX_OPEN_CHUNKS)
+        # the one owner of this process's maps of the cache's chunks and of every view
+        # of them (Mapped: a chunk's map and the views gather reads it by, one entry),
+        # bounded by max_open_chunks and by the process's descriptor budget (open_maps)
+        self._maps: Bounded[int, Mapped] = open_maps.bounded(MAX_OPEN_CHUNKS)
         self._indexes: Bounded[int, MegatronIndex] = open_maps.bounded(MAX_OPEN_CHUNKS)
         self._checked_index: set[int] = set()
         self._metas: dict[str, ChunkMeta] = {}
@@ -148,9 +151,31 @@ class ChunkStore(ABC):
     def bin_size(self, info: ChunkInfo) -> int:
         """The size of a chunk's ``.bin`` as stored (FileNotFoundError when missing)."""
 
+    @property
+    def max_open_chunks(self) -> int:
+        """How many chunks this store keeps mapped (``.bin`` with its views, and ``.idx``
+        apart); the least recently read is unmapped first. Set it before reading a cache
+        of many chunks that a batch reads at random (each chunk mapped again costs ~11 us);
+        the process's descriptor budget (:mod:`.open_maps`) caps all stores together."""
+        return int(self._maps.items or MAX_OPEN_CHUNKS)
+
+    @max_open_chunks.setter
+    def max_open_chunks(self, n: int) -> None:
+        if not isinstance(n, int) or n < 1:
+            raise ConfigError(f"max_open_chunks must be a positive integer, got {n!r}")
+        self._maps.items = self._indexes.items = n
+
+    def mapped(self) -> int:
+        """Chunks mapped now (what the budget holds)."""
+        return len(self._maps)
+
     def tokens(self, c: int) -> npt.NDArray[np.generic]:
         """Chunk ``c``'s token ids, memory-mapped (its size checked against the ledger;
-        every map counted by the process-wide budget, :mod:`.open_maps`)."""
+        every map counted by :attr:`max_open_chunks` and the process's budget)."""
+        return self._mapped(c).tokens
+
+    def _mapped(self, c: int) -> Mapped:
+        """Chunk ``c``'s entry: its map and the views gather reads it by."""
         hit = self._maps.get(c)
         if hit is not None:
             return hit
@@ -164,10 +189,10 @@ class ChunkStore(ABC):
             raise CorruptChunkError(f"{self.name(info.stem + '.bin')}: named by the ledger "
                                     f"but missing; {self._advice()}") from None
         self.opened[info.stem] += 1
-        self._maps.put(c, tokens)
+        entry = self._maps.put(c, Mapped(tokens))
         open_maps.kept(self._maps, c)
         self._checks().opened(c, (".bin", ".idx"))
-        return tokens
+        return entry
 
     def _map_bin(self, info: ChunkInfo, path: Path) -> npt.NDArray[np.generic]:
         """The ``.bin`` memory-mapped, after checking it holds exactly the ledger's tokens
@@ -233,12 +258,16 @@ class ChunkStore(ABC):
         return meta
 
     def gather(self, runs: Any) -> npt.NDArray[np.generic]:
-        """The tokens of ``runs`` concatenated, in the cache's dtype, their ids checked
-        against the vocabulary (a store may read chunks still arriving otherwise)."""
+        """The tokens of ``runs`` (columns ``chunk, offset, length``) concatenated, in the
+        cache's dtype, runs checked inside their chunks and ids against the vocabulary: the
+        only way from runs to tokens. How they are copied is chosen by their shape
+        (:func:`~shardwise.storage.runs.gather_runs`: equal runs of one chunk in one numpy
+        call, a few runs joined, many short ones indexed per chunk); where the bytes come
+        from (a map, a download, ranged reads of a chunk still arriving) is the store's."""
         runs = Runs.of(runs)
         view = self.view
         runs.check(view.chunks.columns.tokens, view.location)
-        out = gather_runs(self.tokens, runs, view.dtype)
+        out = gather_runs(self._mapped, runs, view.dtype)
         self._checks().batch_ids(out, runs.stream_offset(view.cum_tokens))
         return out
 
@@ -266,11 +295,6 @@ class ChunkStore(ABC):
     def wait_for_prefetch(self) -> None:
         """Block until every download :meth:`prefetch` started has finished."""
         return None
-
-    def here(self, chunks: Iterable[int]) -> bool:
-        """Whether ``chunks`` are read without waiting for a download (if not, a reader's
-        fast path through the maps reads by :meth:`gather`)."""
-        return True
 
     def stats(self) -> dict[str, object]:
         """The downloads ahead: how far, how many at once, and the pace they follow."""

@@ -3,9 +3,8 @@
 An order of a :class:`~shardwise.read.tokens.dataset.TokenDataset` is one class with a
 name (the reader's ``shuffle=`` value, recorded in its state) and one question answered,
 vectorised: ``locate(indices)`` → :class:`Runs` (chunk, offset, length of stored tokens,
-in example order). Reading, prefetch and ``trace`` ask only that; an order may also read
-its batches a faster way (:meth:`Order.read`), as long as they hold those tokens (a test
-checks every order for it: tests/read/test_orders.py).
+in example order). Reading (``cache.gather(runs)``), prefetch and ``trace`` ask only that:
+an order has no read path of its own.
 
 Adding an order is one class and one :func:`register_order` call::
 
@@ -76,10 +75,6 @@ class Order:
     def locate(self, indices: npt.ArrayLike) -> Runs:
         """The runs of stored tokens behind examples ``indices`` (:data:`PAD`: none)."""
         raise NotImplementedError
-
-    def read(self, indices: list[int]) -> dict[str, npt.NDArray[Any]]:
-        """The batch of examples ``indices``: their runs gathered into rows."""
-        return self.ds._reader.from_runs(self.locate(indices))
 
 
 def check_indices(indices: npt.ArrayLike) -> IntArray:

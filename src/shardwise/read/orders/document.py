@@ -4,10 +4,9 @@ Example ``i`` is window ``i mod n`` of epoch ``i // n``'s shuffled stream; its s
 tokens are pieces of the documents the plan puts there
 (:class:`~shardwise.plan.doc_shuffle.DocShuffleIndex`, memory-mapped from the plan
 directory, where one process per node builds it). ``locate`` finds the pieces of any
-number of windows in a dozen whole-array calls (two binary searches for all of them); a
-sampler's micro-batch of consecutive windows is read as one span of the shuffled stream
-instead (:mod:`~shardwise.read.tokens.doc_rows`: each piece copied once, rows
-overlapping views of it).
+number of windows in a dozen whole-array calls (two binary searches for all of them); the
+store joins them (``cache.gather``: a few dozen pieces of a batch as memoryview slices in
+one copy).
 """
 
 from __future__ import annotations
@@ -21,9 +20,13 @@ import numpy.typing as npt
 from shardwise.concurrency.bounded import Bounded
 from shardwise.format.paths import reader_dir
 from shardwise.plan.doc_shuffle import DOC_SHUFFLE_VERSION, DocShuffleIndex
-from shardwise.read.orders.base import PAD, IntArray, Order, Runs, check_indices
-from shardwise.read.tokens.doc_rows import DocRun
-from shardwise.read.tokens.plans import load_or_build
+from shardwise.read.orders.base import IntArray, Order, Runs, check_indices
+from shardwise.read.tokens.plans import (
+    doc_lengths_from_starts,
+    load_or_build,
+    starts_path,
+    stored_doc_starts,
+)
 from shardwise.storage import open_maps
 
 EPOCHS_KEPT = 4
@@ -87,11 +90,13 @@ class DocumentShuffle(Order):
         super().__init__(ds)
         self._plans: Bounded[int, DocShuffleIndex]
         self._starts: IntArray | None
+        self._mapped_starts: IntArray | None
         self.__dict__.update(self.fresh())
 
     def fresh(self) -> dict[str, Any]:
         # plans are memory maps: counted by the process's map budget
-        return {"_plans": open_maps.bounded(EPOCHS_KEPT), "_starts": None}
+        return {"_plans": open_maps.bounded(EPOCHS_KEPT), "_starts": None,
+                "_mapped_starts": None}
 
     # -- the plan ----------------------------------------------------------------------
     def plan(self, epoch: int) -> DocShuffleIndex:
@@ -105,7 +110,7 @@ class DocumentShuffle(Order):
             key = {"cache": ds.cache.fingerprint, "tokens": ds.cache.num_tokens,
                    "seed": c.seed, "epoch": epoch, "seq_len": c.seq_len,
                    "drop_last": c.drop_last, "doc_shuffle_version": DOC_SHUFFLE_VERSION}
-            hit = load_or_build(root, key, lambda: ds._reader.all_doc_lengths(root),
+            hit = load_or_build(root, key, lambda: self._all_doc_lengths(root),
                                 seed=c.seed, epoch=epoch, seq_len=c.seq_len,
                                 drop_last=c.drop_last)
             self._plans.put(epoch, hit)
@@ -116,11 +121,25 @@ class DocumentShuffle(Order):
         plan_dir = self.ds._plan_dir
         return plan_dir if plan_dir is not None else reader_dir(self.ds.cache.root)
 
+    def _stored_doc_starts(self, plan_root: Path) -> IntArray:
+        """Start of every document in the stored stream (n_docs + 1 entries), memory-mapped
+        from the plan directory, where one process per node builds it (:mod:`.plans`)."""
+        if self._mapped_starts is None:
+            self._mapped_starts = stored_doc_starts(self.ds.cache, plan_root)
+        return self._mapped_starts
+
+    def _all_doc_lengths(self, plan_root: Path) -> npt.NDArray[np.integer]:
+        """Every stored document's length (int32 while they fit), from the node's
+        document-starts file: only a plan's builder needs it."""
+        self._stored_doc_starts(plan_root)
+        cache = self.ds.cache
+        return doc_lengths_from_starts(starts_path(cache, plan_root), cache.num_documents)
+
     def doc_starts(self) -> IntArray:
         """Where each stored document starts in the stream, as a plain array (a memory
         map's subclass costs microseconds per fancy index on the read path)."""
         if self._starts is None:
-            mapped = self.ds._reader.stored_doc_starts(self.plan_root())
+            mapped = self._stored_doc_starts(self.plan_root())
             self._starts = np.asarray(mapped).view(np.ndarray)
         return self._starts
 
@@ -158,24 +177,6 @@ class DocumentShuffle(Order):
         row, stored, length = (np.concatenate(c) for c in zip(*parts, strict=True))
         by = np.argsort(row, kind="stable")  # pieces back in example order
         return stored[by], length[by], tokens
-
-    def read(self, indices: list[int]) -> dict[str, npt.NDArray[Any]]:
-        """A sampler's micro-batch (consecutive windows of one epoch) as one span of the
-        shuffled stream; other windows of one epoch (a random sampler's) as their pieces
-        (:func:`_pieces`, what :meth:`locate` answers) joined from the chunk maps; any
-        other batch (several epochs, padding) through :meth:`locate`."""
-        n, count, reader = self.ds.num_windows, len(indices), self.ds._reader
-        i0 = int(indices[0]) if count else PAD
-        if i0 >= 0 and i0 % n + count <= n and indices == list(range(i0, i0 + count)):
-            epoch, w = divmod(i0, n)
-            run: DocRun = (self.plan(epoch), 0, w, count)
-            return reader.from_doc_runs([run], count, self.doc_starts())
-        one = None if reader._want_boundaries else _one_epoch(indices, n)
-        if one is None:
-            return reader.from_runs(self.locate(indices))
-        _, stored, length, tokens = _pieces(self.plan(one[0]), one[1], self.ds.config.seq_len,
-                                            self.doc_starts())
-        return reader.from_pieces(stored.tolist(), (stored + length).tolist(), tokens.tolist())
 
 
 __all__ = ["DocumentShuffle"]

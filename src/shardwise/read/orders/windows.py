@@ -17,6 +17,7 @@ bounded cache of order blocks (``ORDER_BLOCK`` consecutive positions each) so th
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ import numpy.typing as npt
 from shardwise.concurrency.bounded import Bounded
 from shardwise.plan.windows import window_span
 from shardwise.read.orders.base import PAD, IntArray, Order, Runs, check_indices
+from shardwise.storage.runs import SMALL
 
 ORDER_BLOCK = 4096
 CACHE_WINDOWS = 1 << 21
@@ -34,8 +36,22 @@ _MIN_KEPT = 8 * ORDER_BLOCK
 def window_runs(windows: IntArray, seq_len: int, total: int, cum: IntArray) -> Runs:
     """Windows (``PAD``: none) as runs of stored tokens, split at chunk edges (``cum``:
     the chunks' token prefix sums, total last); a short last window is clipped. Every
-    run holds at least one token. The one place a window's tokens are computed (the
-    assembly's per-chunk window views are its fast form: tests/read/test_orders.py)."""
+    run holds at least one token. The one place a window's tokens are computed.
+
+    Every window whole inside one chunk (the usual batch): one run each, in a few
+    whole-array calls; else split where chunks end."""
+    L, k = seq_len, len(windows)
+    if k and windows.min() >= 0:
+        start = windows * L
+        if len(cum) == 2:  # one chunk: stored offsets are its offsets
+            if int(start.max()) + L + 1 <= total:
+                full = np.full(k, L + 1, dtype=np.int64)
+                return Runs(np.zeros(k, dtype=np.int64), start, full, full)
+        else:
+            first = cum.searchsorted(start, side="right") - 1
+            if (start + (L + 1) <= cum[first + 1]).all():
+                full = np.full(k, L + 1, dtype=np.int64)
+                return Runs(first, start - cum[first], full, full)
     real = windows >= 0
     start, stop = window_span(np.where(real, windows, 0), seq_len, total)
     start, stop = np.where(real, start, 0), np.where(real, stop, 0)
@@ -61,11 +77,12 @@ class WindowOrder(Order):
         # the block last used as a list, per caller (the reader, and a look-ahead thread
         # some blocks further on, would otherwise evict each other's)
         self._lists: dict[str, tuple[int, list[int]]]
+        self._cum: tuple[int, list[int]]  # the chunks' token prefix sums, as a list
         self.__dict__.update(self.fresh())
 
     def fresh(self) -> dict[str, Any]:
         return {"_blocks": Bounded(weight=max(CACHE_WINDOWS, _MIN_KEPT), weigh=len),
-                "_lists": {}}
+                "_lists": {}, "_cum": (-1, [])}
 
     def window_block(self, epoch: int, positions: IntArray) -> IntArray:
         """The windows at ``positions`` (consecutive, inside one epoch) of ``epoch``."""
@@ -136,14 +153,40 @@ class WindowOrder(Order):
             out[sel] = self._block(e, b)[pos[sel] - b * ORDER_BLOCK]
         return out
 
+    def _inside_chunks(self, windows: list[int]) -> Runs | None:
+        """:func:`window_runs` of a few windows (``windows``), each inside one chunk: one
+        bisection each (None if one is padding, crosses a chunk edge or is short)."""
+        cum = self.ds.cache.cum_tokens
+        if self._cum[0] != len(cum):
+            self._cum = (len(cum), cum.tolist())
+        bounds, L = self._cum[1], self.ds.config.seq_len
+        chunk, offset = [], []
+        for w in windows:
+            start = w * L
+            c = bisect_right(bounds, start) - 1
+            if w < 0 or start + L + 1 > bounds[c + 1]:
+                return None
+            chunk.append(c)
+            offset.append(start - bounds[c])
+        full = np.full(len(windows), L + 1, dtype=np.int64)
+        return Runs(np.array(chunk, dtype=np.int64), np.array(offset, dtype=np.int64),
+                    full, full)
+
     def locate(self, indices: npt.ArrayLike) -> Runs:
-        idx = check_indices(indices)
-        w = np.where(idx >= 0, self.windows(np.maximum(idx, 0)), PAD)
+        """A list (a micro-batch) by :meth:`window_list`, and its runs in Python while it
+        is small and every window lies inside one chunk; an array vectorised."""
+        if isinstance(indices, list):
+            windows = self.window_list(indices)
+            if len(windows) <= SMALL:
+                hit = self._inside_chunks(windows)
+                if hit is not None:
+                    return hit
+            w = np.asarray(windows, dtype=np.int64)
+        else:
+            idx = check_indices(indices)
+            w = np.where(idx >= 0, self.windows(np.maximum(idx, 0)), PAD)
         cache = self.ds.cache
         return window_runs(w, self.ds.config.seq_len, cache.num_tokens, cache.cum_tokens)
-
-    def read(self, indices: list[int]) -> dict[str, npt.NDArray[Any]]:
-        return self.ds._reader.from_windows(self.window_list(indices))
 
 
 __all__ = ["CACHE_WINDOWS", "ORDER_BLOCK", "WindowOrder", "window_runs"]

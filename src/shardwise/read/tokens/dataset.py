@@ -35,7 +35,7 @@ from shardwise.read.guard import GuardedReader, PlacedByLoader
 from shardwise.read.orders import Order, Runs, WindowOrder, order_class
 from shardwise.read.reader_config import ReaderConfig
 from shardwise.read.rows import ROW_FREE, Rows
-from shardwise.read.tokens.assemble import WindowReader
+from shardwise.read.tokens.assemble import Assembly
 from shardwise.storage.cache import Cache
 from shardwise.storage.opening import reader_cache
 from shardwise.world import World
@@ -162,7 +162,7 @@ class TokenDataset(GuardedReader, PlacedByLoader, EpochView, Configured):
             raise ConfigError(f"the cache holds {self.cache.num_tokens} tokens: not one "
                               f"window of seq_len + 1 = {seq_len + 1} (lower seq_len, or "
                               "pass drop_last=False)")
-        self._reader = WindowReader(self.cache, self.config)
+        self._assembly = Assembly(self.cache, self.config)
         self.order: Order = order_class(shuffle_name(self.config.shuffle))(self)
 
     # -- identity -------------------------------------------------------------------------
@@ -226,9 +226,8 @@ class TokenDataset(GuardedReader, PlacedByLoader, EpochView, Configured):
         self.check_placed(indices)
         idx = list(self.positions(indices.tolist() if isinstance(indices, np.ndarray)
                                   else indices))
-        if self.output.is_default:
-            return self.order.read(idx)
-        return self.output.shape(self.order.read(idx), self.cache.dtype)
+        out = self._assembly.from_runs(self.order.locate(idx))
+        return out if self.output.is_default else self.output.shape(out, self.cache.dtype)
 
     def prefetch(self, indices: list[int]) -> bool:
         """Start downloading the chunks examples ``indices`` will read, in the background
