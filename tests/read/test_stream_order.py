@@ -248,3 +248,35 @@ def test_drops_count_the_block_tails_no_window_holds(cache_dir: Path) -> None:
     assert drop.count == dropped_labels + short and drop.unit == "tokens per epoch"
     assert f"dropped {drop.count:,} tokens per epoch" in repr(ds)
     assert reader(cache_dir, sw.World(0, 1), epochs=1, drop_last=False).drops() == []
+
+
+def test_the_reader_reads_the_blocks_its_order_yields(cache_dir: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """One walker: the reader asks the stream order for each block (its chunks and window
+    order), so an order that changes a block changes what the reader serves, example for
+    example as ``locate`` says; a finite run pads by the order's one rule; and reading
+    writes nothing into the dataset but its position."""
+    from shardwise.read.orders.stream import StreamOrder
+
+    block = StreamOrder.block
+
+    def reversed_block(self: StreamOrder, *args: object, **kw: object) -> object:
+        chunks, sizes, order = block(self, *args, **kw)  # type: ignore[arg-type]
+        return chunks, sizes, order[::-1].copy()
+
+    monkeypatch.setattr(StreamOrder, "block", reversed_block)
+    ds = reader(cache_dir, sw.World(0, 1), epochs=1)
+    got = rows(ds, key="input_ids")
+    assert len(got) == ds._end() == S * ds.order.pad_to()
+    runs = ds.locate(list(range(len(got))))
+    flat = ds.cache.gather(runs[:3])
+    at = 0
+    for i, k in enumerate(runs.tokens.tolist()):
+        want = np.zeros(16, dtype=np.int64)
+        want[: max(k - 1, 0)] = flat[at: at + k][:16]
+        np.testing.assert_array_equal(got[i], want)
+        at += k
+    before = set(vars(ds))
+    for _ in islice(iter(ds), 3):
+        pass
+    assert set(vars(ds)) == before

@@ -8,8 +8,11 @@ chunk token counts) gives its epoch, block ``b`` and place ``r`` in the block's 
 (:func:`~shardwise.plan.stream.window_order`). A block is its chunks in read order
 (:func:`~shardwise.plan.stream.block_read_order`) joined, and its window ``w`` is that
 join's tokens ``[w·L, w·L + L + 1)``: :func:`block_runs`, which is :func:`window_runs` over
-the block's chunk sizes — the window arithmetic of every order, once. The stream's reader
-reads each block's windows through :func:`block_runs` too (:mod:`shardwise.read.stream.run`).
+the block's chunk sizes — the window arithmetic of every order, once. This is the one
+walker of stream placement: the stream's reader walks the blocks it yields
+(:meth:`StreamOrder.place` and :meth:`StreamOrder.block`, from the reader's own layouts:
+:class:`~shardwise.read.stream.schedule.RankSchedule`) and reads each block's windows
+through :func:`block_runs`; the padding of a finite run is :meth:`StreamOrder.pad_to`.
 """
 
 from __future__ import annotations
@@ -100,13 +103,14 @@ def block_runs(sizes: npt.ArrayLike, windows: npt.ArrayLike, seq_len: int) -> Ru
 
 
 class StreamOrder:
-    """The global order of a StreamDataset as runs (see the module docs); built per
-    dataset, asked from any thread (it keeps its own stream layouts)."""
+    """The global order of a StreamDataset as runs (see the module docs), over its config
+    and its cache's chunk token counts; asked from any thread (it keeps its own stream
+    layouts; a reader walking it passes its own)."""
 
     name = "stream"
 
-    def __init__(self, ds: Any) -> None:
-        self.ds = ds
+    def __init__(self, config: StreamConfig, cache: Any) -> None:
+        self.config, self.cache = config, cache
         self._layouts: dict[int, StreamLayout] = {}
         self._padded = (-1, 0)  # (chunk count, examples per stream of a finite run)
         self._blocks: Bounded[tuple[int, int, int], tuple[IntArray, IntArray, IntArray]] = (
@@ -119,18 +123,16 @@ class StreamOrder:
         """Stream ``s``'s layout as of the cache's current view (it grows in follow mode)."""
         sl = self._layouts.get(s)
         if sl is None:
-            sl = self._layouts[s] = StreamLayout(s, self.ds.config)
-        sl.update(self.ds.cache)
+            sl = self._layouts[s] = StreamLayout(s, self.config)
+        sl.update(self.cache)
         return sl
 
     def where(self, i: int) -> Where | str:
         """Global example ``i`` → ``(stream, epoch, block, place)``, or ``"pad"`` (a
         padding example of a finite run), ``"end"`` (past it) or ``"unpublished"`` (in a
         block the build has not finished)."""
-        c = self.ds.config
-        s, k = i % c.streams, i // c.streams
-        sl = self.layout(s)
-        found = sl.locate(k, self._pad_to() if c.epochs is not None and sl.finished else None)
+        s, k = i % self.config.streams, i // self.config.streams
+        found = self.place(self.layout(s), k)
         if found is None:
             return "unpublished"
         if isinstance(found, str):
@@ -138,21 +140,33 @@ class StreamOrder:
         epoch, b, r = found
         return s, epoch, b, r
 
-    def _pad_to(self) -> int:
-        """Examples per stream in a finite run of a finished cache: each padded to the
-        longest (counted once per chunk count)."""
-        c, cum = self.ds.config, self.ds.cache.cum_tokens
+    def place(self, sl: StreamLayout, k: int) -> tuple[int, int, int] | str | None:
+        """Example ``k`` of stream ``sl.s`` → ``(epoch, block, place)``, ``"pad"``, ``"end"``,
+        or ``None`` (in a block not final yet), by layout ``sl`` (updated by its owner)."""
+        return sl.locate(k, self.pad_to() if sl.finished else None)
+
+    def pad_to(self) -> int | None:
+        """Examples per stream in a finite run (``epochs=E``) of a finished cache: every
+        stream padded to the longest (``E ×`` its windows per epoch), so every stream and
+        rank yields the same count; None when endless or still growing. The one padding
+        rule of stream placement (counted once per chunk count)."""
+        c, cum = self.config, self.cache.cum_tokens
+        if c.epochs is None or not self.cache.finished:
+            return None
         if self._padded[0] != len(cum):
             self._padded = (len(cum), c.epochs * longest_stream_windows(cum, c))
         return self._padded[1]
 
-    def block(self, s: int, epoch: int, b: int) -> tuple[IntArray, IntArray, IntArray]:
-        """Block ``b`` of stream ``s`` in ``epoch``: its chunks in read order, their token
-        counts, and its window order."""
+    def block(self, s: int, epoch: int, b: int, sl: StreamLayout | None = None
+              ) -> tuple[IntArray, IntArray, IntArray]:
+        """Block ``b`` of stream ``s`` in ``epoch`` (a final block: the same by every
+        layout of the stream; ``sl``: the caller's own, else this order's): its chunks in
+        read order, their token counts, and its window order."""
         key = (s, epoch, b)
         hit = self._blocks.get(key)
         if hit is None:
-            c, sl, cum = self.ds.config, self.layout(s), self.ds.cache.cum_tokens
+            c, cum = self.config, self.cache.cum_tokens
+            sl = sl if sl is not None else self.layout(s)
             chunks = block_read_order(s, b, sl.block_size(b), n_streams=c.streams,
                                       block_chunks=c.block_chunks, seed=c.seed, epoch=epoch)
             order = self.window_order(s, b, int(sl.cum[b + 1] - sl.cum[b]), epoch)
@@ -162,7 +176,7 @@ class StreamOrder:
     def window_order(self, s: int, b: int, n: int, epoch: int) -> IntArray:
         """The order of block ``b``'s ``n`` windows (stream ``s``, ``epoch``) under the
         config's ``shuffle``: the reader and :meth:`locate` both ask here."""
-        c = self.ds.config
+        c = self.config
         if c.shuffle == STREAM_SHUFFLE:
             return window_order(s, b, n, seed=c.seed, epoch=epoch)
         order = order_class(c.shuffle)(_Block(n, c))
@@ -189,7 +203,7 @@ class StreamOrder:
         for key, placed in groups.items():
             chunks, sizes, order = self.block(*key)
             rows, places = (np.asarray(col, dtype=np.int64) for col in zip(*placed, strict=True))
-            runs = block_runs(sizes, order[places], self.ds.config.seq_len)
+            runs = block_runs(sizes, order[places], self.config.seq_len)
             tokens[rows] = runs.tokens
             parts.append((np.repeat(rows, np.diff(runs.starts())), chunks[runs.chunk],
                           runs.offset, runs.length))

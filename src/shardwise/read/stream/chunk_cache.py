@@ -23,7 +23,7 @@ Thread-safe: the prefetch thread acquires, the consumer releases.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +48,7 @@ class ChunkCache:
     """An LRU of chunk token arrays keyed by global chunk index, bounded in bytes.
 
     State (for ``stats()``): ``bytes`` held, ``pinned_bytes``, ``hits``, ``misses``,
-    ``evictions``, ``peak_bytes``.
+    ``evictions``, ``peak_bytes``; ``loads``: how often each chunk was read.
     """
 
     def __init__(self, max_bytes: int) -> None:
@@ -57,6 +57,7 @@ class ChunkCache:
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self.bytes = self.pinned_bytes = self.peak_bytes = 0
         self.hits = self.misses = self.evictions = 0
+        self.loads: Counter[int] = Counter()
 
     def __contains__(self, chunk: int) -> bool:
         with self.changed:
@@ -74,6 +75,7 @@ class ChunkCache:
         tokens = load()
         with self.changed:
             self.misses += 1
+            self.loads[chunk] += 1
             entry = self._entries.get(chunk)
             if entry is None:
                 entry = self._entries[chunk] = _Entry(tokens, 0)

@@ -122,11 +122,7 @@ from shardwise.read.orders.stream import StreamConfig, StreamOrder
 from shardwise.read.sampler import normalise_skip, skip_drop
 from shardwise.read.stream.chunk_cache import ChunkCache
 from shardwise.read.stream.run import Example, Run, finish_examples, first_example
-from shardwise.read.stream.schedule import (
-    check_stream_cache,
-    longest_stream_windows,
-    open_when_ready,
-)
+from shardwise.read.stream.schedule import check_stream_cache, open_when_ready
 from shardwise.read.stream.skipping import rank_ranges, run_span
 from shardwise.storage.cache import Cache
 from shardwise.storage.opening import open_cache, reader_cache
@@ -197,11 +193,10 @@ class StreamDataset(GuardedReader, Resumable):
                           else reader_cache(cache, verify))
         check_stream_cache(self.cache, self.config, self.follow)
         self.chunk_cache = ChunkCache(chunk_cache_bytes)
-        self.opened: Counter[int] = Counter()
         self._start, self._received = 0, 0
         self._run: Run | None = None
         self._waited = {"producer_wait_s": 0.0, "consumer_wait_s": 0.0}
-        self.order = StreamOrder(self)
+        self.order = StreamOrder(self.config, self.cache)
         register_with_torch(StreamDataset)  # an IterableDataset, if torch is imported
 
     def __repr__(self) -> str:
@@ -224,13 +219,17 @@ class StreamDataset(GuardedReader, Resumable):
             out.append(skip_drop(self.skip, self._end(), self._end()))
         return out
 
+    @property
+    def opened(self) -> Counter[int]:
+        """How often each chunk (global index) was read into memory."""
+        return self.chunk_cache.loads
+
     def _end(self) -> int | None:
         """Examples of the global order in a finite run (``epochs=E`` of a finished cache:
-        every stream padded to the longest); ``None`` when endless or still growing."""
-        c = self.config
-        if c.epochs is None or not self.cache.finished:
-            return None
-        return c.streams * c.epochs * longest_stream_windows(self.cache.cum_tokens, c)
+        every stream padded to the longest, :meth:`StreamOrder.pad_to`); ``None`` when
+        endless or still growing."""
+        per_stream = self.order.pad_to()
+        return None if per_stream is None else self.config.streams * per_stream
 
     def bind(self, world: World) -> None:
         """Serve ``world`` from now on (as ``RecordStream.bind``: a reader made before the
@@ -310,8 +309,14 @@ class StreamDataset(GuardedReader, Resumable):
 
     def _stop_run(self) -> None:
         if self._run is not None:
-            self._run.close()
+            self._retire(self._run)
             self._run = None
+
+    def _retire(self, run: Run) -> None:
+        """Close ``run`` and count its waits (once)."""
+        if run.close():
+            for k, v in run.waited().items():
+                self._waited[k] += v
 
     def stats(self) -> dict[str, Any]:
         waited = dict(self._waited)
@@ -333,7 +338,10 @@ class StreamDataset(GuardedReader, Resumable):
         """A read-ahead serving this rank's examples from ``j`` (or the end of a skipped
         range holding it) up to the start of the next skipped range."""
         j, until = run_span(rank_ranges(self.skip, self.world.size), j)
-        run = self._run = Run(self, j, until)
+        run = self._run = Run(self.order, self.chunk_cache, self.share, j_start=j,
+                              until=until, poll_interval=self.poll_interval,
+                              timeout=self.timeout, ahead_chunks=self.prefetch_chunks,
+                              name=f"shardwise-stream-rank{self.world.rank}")
         return run
 
     def _examples(self, run: Run) -> Iterator[Example]:
@@ -351,7 +359,7 @@ class StreamDataset(GuardedReader, Resumable):
                 n = 0
                 while n < size:
                     if j == until:  # a skipped range: read on from its end
-                        run.close()
+                        self._retire(run)
                         run = self._start_run(j)
                         current, until, j = run.current, run.until, run.j_start
                         continue
@@ -377,7 +385,7 @@ class StreamDataset(GuardedReader, Resumable):
         finally:
             if self._run is run:
                 self._run = None
-            run.close()
+            self._retire(run)
 
 
     def _shaped(self, batch: Example) -> Example:

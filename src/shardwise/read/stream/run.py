@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import threading
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from shardwise.concurrency.poll import Stopped
 from shardwise.read.examples import ignore_unmasked
-from shardwise.read.orders.stream import block_runs
-from shardwise.read.stream.chunk_cache import Tokens, read_chunk
+from shardwise.read.orders.stream import StreamOrder, block_runs
+from shardwise.read.stream.chunk_cache import ChunkCache, read_chunk
 from shardwise.read.stream.schedule import Follower, Item, Prefetcher, RankSchedule
-
-if TYPE_CHECKING:
-    from shardwise.read.stream.dataset import StreamDataset
+from shardwise.world import StreamShare
 
 Example = dict[str, npt.NDArray[Any]]
 
@@ -33,50 +31,48 @@ def first_example(consumed: int, s: int, n_streams: int) -> int:
 
 
 class Run:
-    """One read-ahead: the schedule, the prefetch thread, and what the consumer holds; it
-    serves the rank's examples ``j_start`` up to ``until`` (``None``: to the end; else a
-    skipped range starts there and the consumer starts another run past it)."""
+    """One read-ahead: the schedule over ``order``'s blocks, the prefetch thread, and what
+    the consumer holds; it serves the rank's examples ``j_start`` up to ``until``
+    (``None``: to the end; else a skipped range starts there and the consumer starts
+    another run past it). It reads the dataset's parts it is given and writes none of
+    them: its waits are :meth:`waited`, for the dataset to count once it is closed."""
 
-    def __init__(self, ds: StreamDataset, j_start: int, until: int | None = None) -> None:
-        cfg, world = ds.config, ds.world
-        self.ds = ds
-        self.current: list[Item | None] = [None] * len(ds.streams)
+    def __init__(self, order: StreamOrder, chunk_cache: ChunkCache, share: StreamShare, *,
+                 j_start: int, until: int | None = None, poll_interval: float,
+                 timeout: float, ahead_chunks: int, name: str) -> None:
+        self.order, self.chunk_cache, self.cache = order, chunk_cache, order.cache
+        m = len(share.streams)
+        self.current: list[Item | None] = [None] * m
         self.j_start, self.until = j_start, until
-        m, share = len(ds.streams), ds.share
         self.firsts = [share.first(t) for t in range(m)]
         starts = [first_example(self.j_start, t, m) for t in range(m)]
         self.stop = threading.Event()
-        self.follower = Follower(ds.cache, poll_interval=ds.poll_interval,
-                                 timeout=ds.timeout, stop=self.stop)
-        schedule = RankSchedule(ds.cache, cfg, ds.streams, starts, self.follower,
+        self.follower = Follower(self.cache, poll_interval=poll_interval, timeout=timeout,
+                                 stop=self.stop)
+        schedule = RankSchedule(order, share.streams, starts, self.follower,
                                 firsts=self.firsts, step=share.step, until=until)
-        self.prefetcher = Prefetcher(schedule.next, self._load, ds.chunk_cache,
-                                     ahead_chunks=ds.prefetch_chunks, stop=self.stop,
-                                     name=f"shardwise-stream-rank{world.rank}")
+        self.prefetcher = Prefetcher(schedule.next, self._load, chunk_cache,
+                                     ahead_chunks=ahead_chunks, stop=self.stop, name=name)
         self.closed = False
 
     def _load(self, item: Item) -> None:
         """On the prefetch thread: pin the block's chunks and locate the item's windows
-        in them (its runs: :func:`~shardwise.read.orders.stream.block_runs`)."""
+        in them (its runs: :func:`~shardwise.read.orders.stream.block_runs` of the block's
+        window order, as the stream order gave it)."""
         if item.block < 0:
             return
-        ds, cfg = self.ds, self.ds.config
         try:
             for c in item.chunks.tolist():
                 if self.stop.is_set():
                     raise Stopped
-                item.parts.append(ds.chunk_cache.acquire(c, partial(self._read, c)))
+                item.parts.append(self.chunk_cache.acquire(c, partial(read_chunk,
+                                                                      self.cache, c)))
         except BaseException:
             self.release(item)
             raise
-        n = item.stop - item.start + item.offset
-        order = ds.order.window_order(item.stream, item.block, n, item.epoch)
-        runs = block_runs([len(p) for p in item.parts], order[item.offset:], cfg.seq_len)
+        runs = block_runs([len(p) for p in item.parts], item.order[item.offset:],
+                          self.order.config.seq_len)
         item.runs, item.first = runs[:3], runs.starts()
-
-    def _read(self, c: int) -> Tokens:
-        self.ds.opened[c] += 1
-        return read_chunk(self.ds.cache, c)
 
     def next(self, t: int, k: int) -> Item | None:
         item = self.prefetcher.get()
@@ -87,21 +83,22 @@ class Run:
 
     def release(self, item: Item) -> None:
         for c in item.chunks[: len(item.parts)].tolist():
-            self.ds.chunk_cache.release(c)
+            self.chunk_cache.release(c)
         item.parts = []
 
     def waited(self) -> dict[str, float]:
         return {"producer_wait_s": self.follower.waited,
                 "consumer_wait_s": self.prefetcher.waited}
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Stop the thread and release every block; True the first time (the caller
+        then counts :meth:`waited`)."""
         if self.closed:
-            return
+            return False
         self.closed = True
         for item in self.prefetcher.close() + [i for i in self.current if i is not None]:
             self.release(item)
-        for k, v in self.waited().items():
-            self.ds._waited[k] += v
+        return True
 
 
 def finish_examples(rows: npt.NDArray[np.int64], valid: npt.NDArray[np.int64], L: int) -> Example:

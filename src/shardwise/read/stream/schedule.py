@@ -1,12 +1,14 @@
 """What a stream rank reads next, and the background thread that reads it ahead.
 
 Two pieces, over the pure stream layout of :mod:`shardwise.plan.stream`
-(:func:`~shardwise.plan.stream.windows_per_block`,
-:func:`~shardwise.plan.stream.block_read_order`):
+(:func:`~shardwise.plan.stream.windows_per_block`):
 
 * :class:`StreamLayout` (one stream: where its ``k``-th example is, growing with the
   cache) and :class:`RankSchedule` (the rank's blocks in the order its consumer will need
-  them, waiting for the producer in follow mode through a :class:`Follower`).
+  them, waiting for the producer in follow mode through a :class:`Follower`). The blocks
+  are the ones the stream order yields (:class:`~shardwise.read.orders.stream.StreamOrder`:
+  ``place`` and ``block``, the one walker of stream placement, and its padding rule),
+  walked by layouts of the schedule's own (they grow on the read-ahead thread).
 * :class:`Prefetcher`: the one read-ahead thread
   (:class:`~shardwise.concurrency.readahead.ReadAhead`) walking the schedule: it reads
   each block's chunks into the :class:`~shardwise.read.stream.chunk_cache.ChunkCache`
@@ -30,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +43,7 @@ from shardwise.errors import ConfigError, ManifestError, ProducerTimeoutError
 from shardwise.format.chunk import ChunkKind
 from shardwise.format.ledger import JOURNAL_DIR, LEDGER_NAME
 from shardwise.format.manifest import MANIFEST_NAME
-from shardwise.plan.stream import block_read_order, stream_chunk_tokens, windows_per_block
+from shardwise.plan.stream import stream_chunk_tokens, windows_per_block
 from shardwise.read.stream.chunk_cache import ChunkCache, Tokens
 from shardwise.storage.cache import Cache
 from shardwise.storage.opening import open_cache
@@ -63,9 +66,10 @@ class Layout:
 # -- one stream ---------------------------------------------------------------------------
 @dataclass
 class Item:
-    """A run of stream ``t``'s examples ``[start, stop)``: window ``offset + i`` of a block
-    in its shuffled order, or padding (``block < 0``). Once loaded, ``parts`` are the
-    block's chunks (read order) and ``runs`` its examples' runs of their tokens
+    """A run of stream ``t``'s examples ``[start, stop)``: window ``order[offset + i]`` of a
+    block (its window order, from the stream order), or padding (``block < 0``). Once
+    loaded, ``parts`` are the block's chunks (read order) and ``runs`` its examples' runs
+    of their tokens
     (:func:`~shardwise.read.orders.stream.block_runs`; a run's chunk: its place in
     ``parts``), each example's runs from ``first[i]`` (columns as lists: read per row)."""
 
@@ -78,6 +82,7 @@ class Item:
     offset: int = 0
     chunks: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
     nbytes: int = 0
+    order: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
     parts: list[Tokens] = field(default_factory=list)
     first: IntArray = field(default_factory=lambda: np.zeros(1, np.int64))
     runs: tuple[IntArray, IntArray, IntArray] = field(default_factory=lambda: (
@@ -222,17 +227,18 @@ class RankSchedule:
     (``step`` > 1 when several ranks share a stream: :class:`~shardwise.world.StreamShare`),
     needed at its example ``u·len(streams) + t``; ``starts[t]`` is the first such ``u``.
     ``until``: the schedule ends before the rank's example ``until`` (a skipped range
-    starts there: :mod:`~shardwise.read.stream.skipping`), so none of it is read ahead."""
+    starts there: :mod:`~shardwise.read.stream.skipping`), so none of it is read ahead.
+    ``order``: the stream order whose blocks it walks (a ``StreamOrder``)."""
 
-    def __init__(self, cache: Cache, lay: Layout, streams: list[int], starts: list[int],
+    def __init__(self, order: Any, streams: list[int], starts: list[int],
                  follower: Follower, *, firsts: list[int] | None = None,
                  step: int = 1, until: int | None = None) -> None:
-        self.cache, self.lay, self.streams, self.follower = cache, lay, streams, follower
-        self.layouts = [StreamLayout(s, lay) for s in streams]
+        self.order, self.streams, self.follower = order, streams, follower
+        self.cache, self.lay = order.cache, order.config
+        self.layouts = [StreamLayout(s, self.lay) for s in streams]
         self.firsts, self.step, self.until = firsts or [0] * len(streams), step, until
         self.heap = [(u, t) for t, u in enumerate(starts)]
         heapq.heapify(self.heap)
-        self.pad_to: int | None = None
 
     def next(self) -> Item | None:
         """The next item the consumer will need, or ``None`` when every stream ended (or
@@ -248,35 +254,26 @@ class RankSchedule:
         return None
 
     def _item(self, t: int, k: int) -> Item | None:
-        sl, s = self.layouts[t], self.streams[t]
+        sl, s, lay = self.layouts[t], self.streams[t], self.lay
         while True:
             sl.update(self.cache)
-            if sl.finished and self.lay.epochs is not None and self.pad_to is None:
-                self.pad_to = self.lay.epochs * self._max_windows()
-            where = sl.locate(k, self.pad_to)
+            where = self.order.place(sl, k)
             if where is not None:
                 break
-            b = sl.final_chunks // self.lay.block_chunks
-            need = s + (sl.final_chunks + self.lay.block_chunks - 1) * self.lay.streams
+            b = sl.final_chunks // lay.block_chunks
+            need = s + (sl.final_chunks + lay.block_chunks - 1) * lay.streams
             self.follower.wait(s, f"block {b} of its chunks (the last is global chunk "
                                   f"{need}) to be published")
         if where == "end":
             return None
         if where == "pad":
-            assert self.pad_to is not None  # for mypy: locate returns "pad" only then
-            return Item(t, s, k, self.pad_to)
+            return Item(t, s, k, self.order.pad_to())
         assert not isinstance(where, str)  # for mypy
         epoch, b, offset = where
-        n = int(sl.cum[b + 1] - sl.cum[b])
-        lay = self.lay
-        chunks = block_read_order(s, b, sl.block_size(b), n_streams=lay.streams,
-                                  block_chunks=lay.block_chunks, seed=lay.seed, epoch=epoch)
-        nbytes = sum(self.cache.chunks[c].tokens for c in chunks.tolist()) * (
-            self.cache.dtype.itemsize)
-        return Item(t, s, k, k + n - offset, epoch, b, offset, chunks, nbytes)
-
-    def _max_windows(self) -> int:
-        return longest_stream_windows(self.cache.cum_tokens, self.lay)
+        chunks, sizes, order = self.order.block(s, epoch, b, sl)
+        nbytes = int(sizes.sum()) * self.cache.dtype.itemsize
+        return Item(t, s, k, k + len(order) - offset, epoch, b, offset, chunks, nbytes,
+                    order=order)
 
 
 def check_stream_cache(c: Cache, cfg: Layout, follow: bool) -> None:
