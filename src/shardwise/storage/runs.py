@@ -37,6 +37,12 @@ LONG_RUN = 16
 SMALL = 32
 
 
+def _column(a: Any) -> npt.NDArray[np.int64]:
+    if type(a) is np.ndarray and a.dtype == np.int64 and a.ndim == 1:
+        return a
+    return np.asarray(a, dtype=np.int64).reshape(-1)
+
+
 class Runs(NamedTuple):
     """Runs of stored tokens as three equal-length int64 columns."""
 
@@ -48,9 +54,11 @@ class Runs(NamedTuple):
     def of(cls, runs: Any) -> Runs:
         """``runs`` (a :class:`Runs`, or any three array-likes ``chunk, offset, length``)
         as int64 columns of one length."""
-        chunk, offset, length = (a if type(a) is np.ndarray and a.dtype == np.int64
-                                 and a.ndim == 1 else np.asarray(a, dtype=np.int64).reshape(-1)
-                                 for a in runs)
+        chunk, offset, length = runs
+        if not (type(chunk) is type(offset) is type(length) is np.ndarray
+                and chunk.dtype == offset.dtype == length.dtype == np.int64
+                and chunk.ndim == offset.ndim == length.ndim == 1):
+            chunk, offset, length = _column(chunk), _column(offset), _column(length)
         if not len(chunk) == len(offset) == len(length):
             raise ConfigError(f"runs: columns of {len(chunk)}, {len(offset)} and "
                               f"{len(length)} rows; chunk, offset and length must be "
@@ -66,15 +74,7 @@ class Runs(NamedTuple):
         n = len(self.chunk)
         if not n:
             return
-        if n <= SMALL:
-            count = len(chunk_tokens)
-            for c, a, k in zip(self.chunk.tolist(), self.offset.tolist(),
-                               self.length.tolist(), strict=True):
-                if not (0 <= c < count and a >= 0 and k >= 0 and a + k <= chunk_tokens[c]):
-                    break
-            else:
-                return
-        elif (min(self.chunk.min(), self.offset.min(), self.length.min()) >= 0
+        if (min(self.chunk.min(), self.offset.min(), self.length.min()) >= 0
                 and self.chunk.max() < len(chunk_tokens)
                 and not (self.offset + self.length > chunk_tokens[self.chunk]).any()):
             return  # the usual case: a few whole-array reductions
@@ -134,10 +134,13 @@ class Mapped:
         return hit
 
 
-def gather_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype
-                ) -> npt.NDArray[Any]:
+def gather_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype,
+                held: npt.NDArray[np.int64] | None = None,
+                where: Callable[[], str] = str) -> npt.NDArray[Any]:
     """The tokens of ``runs`` concatenated (``mapped(c)``: chunk ``c``'s :class:`Mapped`),
-    by the shape of the runs, so that the Python cost does not grow with their number:
+    each run first checked inside its chunk when ``held`` (each chunk's token count) is
+    given (:meth:`Runs.check`, ``where()`` naming the cache), and copied by the shape of the
+    runs, so that the Python cost does not grow with their number:
 
     * runs of one length (a batch of windows): per chunk, one fancy index of its
       ``rows(length)`` view — a micro-batch inside one chunk is one numpy call;
@@ -147,12 +150,19 @@ def gather_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype
     n = len(runs.chunk)
     if not n:
         return np.zeros(0, dtype=dtype)
-    if n <= SMALL:  # a micro-batch: dispatched on lists
-        chunk, length = runs.chunk.tolist(), runs.length.tolist()
+    if n <= SMALL:  # a micro-batch: checked and dispatched on lists
+        chunk, offset, length = runs.chunk.tolist(), runs.offset.tolist(), runs.length.tolist()
+        if held is not None:
+            count = len(held)
+            for c, a, k in zip(chunk, offset, length, strict=True):
+                if not (0 <= c < count and a >= 0 and k >= 0 and a + k <= held[c]):
+                    runs.check(held, where())  # raises, naming the run
         k = length[0]
         if k and length.count(k) == n and chunk.count(chunk[0]) == n:
             return mapped(chunk[0]).rows(k)[runs.offset].reshape(-1)
-        return _join_runs(mapped, chunk, runs.offset.tolist(), length, dtype)
+        return _join_runs(mapped, chunk, offset, length, dtype)
+    if held is not None:
+        runs.check(held, where())
     k = int(runs.length[0])
     if k and (runs.length == k).all():
         return _equal_runs(mapped, runs, k, dtype)

@@ -266,9 +266,9 @@ class ChunkStore(ABC):
         from (a map, a download, ranged reads of a chunk still arriving) is the store's."""
         runs = Runs.of(runs)
         view = self.view
-        runs.check(view.chunks.columns.tokens, view.location)
-        out = gather_runs(self._mapped, runs, view.dtype)
-        self._checks().batch_ids(out, runs.stream_offset(view.cum_tokens))
+        out = gather_runs(self._mapped, runs, view.dtype, view.chunks.columns.tokens,
+                          lambda: view.location)
+        (self.checks or self._checks()).batch_ids(out, runs.stream_offset(view.cum_tokens))
         return out
 
     def _checks(self) -> CacheChecks:

@@ -78,11 +78,12 @@ class WindowOrder(Order):
         # some blocks further on, would otherwise evict each other's)
         self._lists: dict[str, tuple[int, list[int]]]
         self._cum: tuple[int, list[int]]  # the chunks' token prefix sums, as a list
+        self._full: dict[int, IntArray]  # [L + 1] * n, per batch size n
         self.__dict__.update(self.fresh())
 
     def fresh(self) -> dict[str, Any]:
         return {"_blocks": Bounded(weight=max(CACHE_WINDOWS, _MIN_KEPT), weigh=len),
-                "_lists": {}, "_cum": (-1, [])}
+                "_lists": {}, "_cum": (-1, []), "_full": {}}
 
     def window_block(self, epoch: int, positions: IntArray) -> IntArray:
         """The windows at ``positions`` (consecutive, inside one epoch) of ``epoch``."""
@@ -155,7 +156,8 @@ class WindowOrder(Order):
 
     def _inside_chunks(self, windows: list[int]) -> Runs | None:
         """:func:`window_runs` of a few windows (``windows``), each inside one chunk: one
-        bisection each (None if one is padding, crosses a chunk edge or is short)."""
+        bisection each (None if one is padding, crosses a chunk edge or is short). The
+        ``length``/``tokens`` column is shared between batches, read-only."""
         cum = self.ds.cache.cum_tokens
         if self._cum[0] != len(cum):
             self._cum = (len(cum), cum.tolist())
@@ -168,7 +170,10 @@ class WindowOrder(Order):
                 return None
             chunk.append(c)
             offset.append(start - bounds[c])
-        full = np.full(len(windows), L + 1, dtype=np.int64)
+        full = self._full.get(len(windows))
+        if full is None:
+            full = self._full[len(windows)] = np.full(len(windows), L + 1, dtype=np.int64)
+            full.flags.writeable = False
         return Runs(np.array(chunk, dtype=np.int64), np.array(offset, dtype=np.int64),
                     full, full)
 

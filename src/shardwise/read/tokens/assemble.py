@@ -35,10 +35,8 @@ class Assembly:
         self._starts: Bounded[int, npt.NDArray[np.int64]] = Bounded(MAX_CACHED_DOC_STARTS)
         self._positions = np.arange(config.seq_len, dtype=np.int64)
         self._positions_2d = self._positions[None, :]
-
-    @property
-    def want_boundaries(self) -> bool:
-        return bool(self.cfg.reset_position_ids or self.cfg.cu_seqlens)
+        self._ones = np.ones((0, config.seq_len), dtype=np.float32)  # loss_mask rows to copy
+        self._bounds_wanted = bool(config.reset_position_ids or config.cu_seqlens)
 
     def _chunk_doc_starts(self, c: int) -> npt.NDArray[np.int64]:
         """Offsets in chunk ``c`` where its documents start (from its ``.idx``)."""
@@ -59,14 +57,15 @@ class Assembly:
         The hot path of every training step: the tokens are gathered once, in the stored
         dtype (a batch of whole windows lands as ``[B, seq_len + 1]``), and ``input_ids``
         / ``labels`` are its two shifted views converted to int64 in one call each."""
-        bounds = self._run_bounds(runs) if self.want_boundaries else None
+        bounds = self._run_bounds(runs) if self._bounds_wanted else None
         return self._rows(self.cache.gather(runs[:3]), runs.tokens.tolist(), bounds)
 
     def _rows(self, flat: npt.NDArray[Any], valid: list[int],
               bounds: list[npt.NDArray[np.int64]] | None) -> dict[str, npt.NDArray[Any]]:
         """The example arrays of ``flat``: each row's ``valid`` tokens, in turn."""
         L = self.cfg.seq_len
-        if valid and min(valid) == max(valid) == L + 1:
+        whole = valid.count(L + 1) == len(valid)
+        if whole:
             stage = flat.reshape(len(valid), L + 1)
         else:
             stage = np.zeros((len(valid), L + 1), dtype=self.cache.dtype)
@@ -75,7 +74,7 @@ class Assembly:
                 stage[r, :k] = flat[at: at + k]
                 at += k
         return self._finish(stage[:, :L].astype(np.int64), stage[:, 1:].astype(np.int64),
-                            valid, bounds)
+                            valid, bounds, whole)
 
     def _run_bounds(self, runs: Any) -> list[npt.NDArray[np.int64]]:
         """Each row's document starts strictly inside its ``seq_len`` inputs: the stored
@@ -95,20 +94,23 @@ class Assembly:
         return out
 
     def _finish(self, input_ids: npt.NDArray[np.int64], labels: npt.NDArray[np.int64],
-                valid: list[int], bounds: list[npt.NDArray[np.int64]] | None
-                ) -> dict[str, npt.NDArray[Any]]:
+                valid: list[int], bounds: list[npt.NDArray[np.int64]] | None,
+                whole: bool) -> dict[str, npt.NDArray[Any]]:
         """Masks and positions for rows of ``valid`` real tokens each (``L + 1`` for a whole
-        window, 0 for padding); ``bounds``: each row's document starts (None: not wanted)."""
+        window, 0 for padding; ``whole``: every row whole); ``bounds``: each row's document
+        starts (None: not wanted)."""
         L = self.cfg.seq_len
         B = len(input_ids)
-        if valid.count(L + 1) == B:  # no padding: the common case, one fill
-            loss_mask = np.ones((B, L), dtype=np.float32)
+        if whole:  # no padding: the common case, one copy of kept ones
+            if len(self._ones) != B:
+                self._ones = np.ones((B, L), dtype=np.float32)
+            loss_mask = self._ones.copy()
         else:  # a row's label at column j exists when j + 1 < its valid tokens
             loss_mask = (self._positions[None, :] + 1
                          < np.asarray(valid, dtype=np.int64)[:, None]).astype(np.float32)
         if self.cfg.eod_mask_loss:
             loss_mask[input_ids == self.cache.eod_id] = 0.0
-        if self.cfg.eod_mask_loss or valid.count(L + 1) != B:
+        if self.cfg.eod_mask_loss or not whole:
             ignore_unmasked(labels, loss_mask)  # one label convention: read/examples.py
         position_ids = self._position_rows(B).copy()
         out: dict[str, npt.NDArray[Any]] = {"input_ids": input_ids, "labels": labels,
