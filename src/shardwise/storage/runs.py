@@ -207,8 +207,15 @@ def _join_runs(mapped: Callable[[int], Mapped], chunk: list[int], offset: list[i
                length: list[int], dtype: np.dtype) -> npt.NDArray[Any]:
     """A few runs (columns as lists): each chunk's memoryview looked up once, the slices
     joined in one copy (writable: a bytearray)."""
-    # each chunk once, in first-use order; a chunk asked for nothing is not opened
-    used = dict.fromkeys(c for c, k in zip(chunk, length, strict=True) if k)
+    if chunk.count(chunk[0]) == len(chunk):  # one chunk (a one-file dataset)
+        if not any(length):
+            return np.zeros(0, dtype=dtype)  # asked for nothing: not opened
+        one = mapped(chunk[0]).mem
+        parts = [one[a:a + k] for a, k in zip(offset, length, strict=True)]
+        return np.frombuffer(bytearray().join(parts), dtype=dtype)
+    # each chunk once; a chunk asked for nothing is not opened
+    used = set(chunk) if 0 not in length else {c for c, k in zip(chunk, length,
+                                                                strict=True) if k}
     mem = {c: mapped(c).mem for c in used}
     parts = [mem[c][a:a + k] for c, a, k in zip(chunk, offset, length, strict=True) if k]
     return np.frombuffer(bytearray().join(parts), dtype=dtype)

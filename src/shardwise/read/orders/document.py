@@ -11,6 +11,7 @@ one copy).
 
 from __future__ import annotations
 
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import numpy.typing as npt
 from shardwise.concurrency.bounded import Bounded
 from shardwise.format.paths import reader_dir
 from shardwise.plan.doc_shuffle import DOC_SHUFFLE_VERSION, DocShuffleIndex
-from shardwise.read.orders.base import IntArray, Order, Runs, check_indices
+from shardwise.read.orders.base import PAD, IntArray, Order, Runs, check_indices
 from shardwise.read.tokens.plans import (
     doc_lengths_from_starts,
     load_or_build,
@@ -28,6 +29,7 @@ from shardwise.read.tokens.plans import (
     stored_doc_starts,
 )
 from shardwise.storage import open_maps
+from shardwise.storage.runs import SMALL
 
 EPOCHS_KEPT = 4
 
@@ -61,6 +63,43 @@ def _pieces(index: DocShuffleIndex, w: IntArray, seq_len: int, doc_starts: IntAr
     if keep.all():
         return row, stored, length, stop - start
     return None if row is None else row[keep], stored[keep], length[keep], stop - start
+
+
+def _span_pieces(index: DocShuffleIndex, w: int, k: int, seq_len: int,
+                 doc_starts: IntArray) -> tuple[IntArray, IntArray, IntArray]:
+    """:func:`_pieces` of ``k`` consecutive windows from ``w``: their span of the shuffled
+    stream found once (:meth:`~DocShuffleIndex.span_pieces`, one binary search), its
+    stored pieces cut where each window starts and ends (windows share one token)::
+
+        seq_len 4, windows 1, 2: span [4, 13) = a a b b b b c c c (pieces a, b, c)
+        window 1 = a a b b b    window 2 = b b c c c"""
+    L, n = seq_len, index.total_tokens
+    base = w * L
+    span = min(base + k * L + 1, n) - base
+    docs, skip, end = index.span_pieces(base, base + span)
+    src, stops = doc_starts[docs].tolist(), doc_starts[1:][docs].tolist()
+    stops[-1] = src[-1] + end
+    src[0] += skip
+    ends = list(accumulate(b - a for a, b in zip(src, stops, strict=True)))  # span edges
+    offset: list[int] = []
+    length: list[int] = []
+    tokens: list[int] = []
+    j = 0  # the piece holding window r's first token
+    for r in range(k):
+        a, b = r * L, min(r * L + L + 1, span)
+        while ends[j] <= a:
+            j += 1
+        at, jj = a, j
+        while at < b:  # pieces jj, from span position at: empty ones add nothing
+            e = ends[jj] if ends[jj] < b else b
+            if e > at:
+                offset.append(stops[jj] - ends[jj] + at)
+                length.append(e - at)
+                at = e
+            jj += 1
+        tokens.append(b - a)
+    return (np.asarray(offset, dtype=np.int64), np.asarray(length, dtype=np.int64),
+            np.asarray(tokens, dtype=np.int64))
 
 
 def _one_epoch(indices: npt.ArrayLike, n: int) -> tuple[int, IntArray] | None:
@@ -145,9 +184,18 @@ class DocumentShuffle(Order):
 
     # -- the questions -----------------------------------------------------------------
     def locate(self, indices: npt.ArrayLike) -> Runs:
+        """A few consecutive windows of one epoch (a sampler's micro-batch, ``ds[i]``) as
+        one span of the shuffled stream cut per window (:func:`_span_pieces`); other
+        windows of one epoch by :func:`_pieces`; several epochs, or padding, per epoch."""
         n, L, cache = self.ds.num_windows, self.ds.config.seq_len, self.ds.cache
-        one = _one_epoch(indices, n)
-        if one is not None:  # one epoch, no padding: the usual batch
+        count = len(indices) if isinstance(indices, list) else 0
+        i0 = int(indices[0]) if count else PAD  # type: ignore[index]
+        one = None
+        if (0 < count <= SMALL and i0 >= 0 and i0 % n + count <= n
+                and indices == list(range(i0, i0 + count))):
+            stored, length, tokens = _span_pieces(self.plan(i0 // n), i0 % n, count, L,
+                                                  self.doc_starts())
+        elif (one := _one_epoch(indices, n)) is not None:  # one epoch, no padding
             _, stored, length, tokens = _pieces(self.plan(one[0]), one[1], L,
                                                 self.doc_starts())
         else:
