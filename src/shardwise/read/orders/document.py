@@ -188,11 +188,12 @@ class DocumentShuffle(Order):
         one span of the shuffled stream cut per window (:func:`_span_pieces`); other
         windows of one epoch by :func:`_pieces`; several epochs, or padding, per epoch."""
         n, L, cache = self.ds.num_windows, self.ds.config.seq_len, self.ds.cache
-        count = len(indices) if isinstance(indices, list) else 0
-        i0 = int(indices[0]) if count else PAD  # type: ignore[index]
+        batch = indices if isinstance(indices, list) else []
+        count = len(batch)
+        i0 = int(batch[0]) if count else PAD
         one = None
         if (0 < count <= SMALL and i0 >= 0 and i0 % n + count <= n
-                and indices == list(range(i0, i0 + count))):
+                and batch == list(range(i0, i0 + count))):
             stored, length, tokens = _span_pieces(self.plan(i0 // n), i0 % n, count, L,
                                                   self.doc_starts())
         elif (one := _one_epoch(indices, n)) is not None:  # one epoch, no padding
