@@ -3,12 +3,12 @@ streams' chunks, also while the cache is still being built.
 
 Stream ``s`` owns the global chunks ``c % R* == s`` in ledger order, cut into blocks of
 ``block_chunks``. Inside a block the chunks are read in a seeded order (seed, epoch,
-stream), their documents packed into windows of ``seq_len + 1`` tokens (consecutive
-windows share one token) and the windows served in a seeded order (``shuffle=``: another
-registered window order, e.g. ``"none"``): reads stay sequential within a block. The
-stored tokens of example ``i`` are ``locate([i])`` (:mod:`shardwise.read.orders.stream`:
-the reader copies those runs, ``trace`` names them). Example (``R* = 4``,
-``block_chunks = 2``, ``seq_len = 4``)::
+stream), their documents packed into windows of ``seq_len + 1`` tokens (consecutive windows
+share one token) and the windows served in a seeded order (``shuffle=``: another registered
+window order, e.g. ``"none"``): reads stay sequential within a block. The stored tokens of
+example ``i`` are ``locate([i])`` (:mod:`shardwise.read.orders.stream`: the reader copies
+those runs, ``trace`` names them). Example (``R* = 4``, ``block_chunks = 2``,
+``seq_len = 4``)::
 
     stream 1 owns   1 5 9 13 17            (c % 4 == 1, ledger order)
     blocks          [1 5]  [9 13]  [17]    the last block may be short
@@ -18,10 +18,10 @@ the reader copies those runs, ``trace`` names them). Example (``R* = 4``,
     served          w2 w0 w1               seeded shuffle inside the block
 
 **Windows never cross a block boundary**: a block is served only once it is final (all its
-chunks published, or the build finished), and a window reaching into block ``b + 1``
-would make block ``b`` wait for it and hold both in memory. A block's tail that does not
-fill a window is dropped (``drop_last=True``: under ``seq_len`` tokens per block) or padded
-and masked (``drop_last=False``)::
+chunks published, or the build finished), and a window reaching into block ``b + 1`` would
+make block ``b`` wait for it and hold both in memory. A block's tail that does not fill a
+window is dropped (``drop_last=True``: under ``seq_len`` tokens per block) or padded and
+masked (``drop_last=False``)::
 
     block 0 (13 tokens)  t0 … t12   w0=[t0‥t4] w1=[t4‥t8] w2=[t8‥t12]       exact fit
     block 1 (11 tokens)  u0 … u10   w0=[u0‥u4] w1=[u4‥u8], tail u8 u9 u10:  dropped, or
@@ -30,16 +30,17 @@ and masked (``drop_last=False``)::
 
 **Global order.** Example ``i`` is example ``i // R*`` of stream ``i % R*``. Rank ``r`` of
 ``R`` serves global ``j·R + r`` as its ``j``-th example, so interleaving the ranks' outputs
-gives the global order for any ``R`` (Levanter's rule, :class:`~shardwise.world.StreamShare`).
-When ``R`` divides ``R*`` rank ``r`` reads only the streams ``s % R == r``::
+gives the global order for any ``R`` (Levanter's rule,
+:class:`~shardwise.world.StreamShare`). When ``R`` divides ``R*`` rank ``r`` reads only the
+streams ``s % R == r``::
 
     R* = 4, R = 2     global i   0 1 2 3 4 5 6 7 …     stream i % 4, example i // 4
     rank 0 (streams 0 2)   i = 0 2 4 6 …     rank 1 (streams 1 3)   i = 1 3 5 7 …
 
 Any other ``R`` shares streams between ranks: ``R = 8`` gives ranks 0 and 4 stream 0
-(examples 0 2 4 … and 1 3 5 …); ``R = 3`` makes every rank read every stream and take
-one example in three of each. Such a rank reads every block of its streams to serve a
-share of their windows: locality is lost by design, order and resume are not.
+(examples 0 2 4 … and 1 3 5 …); ``R = 3`` makes every rank read every stream and take one
+example in three of each. Such a rank reads every block of its streams to serve a share of
+their windows: locality is lost by design, order and resume are not.
 
 **Epochs.** ``epochs=None``: every stream cycles on its own, each epoch with a new chunk and
 window shuffle; streams of different lengths simply start their next epoch at different
@@ -51,40 +52,39 @@ rank yields the same count; real data is never repeated or dropped for alignment
 as once it has finished: a block is served once final. Until then the prefetch thread polls
 the ledger with backoff (10 ms doubling up to ``poll_interval``) and raises
 :class:`~shardwise.errors.ProducerTimeoutError` after ``timeout`` seconds without a new
-chunk; a finished build ends (``epochs=E``) or cycles the stream. A path that is not a
-cache yet is waited for the same way::
+chunk; a finished build ends (``epochs=E``) or cycles the stream. A path that is not a cache
+yet is waited for the same way::
 
     visible (build running)  0 1 2 3 4 5 6 7 8 9 10 11 12
     stream 1, block_chunks=2 [1 5] final → served   [9 ·] waits for chunk 13 (or the end)
 
-**Skip ranges** (``skip=``): half-open ranges of global positions left out, whole steps
-of ``batch_size × R``, with the global placement's rules: every other example is served
+**Skip ranges** (``skip=``): half-open ranges of global positions left out, whole steps of
+``batch_size × R``, with the global placement's rules: every other example is served
 exactly as without them, ``consumed`` stays a position of the unskipped order (it jumps a
-range), the list is part of the state's config, and a resume may add or change ranges
-from the saved position on (:mod:`~shardwise.read.stream.skipping`). The read-ahead stops
-before a range and restarts at its end.
+range), the list is part of the state's config, and a resume may add or change ranges from
+the saved position on (:mod:`~shardwise.read.stream.skipping`). The read-ahead stops before
+a range and restarts at its end.
 
 **State** (``state_dict()``; keys ``kind``, ``version``, ``fingerprint``, ``consumed``,
 ``config``, ``extra``): ``consumed`` counts the examples of the global order *received* by
 all ranks together (``start + received × R``, plus the skipped ranges jumped: the same on
-every rank); ``extra`` holds ``stream_examples``, each stream's position
-``k_s = ceil((consumed - s) / R*)``. Epochs are
-not stored: a stream's epoch is ``k_s // N_s`` (its windows per epoch, from the ledger), and
-storing it would make two ranks' states differ while one has seen the build finish and the
-other not. The fingerprint covers the config and the cache's identity, not its chunk count
-(which grows). Resuming under any ``R`` seeks from chunk token counts
-(the block by a search in the blocks' window counts): the block holding the position is
-read, none before it. Rank ``r`` resumes at its first example ``>= consumed``; when
-``consumed`` is not a multiple of ``R`` the ranks' first steps still cover exactly the next
-``R`` examples of the global order.
+every rank); ``extra`` holds ``stream_examples``, each stream's position ``k_s =
+ceil((consumed - s) / R*)``. Epochs are not stored: a stream's epoch is ``k_s // N_s`` (its
+windows per epoch, from the ledger), and storing it would make two ranks' states differ
+while one has seen the build finish and the other not. The fingerprint covers the config
+and the cache's identity, not its chunk count (which grows). Resuming under any ``R`` seeks
+from chunk token counts (the block by a search in the blocks' window counts): the block
+holding the position is read, none before it. Rank ``r`` resumes at its first example ``>=
+consumed``; when ``consumed`` is not a multiple of ``R`` the ranks' first steps still cover
+exactly the next ``R`` examples of the global order.
 
 **PyTorch.** ``DataLoader(ds, batch_size=None)`` (``num_workers=0``; ``pin_memory`` works).
 The dataset registers itself as a virtual ``torch.utils.data.IterableDataset`` when it is
 created after torch was imported (torch itself is never imported here). Use the dataset's
 own ``batch_size=`` for micro-batches: one stacked dict per item, built in one call.
-DataLoader *worker processes* are refused: the prefetch thread already overlaps reading
-with training, and a worker would iterate a copy whose position ``state_dict()`` could not
-see — a checkpoint would silently restart.
+DataLoader *worker processes* are refused: the prefetch thread already overlaps reading with
+training, and a worker would iterate a copy whose position ``state_dict()`` could not see —
+a checkpoint would silently restart.
 """
 
 from __future__ import annotations
@@ -115,13 +115,18 @@ from shardwise.read.guard import (
     GuardedReader,
     refuse_framework_sharding,
     register_with_torch,
-    torch_worker,
 )
 from shardwise.read.orders import Runs
 from shardwise.read.orders.stream import StreamConfig, StreamOrder
 from shardwise.read.sampler import normalise_skip, skip_drop
 from shardwise.read.stream.chunk_cache import ChunkCache
-from shardwise.read.stream.run import Example, Run, finish_examples, first_example
+from shardwise.read.stream.run import (
+    Example,
+    Run,
+    finish_examples,
+    first_example,
+    refuse_worker_process,
+)
 from shardwise.read.stream.schedule import check_stream_cache, open_when_ready
 from shardwise.read.stream.skipping import rank_ranges, run_span
 from shardwise.storage.cache import Cache
@@ -142,8 +147,8 @@ class StreamDataset(GuardedReader, Resumable):
     Its order is a :class:`StreamConfig`: pass its fields as keyword arguments (``seq_len``,
     ``streams``, ``seed``, ``block_chunks``, ``drop_last``, ``epochs``) or ``config=`` one.
     ``world=None`` means ``World.detect()``. Every ``iter()`` continues from the current
-    position (and stops an earlier iterator). ``batch_size``: yield stacked micro-batches
-    of this rank's next examples (the last may be short in a single pass). Memory: the chunk
+    position (and stops an earlier iterator). ``batch_size``: yield stacked micro-batches of
+    this rank's next examples (the last may be short in a single pass). Memory: the chunk
     cache holds at most ``chunk_cache_bytes``, or the current block of each served stream
     plus the next one if that is more; ``prefetch_chunks`` bounds the chunks read ahead
     (whole blocks; the next block is always read ahead). ``stats()`` reports the seconds
@@ -151,11 +156,11 @@ class StreamDataset(GuardedReader, Resumable):
     ``verify``: each chunk's checksum and ids are checked as it is read, before use
     (default: as the cache was opened, which is on; ``False`` for a trusted cache).
     ``skip``: ranges ``(start, stop)`` of global positions to leave out, whole steps of
-    ``batch_size × world size`` (see the module docs; a read config's ``skip`` gives
-    them in global steps). ``bind(world)``: serve another world, before the first read.
-    ``shuffle``: the order of each block's windows (default ``"window"``, seeded).
-    ``output``: the examples' form (:class:`~shardwise.read.examples.Output`); a compact
-    single example always carries ``loss_mask``, so rows collate.
+    ``batch_size × world size`` (see the module docs; a read config's ``skip`` gives them in
+    global steps). ``bind(world)``: serve another world, before the first read. ``shuffle``:
+    the order of each block's windows (default ``"window"``, seeded). ``output``: the
+    examples' form (:class:`~shardwise.read.examples.Output`); a compact single example
+    always carries ``loss_mask``, so rows collate.
     """
 
     state_kind = "stream"
@@ -307,14 +312,11 @@ class StreamDataset(GuardedReader, Resumable):
         d["chunk_cache"] = ChunkCache(self.chunk_cache.max_bytes)
         return d
 
-    def _stop_run(self) -> None:
-        if self._run is not None:
-            self._retire(self._run)
-            self._run = None
-
-    def _retire(self, run: Run) -> None:
-        """Close ``run`` and count its waits (once)."""
-        if run.close():
+    def _stop_run(self, run: Run | None = None) -> None:
+        """Close ``run`` (by default the current one, forgotten) and count its waits, once."""
+        if run is None:
+            run, self._run = self._run, None
+        if run is not None and run.close():
             for k, v in run.waited().items():
                 self._waited[k] += v
 
@@ -328,7 +330,7 @@ class StreamDataset(GuardedReader, Resumable):
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Example]:
-        _refuse_worker_process()
+        refuse_worker_process()
         refuse_framework_sharding("StreamDataset")
         self._stop_run()
         w = self.world
@@ -359,7 +361,7 @@ class StreamDataset(GuardedReader, Resumable):
                 n = 0
                 while n < size:
                     if j == until:  # a skipped range: read on from its end
-                        self._retire(run)
+                        self._stop_run(run)
                         run = self._start_run(j)
                         current, until, j = run.current, run.until, run.j_start
                         continue
@@ -385,24 +387,13 @@ class StreamDataset(GuardedReader, Resumable):
         finally:
             if self._run is run:
                 self._run = None
-            self._retire(run)
-
+            self._stop_run(run)
 
     def _shaped(self, batch: Example) -> Example:
         if self.output.is_default:
             return batch
         keep = () if self.batch_size else ("loss_mask",)
         return self.output.shape(batch, self.cache.dtype, keep=keep)
-
-
-def _refuse_worker_process() -> None:
-    if torch_worker() is not None:
-        raise ConfigError("StreamDataset must be iterated in the main process: use "
-                          "DataLoader(ds, batch_size=None, num_workers=0). Its own prefetch "
-                          "thread already reads ahead, and a DataLoader worker would "
-                          "iterate a copy whose position ds.state_dict() cannot see (a "
-                          "checkpoint would silently restart). For micro-batches pass "
-                          "batch_size= to StreamDataset")
 
 
 __all__ = ["STREAM_ORDER_VERSION", "StreamDataset"]

@@ -16,7 +16,9 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.concurrency.poll import Stopped
+from shardwise.errors import ConfigError
 from shardwise.read.examples import ignore_unmasked
+from shardwise.read.guard import torch_worker
 from shardwise.read.orders.stream import StreamOrder, block_runs
 from shardwise.read.stream.chunk_cache import ChunkCache, read_chunk
 from shardwise.read.stream.schedule import Follower, Item, Prefetcher, RankSchedule
@@ -111,4 +113,15 @@ def finish_examples(rows: npt.NDArray[np.int64], valid: npt.NDArray[np.int64], L
             "position_ids": np.broadcast_to(np.arange(L, dtype=np.int64), (n, L)).copy()}
 
 
-__all__ = ["Example", "Run", "finish_examples", "first_example"]
+def refuse_worker_process() -> None:
+    """A StreamDataset is iterated in the main process only (module docs, PyTorch)."""
+    if torch_worker() is not None:
+        raise ConfigError("StreamDataset must be iterated in the main process: use "
+                          "DataLoader(ds, batch_size=None, num_workers=0). Its own prefetch "
+                          "thread already reads ahead, and a DataLoader worker would "
+                          "iterate a copy whose position ds.state_dict() cannot see (a "
+                          "checkpoint would silently restart). For micro-batches pass "
+                          "batch_size= to StreamDataset")
+
+
+__all__ = ["Example", "Run", "finish_examples", "first_example", "refuse_worker_process"]
