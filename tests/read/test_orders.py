@@ -101,6 +101,45 @@ def test_locate_gives_the_tokens_of_each_example(cache_dir: Path, one_chunk_dir:
         assert _gathered(ds, idx).tolist() == want.tolist()
 
 
+@pytest.mark.parametrize("shuffle", ["none", "document"])
+@pytest.mark.parametrize("chunks", ["chunks", "one chunk"])
+def test_a_micro_batch_of_consecutive_windows_is_read_as_one_span(
+        cache_dir: Path, one_chunk_dir: Path, shuffle: str, chunks: str) -> None:
+    """A sampler's micro-batch (consecutive indices) of an order whose neighbours are
+    neighbouring windows is located as their one span (``step = seq_len``): each stored
+    token once, neighbours sharing one, across chunk edges and up to the stream's short
+    last window; its rows, document bounds included, are those of the same examples read
+    one by one (the indices reversed: no span)."""
+    ds = sw.TokenDataset(cache_dir if chunks == "chunks" else one_chunk_dir, seq_len=SEQ,
+                         seed=4, shuffle=shuffle, drop_last=False, reset_position_ids=True,
+                         cu_seqlens=True, world=sw.World.single())
+    n = len(ds)
+    for first, k in ((0, 8), (n // 2, 8), (n - 5, 5)):
+        idx = list(range(first, first + k))
+        span = ds.order.locate(idx)
+        assert span.step == SEQ
+        assert int(span.length.sum()) == int(span.tokens.sum()) - (k - 1)
+        got, one_by_one = ds.get_batch(idx), ds.get_batch(idx[::-1])
+        assert got.keys() == one_by_one.keys()
+        for key in got.keys() - {"cu_seqlens"}:
+            want = one_by_one[key] if key == "max_seqlen" else one_by_one[key][::-1]
+            assert np.array_equal(got[key], want), (key, first)
+        assert (_row_bounds(got["cu_seqlens"], SEQ)  # rows in the other order
+                == _row_bounds(one_by_one["cu_seqlens"], SEQ)[::-1])
+    assert ds.order.locate([3]).step == 0 and ds.order.locate(np.arange(3, 6)).step == 0
+
+
+def _row_bounds(cu: npt.NDArray[np.int32], L: int) -> list[list[int]]:
+    """``cu_seqlens`` of a batch as each row's document starts inside it."""
+    rows: list[list[int]] = []
+    for x in cu.tolist()[:-1]:
+        if x % L == 0:
+            rows.append([])
+        else:
+            rows[-1].append(x % L)
+    return rows
+
+
 def test_the_loader_resumes_a_new_order_and_refuses_another(cache_dir: Path) -> None:
     def make(shuffle: str = "reversed") -> Any:
         return loader(sw.TokenDataset(cache_dir, seq_len=SEQ, shuffle=shuffle),

@@ -20,6 +20,7 @@ of a chunk still arriving) is the :class:`~shardwise.storage.store.ChunkStore`'s
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import add
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -142,24 +143,33 @@ def gather_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype,
     given (:meth:`Runs.check`, ``where()`` naming the cache), and copied by the shape of the
     runs, so that the Python cost does not grow with their number:
 
-    * runs of one length (a batch of windows): per chunk, one fancy index of its
-      ``rows(length)`` view — a micro-batch inside one chunk is one numpy call;
-    * a few runs, or long ones: memoryview slices joined in one copy;
+    * up to ``FEW_RUNS`` (a micro-batch) are checked and dispatched on lists: runs of one
+      length in one chunk (a block's windows) as one fancy index of its ``rows(length)``
+      view, others (a span's pieces, one run of consecutive windows) as memoryview slices
+      joined in one copy;
+    * more, of one length: per chunk, one fancy index of its ``rows(length)`` view;
+    * more, long ones: memoryview slices joined in one copy;
     * many short ones (a document order's pieces): one fancy index per distinct chunk.
     """
     n = len(runs.chunk)
     if not n:
         return np.zeros(0, dtype=dtype)
-    if n <= SMALL:  # a micro-batch: checked and dispatched on lists
+    if n <= FEW_RUNS:  # a micro-batch: checked and dispatched on lists
         chunk, offset, length = runs.chunk.tolist(), runs.offset.tolist(), runs.length.tolist()
+        c, k = chunk[0], length[0]
+        if chunk.count(c) == n:  # one chunk: a one-file dataset, a span, a block's windows
+            if held is not None and not (0 <= c < len(held) and min(offset) >= 0
+                                         and min(length) >= 0
+                                         and max(map(add, offset, length)) <= held[c]):
+                runs.check(held, where())  # raises, naming the run
+            if n > 1 and k and length.count(k) == n:
+                return mapped(c).rows(k)[runs.offset].reshape(-1)
+            return _join_runs(mapped, chunk, offset, length, dtype)
         if held is not None:
             count = len(held)
             for c, a, k in zip(chunk, offset, length, strict=True):
                 if not (0 <= c < count and a >= 0 and k >= 0 and a + k <= held[c]):
-                    runs.check(held, where())  # raises, naming the run
-        k = length[0]
-        if k and length.count(k) == n and chunk.count(chunk[0]) == n:
-            return mapped(chunk[0]).rows(k)[runs.offset].reshape(-1)
+                    runs.check(held, where())
         return _join_runs(mapped, chunk, offset, length, dtype)
     if held is not None:
         runs.check(held, where())
@@ -167,7 +177,7 @@ def gather_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype,
     if k and (runs.length == k).all():
         return _equal_runs(mapped, runs, k, dtype)
     total = runs.total
-    if n <= FEW_RUNS or total >= LONG_RUN * n:
+    if total >= LONG_RUN * n:
         return _join_runs(mapped, runs.chunk.tolist(), runs.offset.tolist(),
                           runs.length.tolist(), dtype)
     out = np.empty(total, dtype=dtype)
@@ -187,14 +197,10 @@ def gather_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype,
 def _equal_runs(mapped: Callable[[int], Mapped], runs: Runs, k: int, dtype: np.dtype
                 ) -> npt.NDArray[Any]:
     """Runs all ``k`` tokens long: row ``r`` of ``[n, k]`` is run ``r``, copied by one fancy
-    index of its chunk's ``rows(k)`` view per distinct chunk (a few runs in several chunks:
-    joined, cheaper than grouping them)."""
+    index of its chunk's ``rows(k)`` view per distinct chunk."""
     chunk, offset = runs.chunk, runs.offset
     if chunk.min() == chunk.max():
         return mapped(int(chunk[0])).rows(k)[offset].reshape(-1)
-    if len(chunk) <= FEW_RUNS:
-        return _join_runs(mapped, chunk.tolist(), offset.tolist(), runs.length.tolist(),
-                          dtype)
     out = np.empty((len(chunk), k), dtype=dtype)
     chunks, inverse = np.unique(chunk, return_inverse=True)
     for u, c in enumerate(chunks.tolist()):

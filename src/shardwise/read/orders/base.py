@@ -33,16 +33,27 @@ IntArray = npt.NDArray[np.int64]
 class Runs(NamedTuple):
     """Runs of stored tokens as three equal-length int64 columns, each run non-empty (the form
     ``Cache.gather`` takes: docs/DESIGN.md, ``ChunkStore``), and how many tokens each
-    example holds (``L + 1``; fewer for a short last window; 0 for padding)."""
+    example holds (``L + 1``; fewer for a short last window; 0 for padding).
+
+    ``step``: 0, each example's tokens follow the one before's in the gathered tokens (its
+    own runs); ``L``, the examples are consecutive windows of one span of the order's
+    stream, example ``r`` the ``tokens[r]`` gathered from ``r * L`` (neighbours share a
+    token): the runs are the span's, each stored token read once. An order answers a
+    sampler's micro-batch (a list of consecutive indices) so; an array, per example."""
 
     chunk: IntArray
     offset: IntArray
     length: IntArray
     tokens: IntArray
+    step: int = 0
 
     def starts(self) -> IntArray:
         """Where each example's runs start (and, last, how many runs there are): example
-        ``r`` is runs ``[starts[r], starts[r + 1])``."""
+        ``r`` is runs ``[starts[r], starts[r + 1])``. Runs of one span (``step``) have no
+        such split: ValueError."""
+        if self.step:
+            raise ValueError("runs of one span (step > 0) are not split per example; "
+                             "locate an array of indices for per-example runs")
         ends = np.cumsum(self.length)
         first = ends.searchsorted(np.cumsum(self.tokens) - self.tokens, side="right")
         return np.append(first, len(self.length))

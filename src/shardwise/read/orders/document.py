@@ -4,14 +4,14 @@ Example ``i`` is window ``i mod n`` of epoch ``i // n``'s shuffled stream; its s
 tokens are pieces of the documents the plan puts there
 (:class:`~shardwise.plan.doc_shuffle.DocShuffleIndex`, memory-mapped from the plan
 directory, where one process per node builds it). ``locate`` finds the pieces of any
-number of windows in a dozen whole-array calls (two binary searches for all of them); the
-store joins them (``cache.gather``: a few dozen pieces of a batch as memoryview slices in
-one copy).
+number of windows in a dozen whole-array calls (two binary searches for all of them), and
+a sampler's micro-batch (consecutive windows) as the pieces of their one span (one binary
+search; each stored token read once); the store joins them (``cache.gather``: a few dozen
+pieces of a batch as memoryview slices in one copy).
 """
 
 from __future__ import annotations
 
-from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -67,39 +67,27 @@ def _pieces(index: DocShuffleIndex, w: IntArray, seq_len: int, doc_starts: IntAr
 
 def _span_pieces(index: DocShuffleIndex, w: int, k: int, seq_len: int,
                  doc_starts: IntArray) -> tuple[IntArray, IntArray, IntArray]:
-    """:func:`_pieces` of ``k`` consecutive windows from ``w``: their span of the shuffled
-    stream found once (:meth:`~DocShuffleIndex.span_pieces`, one binary search), its
-    stored pieces cut where each window starts and ends (windows share one token)::
+    """``k`` consecutive windows from ``w`` as their one span of the shuffled stream
+    (found by one binary search, :meth:`~DocShuffleIndex.span_pieces`): the stored start
+    and length of each non-empty piece of it, and each window's tokens (read as
+    ``Runs(step=seq_len)``: windows share one token)::
 
         seq_len 4, windows 1, 2: span [4, 13) = a a b b b b c c c (pieces a, b, c)
         window 1 = a a b b b    window 2 = b b c c c"""
     L, n = seq_len, index.total_tokens
     base = w * L
-    span = min(base + k * L + 1, n) - base
-    docs, skip, end = index.span_pieces(base, base + span)
-    src, stops = doc_starts[docs].tolist(), doc_starts[1:][docs].tolist()
-    stops[-1] = src[-1] + end
+    stop = min(base + k * L + 1, n)
+    docs, skip, end = index.span_pieces(base, stop)
+    src = doc_starts[docs]
+    length = doc_starts[docs + 1] - src
+    length[-1] = end  # the last piece: up to end tokens in; the first from skip in
     src[0] += skip
-    ends = list(accumulate(b - a for a, b in zip(src, stops, strict=True)))  # span edges
-    offset: list[int] = []
-    length: list[int] = []
-    tokens: list[int] = []
-    j = 0  # the piece holding window r's first token
-    for r in range(k):
-        a, b = r * L, min(r * L + L + 1, span)
-        while ends[j] <= a:
-            j += 1
-        at, jj = a, j
-        while at < b:  # pieces jj, from span position at: empty ones add nothing
-            e = ends[jj] if ends[jj] < b else b
-            if e > at:
-                offset.append(stops[jj] - ends[jj] + at)
-                length.append(e - at)
-                at = e
-            jj += 1
-        tokens.append(b - a)
-    return (np.asarray(offset, dtype=np.int64), np.asarray(length, dtype=np.int64),
-            np.asarray(tokens, dtype=np.int64))
+    length[0] -= skip
+    tokens = np.minimum(L + 1, stop - (w + np.arange(k, dtype=np.int64)) * L)
+    keep = length > 0  # not empty documents
+    if keep.all():
+        return src, length, tokens
+    return src[keep], length[keep], tokens
 
 
 def _one_epoch(indices: npt.ArrayLike, n: int) -> tuple[int, IntArray] | None:
@@ -185,17 +173,19 @@ class DocumentShuffle(Order):
     # -- the questions -----------------------------------------------------------------
     def locate(self, indices: npt.ArrayLike) -> Runs:
         """A few consecutive windows of one epoch (a sampler's micro-batch, ``ds[i]``) as
-        one span of the shuffled stream cut per window (:func:`_span_pieces`); other
+        their one span of the shuffled stream (:func:`_span_pieces`, ``step = L``); other
         windows of one epoch by :func:`_pieces`; several epochs, or padding, per epoch."""
         n, L, cache = self.ds.num_windows, self.ds.config.seq_len, self.ds.cache
         batch = indices if isinstance(indices, list) else []
         count = len(batch)
         i0 = int(batch[0]) if count else PAD
         one = None
+        step = 0
         if (0 < count <= SMALL and i0 >= 0 and i0 % n + count <= n
                 and batch == list(range(i0, i0 + count))):
             stored, length, tokens = _span_pieces(self.plan(i0 // n), i0 % n, count, L,
                                                   self.doc_starts())
+            step = L if count > 1 else 0
         elif (one := _one_epoch(indices, n)) is not None:  # one epoch, no padding
             _, stored, length, tokens = _pieces(self.plan(one[0]), one[1], L,
                                                 self.doc_starts())
@@ -204,9 +194,9 @@ class DocumentShuffle(Order):
             stored, length, tokens = self._locate_epochs(idx, *np.divmod(idx, n))
         cum = cache.cum_tokens
         if len(cum) == 2:  # one chunk: stored offsets are its offsets
-            return Runs(np.zeros_like(stored), stored, length, tokens)
+            return Runs(np.zeros_like(stored), stored, length, tokens, step)
         chunk = cum.searchsorted(stored, side="right") - 1
-        return Runs(chunk, stored - cum[chunk], length, tokens)
+        return Runs(chunk, stored - cum[chunk], length, tokens, step)
 
     def _locate_epochs(self, idx: IntArray, epochs: IntArray, w: IntArray
                        ) -> tuple[IntArray, IntArray, IntArray]:

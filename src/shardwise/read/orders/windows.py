@@ -78,7 +78,7 @@ class WindowOrder(Order):
         # some blocks further on, would otherwise evict each other's)
         self._lists: dict[str, tuple[int, list[int]]]
         self._cum: tuple[int, list[int]]  # the chunks' token prefix sums, as a list
-        self._full: dict[int, IntArray]  # [L + 1] * n, per batch size n
+        self._full: dict[int, tuple[IntArray, IntArray]]  # [0] * n, [L + 1] * n, per n
         self.__dict__.update(self.fresh())
 
     def fresh(self) -> dict[str, Any]:
@@ -154,14 +154,26 @@ class WindowOrder(Order):
             out[sel] = self._block(e, b)[pos[sel] - b * ORDER_BLOCK]
         return out
 
-    def _inside_chunks(self, windows: list[int]) -> Runs | None:
-        """:func:`window_runs` of a few windows (``windows``), each inside one chunk: one
-        bisection each (None if one is padding, crosses a chunk edge or is short). The
-        ``length``/``tokens`` column is shared between batches, read-only."""
+    def _batch_runs(self, windows: list[int]) -> Runs | None:
+        """:func:`window_runs` of a micro-batch (``windows``, a few) in Python, where list
+        operations cost less than the fixed cost of whole-array calls: consecutive windows
+        as their one span (``step = L``: each stored token read once), others one run each
+        while each lies whole inside one chunk; None for the rest (padding, a window across
+        a chunk edge or short). The ``chunk``/``tokens`` columns of one chunk's whole
+        windows are shared between batches, read-only."""
         cum = self.ds.cache.cum_tokens
         if self._cum[0] != len(cum):
             self._cum = (len(cum), cum.tolist())
-        bounds, L = self._cum[1], self.ds.config.seq_len
+        bounds, L, k = self._cum[1], self.ds.config.seq_len, len(windows)
+        w0 = windows[0]
+        if k > 1 and w0 >= 0 and windows[-1] == w0 + k - 1 and windows == list(
+                range(w0, w0 + k)):
+            return self._span(w0, k, bounds, L)
+        if len(bounds) == 2:  # one chunk: stored offsets are its offsets
+            if min(windows) < 0 or max(windows) * L + L + 1 > bounds[1]:
+                return None
+            zeros, full = self._columns(k, L)
+            return Runs(zeros, np.array(windows, dtype=np.int64) * L, full, full)
         chunk, offset = [], []
         for w in windows:
             start = w * L
@@ -170,20 +182,48 @@ class WindowOrder(Order):
                 return None
             chunk.append(c)
             offset.append(start - bounds[c])
-        full = self._full.get(len(windows))
-        if full is None:
-            full = self._full[len(windows)] = np.full(len(windows), L + 1, dtype=np.int64)
-            full.flags.writeable = False
+        full = self._columns(k, L)[1]
         return Runs(np.array(chunk, dtype=np.int64), np.array(offset, dtype=np.int64),
                     full, full)
 
+    def _span(self, w0: int, k: int, bounds: list[int], L: int) -> Runs:
+        """Windows ``w0 … w0 + k - 1`` as their span of the stored stream, cut where
+        chunks end; the last window of the stream may be short (``drop_last=False``)."""
+        total = bounds[-1]
+        start, stop = w0 * L, min(w0 * L + k * L + 1, total)
+        chunk, offset, length = [], [], []
+        c = bisect_right(bounds, start) - 1
+        while start < stop:
+            end = min(stop, bounds[c + 1])
+            if end > start:  # not an empty chunk
+                chunk.append(c)
+                offset.append(start - bounds[c])
+                length.append(end - start)
+                start = end
+            c += 1
+        tokens = self._columns(k, L)[1]
+        if stop - w0 * L < k * L + 1:  # the stream's short last window
+            tokens = np.minimum(tokens, stop - (w0 + np.arange(k)) * L)
+        return Runs(np.array(chunk, dtype=np.int64), np.array(offset, dtype=np.int64),
+                    np.array(length, dtype=np.int64), tokens, L)
+
+    def _columns(self, k: int, L: int) -> tuple[IntArray, IntArray]:
+        """``[0] * k`` and ``[L + 1] * k``, read-only, kept per ``k``."""
+        hit = self._full.get(k)
+        if hit is None:
+            zeros, full = np.zeros(k, dtype=np.int64), np.full(k, L + 1, dtype=np.int64)
+            zeros.flags.writeable = full.flags.writeable = False
+            hit = self._full[k] = zeros, full
+        return hit
+
     def locate(self, indices: npt.ArrayLike) -> Runs:
         """A list (a micro-batch) by :meth:`window_list`, and its runs in Python while it
-        is small and every window lies inside one chunk; an array vectorised."""
+        is small (:meth:`_batch_runs`: consecutive windows as one span); an array
+        vectorised, per example."""
         if isinstance(indices, list):
             windows = self.window_list(indices)
-            if len(windows) <= SMALL:
-                hit = self._inside_chunks(windows)
+            if 0 < len(windows) <= SMALL:
+                hit = self._batch_runs(windows)
                 if hit is not None:
                     return hit
             w = np.asarray(windows, dtype=np.int64)
