@@ -155,22 +155,7 @@ def gather_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype,
     if not n:
         return np.zeros(0, dtype=dtype)
     if n <= FEW_RUNS:  # a micro-batch: checked and dispatched on lists
-        chunk, offset, length = runs.chunk.tolist(), runs.offset.tolist(), runs.length.tolist()
-        c, k = chunk[0], length[0]
-        if chunk.count(c) == n:  # one chunk: a one-file dataset, a span, a block's windows
-            if held is not None and not (0 <= c < len(held) and min(offset) >= 0
-                                         and min(length) >= 0
-                                         and max(map(add, offset, length)) <= held[c]):
-                runs.check(held, where())  # raises, naming the run
-            if n > 1 and k and length.count(k) == n:
-                return mapped(c).rows(k)[runs.offset].reshape(-1)
-            return _join_runs(mapped, chunk, offset, length, dtype)
-        if held is not None:
-            count = len(held)
-            for c, a, k in zip(chunk, offset, length, strict=True):
-                if not (0 <= c < count and a >= 0 and k >= 0 and a + k <= held[c]):
-                    runs.check(held, where())
-        return _join_runs(mapped, chunk, offset, length, dtype)
+        return _few_runs(mapped, runs, dtype, held, where)
     if held is not None:
         runs.check(held, where())
     k = int(runs.length[0])
@@ -192,6 +177,29 @@ def gather_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype,
         within = np.arange(int(lengths.sum())) - (np.cumsum(lengths) - lengths)[rep]
         out[starts[sel][rep] + within] = mapped(c).tokens[runs.offset[sel][rep] + within]
     return out
+
+
+def _few_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype,
+              held: npt.NDArray[np.int64] | None, where: Callable[[], str]
+              ) -> npt.NDArray[Any]:
+    """:func:`gather_runs` of up to ``FEW_RUNS`` runs, checked and dispatched on lists."""
+    n = len(runs.chunk)
+    chunk, offset, length = runs.chunk.tolist(), runs.offset.tolist(), runs.length.tolist()
+    c, k = chunk[0], length[0]
+    if chunk.count(c) == n:  # one chunk: a one-file dataset, a span, a block's windows
+        if held is not None and not (0 <= c < len(held) and min(offset) >= 0
+                                     and min(length) >= 0
+                                     and max(map(add, offset, length)) <= held[c]):
+            runs.check(held, where())  # raises, naming the run
+        if n > 1 and k and length.count(k) == n:
+            return mapped(c).rows(k)[runs.offset].reshape(-1)
+        return _join_runs(mapped, chunk, offset, length, dtype)
+    if held is not None:
+        count = len(held)
+        for c, a, k in zip(chunk, offset, length, strict=True):
+            if not (0 <= c < count and a >= 0 and k >= 0 and a + k <= held[c]):
+                runs.check(held, where())
+    return _join_runs(mapped, chunk, offset, length, dtype)
 
 
 def _equal_runs(mapped: Callable[[int], Mapped], runs: Runs, k: int, dtype: np.dtype
