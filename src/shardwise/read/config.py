@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from shardwise.checkpoint import SKIP_KEY, LoaderState, as_count
+from shardwise.checkpoint import RETIRED, SKIP_KEY, LoaderState, as_count
 from shardwise.choice import Choice
 from shardwise.errors import ConfigError
 from shardwise.read.sampler import (
@@ -297,7 +297,8 @@ def check_state(dataset: Any, state: Mapping[str, Any]) -> None:
     saved, mine = ({k: v for k, v in dict(c).items() if k not in _SAMPLER_KEYS}
                    for c in (state.get("config", {}), dataset.state_config()))
     diffs = [f"{k}: state has {saved.get(k)!r}, this config has {mine.get(k)!r}"
-             for k in sorted(set(saved) | set(mine)) if saved.get(k) != mine.get(k)]
+             for k in sorted(set(saved) | set(mine)) if saved.get(k) != mine.get(k)
+             and not (k in RETIRED and k not in mine)]  # keys a state held before: no-ops
     if diffs:
         raise ConfigError("the state was saved by another read than this config "
                           "describes (" + "; ".join(diffs) + "); give the cache and "
