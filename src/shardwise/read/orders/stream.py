@@ -3,7 +3,7 @@ examples of a :class:`~shardwise.read.stream.dataset.StreamDataset`'s global ord
 rank's), in the form every order answers (:class:`~shardwise.read.orders.base.Runs`).
 
 Example ``i`` is example ``k = i // R*`` of stream ``s = i % R*``. The stream's layout
-(:class:`~shardwise.read.stream.schedule.StreamLayout`: its blocks' window counts, from
+(:class:`~shardwise.read.orders.stream_layout.StreamLayout`: its blocks' window counts, from
 chunk token counts) gives its epoch, block ``b`` and place ``r`` in the block's window order
 (:func:`~shardwise.plan.stream.window_order`). A block is its chunks in read order
 (:func:`~shardwise.plan.stream.block_read_order`) joined, and its window ``w`` is that
@@ -38,8 +38,8 @@ from shardwise.read.orders.base import (
 )
 from shardwise.read.orders.config import OrderedConfig
 from shardwise.read.orders.layout import TokenLayout
+from shardwise.read.orders.stream_layout import Layout, StreamLayout, longest_stream_windows
 from shardwise.read.orders.windows import WindowOrder, window_runs
-from shardwise.read.stream.schedule import Layout, StreamLayout, longest_stream_windows
 
 BLOCKS_KEPT = 16
 STREAM_SHUFFLE = "window"  # the stream's own: a keyed permutation of each block's windows
