@@ -172,7 +172,6 @@ def _key(row: dict[str, np.ndarray]) -> bytes:
 def test_ranks_share_the_rows_once_and_end_together(world: int) -> None:
     """Every row of the one global order on exactly one rank, rank r's j-th being row
     j·R + r; a finite run ends every rank at the same count, the short ones padded."""
-
     recs = make_records(90, seed=3)
     rows = list(PackedSFT(recs, seq_len=64, group_size=16, seed=5, epochs=1))
     ranks = [list(PackedSFT(recs, seq_len=64, group_size=16, seed=5, epochs=1,
