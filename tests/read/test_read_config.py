@@ -24,10 +24,12 @@ from shardwise.read.compose.records import CacheRecords
 from shardwise.read.compose.schedule import BlendConfig
 from shardwise.read.compose.sft_pack import PackedSFT, SftConfig
 from shardwise.read.config import ReadConfig, ReaderKind, check_state
+from shardwise.read.loader import PLACEMENT_KEYS, sampler_state_config
 from shardwise.read.orders.base import OrderOptions, option_defaults
 from shardwise.read.orders.block import BlockOptions
 from shardwise.read.orders.stream import StreamConfig
 from shardwise.read.reader_config import ReaderConfig
+from shardwise.read.sampler import BatchSampler, SamplerKind
 from shardwise.read.stream.dataset import StreamDataset
 from shardwise.read.tokens.dataset import TokenConfig, TokenDataset
 from shardwise.read.trace import Tracer
@@ -184,3 +186,15 @@ def test_a_config_object_and_arguments_build_the_same_reader(caches: dict[str, s
         TokenDataset(caches["web"], by_config.config, shuffle="window", block_size=2)
     assert TokenDataset(caches["web"], by_config.config, shuffle="window").config.order \
         == OrderOptions()
+
+
+@pytest.mark.parametrize("kind", ["single", "cyclic", "eval"])
+def test_placement_keys_are_the_ones_check_state_leaves_out(caches: dict[str, str],
+                                                           kind: str) -> None:
+    """What a sampler adds to a state's config is named once (PLACEMENT_KEYS), and is all
+    that check_state leaves out of the order it compares."""
+    ds = TokenDataset(caches["web"], seq_len=16)
+    skip = () if kind == "eval" else ((4, 8),)  # evaluation sees every example
+    s = BatchSampler(len(ds) - 1, B, M, World(0, 2), kind=SamplerKind(kind), skip=skip)
+    added = set(sampler_state_config(ds, s)) - set(ds.state_config())
+    assert added <= PLACEMENT_KEYS and "sampler" in added and ("skip" in added) == bool(skip)
