@@ -233,9 +233,14 @@ class CacheDocuments:
     directory), asked on first use."""
 
     def __init__(self, cache: Any, plan_dir: Path | None = None) -> None:
-        self.cache = cache
-        self.root = Path(plan_dir) if plan_dir is not None else reader_dir(cache.root)
+        self.cache, self.plan_dir = cache, plan_dir
         self._starts: npt.NDArray[np.int64] | None = None
+
+    @property
+    def root(self) -> Path:
+        """The plan directory, checked when first used (a reader of another order never
+        looks at it)."""
+        return Path(self.plan_dir) if self.plan_dir is not None else reader_dir(self.cache.root)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_starts": None}  # a map: mapped again where it is used
