@@ -300,6 +300,9 @@ def test_a_state_holds_only_what_its_order_reads_and_old_states_resume(
     ds = dl.dataset
     assert ds.fingerprint == fingerprint({**ds.state_config(), "block_size": 64,
                                           "blocks_per_group": 8})
+    as_written = sw.TokenDataset(cache_dir, seq_len=SEQ, shuffle=shuffle, block_size=64,
+                                 blocks_per_group=8)  # what a read config held then
+    assert as_written.state_config() == ds.state_config()
     with pytest.raises(StateError, match="shuffle"):
         make_block = loader(sw.TokenDataset(cache_dir, seq_len=SEQ, shuffle="block"),
                             global_batch_size=4, micro_batch_size=2, world=sw.World(0, 1))

@@ -10,6 +10,11 @@ state holds them flat, beside the fields, only for the order that reads them::
         config.order == BlockOptions(block_size=4, blocks_per_group=8)
         state: {..., "shuffle": "block", "block_size": 4, "blocks_per_group": 8}
     TokenDataset(cache, seq_len=16)              state: {..., "shuffle": "window"}
+
+A read config written before an order owned its options holds ``block_size=64,
+blocks_per_group=8`` whatever its order (:data:`~shardwise.checkpoint.RETIRED`): at those
+values they are taken as the no-ops they were; at others, refused as any option of
+another order.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from shardwise.checkpoint import RETIRED
 from shardwise.errors import ConfigError
 from shardwise.read.orders.base import OrderOptions, option_names, order_class, order_options
 from shardwise.read.reader_config import ReaderConfig, plain
@@ -54,9 +60,13 @@ class OrderedConfig(ReaderConfig):
             return super().of(config, options)  # type: ignore[misc]  # refused there
         shuffle = options.get("shuffle", config.shuffle if config is not None else
                               cls.__dataclass_fields__["shuffle"].default)  # type: ignore[attr-defined]
-        same = config is not None and cls.order_name(config.shuffle) == cls.order_name(shuffle)
+        name = cls.order_name(shuffle)
+        same = config is not None and cls.order_name(config.shuffle) == name
         kept = config.options_of_order() if same and config is not None else {}
-        order, rest = order_options(cls.order_name(shuffle), {**kept, **options}, cls.reader)
+        mine = option_names(order_class(name).Options)
+        given = {k: v for k, v in options.items()  # what a config written before held
+                 if k in mine or k not in RETIRED or v != RETIRED[k]}
+        order, rest = order_options(name, {**kept, **given}, cls.reader)
         if "order" not in options:
             rest["order"] = order
         return super().of(config, rest)  # type: ignore[misc]
