@@ -151,3 +151,16 @@ def test_no_module_over_400_lines_and_no_function_over_50() -> None:
            for p in sorted(PACKAGE.rglob("*.py"))
            for problem in _oversize(p)]
     assert not bad, "\n".join(bad)
+
+
+PLANS = PACKAGE / "read" / "orders"
+READERS = ("shardwise.read.tokens", "shardwise.read.stream")
+
+
+def test_plans_import_no_reader() -> None:
+    """An order is a plan over a TokenLayout (read/orders): it never sees a reader, so it
+    imports none of the readers that build it (read/tokens, read/stream)."""
+    bad = [f"{p.relative_to(PACKAGE)} line {line}: imports {module}"
+           for p in sorted(PLANS.rglob("*.py")) for line, module in _imports(p)
+           if module.startswith(READERS)]
+    assert not bad, "\n".join(bad)

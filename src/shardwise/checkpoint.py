@@ -81,6 +81,17 @@ def fingerprint(config: Mapping[str, Any]) -> str:
 
 SKIP_KEY = "skip"  # a sampler's skip ranges in a state's config (see check_matches)
 
+RETIRED: dict[str, Any] = {"block_size": 64, "blocks_per_group": 8}
+"""Keys every TokenDataset state held, at these values, before an order owned its options
+(the block order's, which no other order reads). A saved state holding one that the
+reader's config no longer has is read as the no-op it was (not a difference), and its
+fingerprint, taken with them, still matches (:meth:`LoaderState.check_matches`)."""
+
+
+def retired_fingerprint(config: Mapping[str, Any]) -> str:
+    """The fingerprint ``config`` had before the :data:`RETIRED` keys left it."""
+    return fingerprint({**{k: v for k, v in RETIRED.items() if k not in config}, **config})
+
 
 def _ranges(value: Any) -> list[tuple[int, int]]:
     try:
@@ -165,7 +176,7 @@ def _differences(saved: dict[str, Any], current: dict[str, Any], position: int) 
     out: list[str] = []
     for k in sorted(set(saved) | set(current)):
         a, b = saved.get(k), current.get(k)
-        if a == b:
+        if a == b or (k in RETIRED and k not in current):
             continue
         if k == SKIP_KEY:
             out += _past_skip_differences(a, b, position)
@@ -257,6 +268,8 @@ class LoaderState:
             raise StateError(f"this state belongs to a {self.kind!r} reader, not {kind!r}")
         if self.fingerprint == fingerprint or (self.config and self.config == config):
             return  # the same config (a state from before a fingerprint change included)
+        if not self.config and self.fingerprint == retired_fingerprint(config):
+            return  # saved before the retired keys left the config
         diffs = _differences(self.config, config, self.consumed)
         if self.config and not diffs:
             return  # only plans for later differ (skip ranges, staged entries)

@@ -5,6 +5,7 @@ offset, length) behind those examples, which are exactly what the reader returns
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,11 @@ import numpy.typing as npt
 import pytest
 
 import shardwise as sw
+from shardwise.checkpoint import fingerprint
 from shardwise.errors import ConfigError, StateError
+from shardwise.plan.block_shuffle import BlockShuffle
 from shardwise.read.config import ReadConfig
-from shardwise.read.orders import WindowOrder, register_order
+from shardwise.read.orders import OrderOptions, WindowOrder, register_order
 from shardwise.read.trace import Tracer
 from shardwise.testing import assert_resumes_exactly
 from shardwise.torch import loader
@@ -36,6 +39,27 @@ class Reversed(WindowOrder):
 register_order(Reversed)
 
 
+@dataclass(frozen=True)
+class Rotation(OrderOptions):
+    offset: int = 0
+
+
+class Rotated(WindowOrder):
+    """Windows rotated by an option of its own: adding it touches no line outside this
+    file (on ef5652e it took a field in TokenConfig and in StreamConfig, each kept out of
+    the state at its default so saved states still matched, and a test's table)."""
+
+    name, Options = "rotated", Rotation
+    options: Rotation
+
+    def window_block(self, epoch: int, positions: npt.NDArray[np.int64]
+                     ) -> npt.NDArray[np.int64]:
+        return (positions + self.options.offset) % self.n
+
+
+register_order(Rotated)
+
+
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory, sample_corpus: Path,
               tokenizer_path: Path) -> Path:
@@ -53,6 +77,11 @@ def one_chunk_dir(tmp_path_factory: pytest.TempPathFactory, sample_corpus: Path,
              append_eod=True, workers=1, progress=False)
     assert len(sw.open_cache(out).chunks) == 1
     return out
+
+
+def _block(shuffle: str, **options: int) -> dict[str, int]:
+    """The block order's options, for the block order only (they are its own)."""
+    return options if shuffle == "block" else {}
 
 
 def _stream(cache_dir: Path) -> npt.NDArray[np.int64]:
@@ -89,8 +118,8 @@ def test_a_new_order_is_read_by_the_dataset(cache_dir: Path) -> None:
 def test_locate_gives_the_tokens_of_each_example(cache_dir: Path, one_chunk_dir: Path,
                                                  shuffle: str, chunks: str) -> None:
     ds = sw.TokenDataset(cache_dir if chunks == "chunks" else one_chunk_dir, seq_len=SEQ,
-                         seed=4, shuffle=shuffle, block_size=4, blocks_per_group=2,
-                         drop_last=False)
+                         seed=4, shuffle=shuffle, drop_last=False,
+                         **_block(shuffle, block_size=4, blocks_per_group=2))
     n = len(ds)
     rng = np.random.default_rng(0)
     for idx in ([*range(8)], rng.integers(0, 3 * n, 9).tolist(), [n - 1, 0, n],
@@ -140,6 +169,17 @@ def _row_bounds(cu: npt.NDArray[np.int32], L: int) -> list[list[int]]:
     return rows
 
 
+def test_an_order_with_an_option_of_its_own(cache_dir: Path) -> None:
+    """The option is an argument of every reader, held by that order's states only."""
+    ds = sw.TokenDataset(cache_dir, seq_len=SEQ, shuffle="rotated", offset=3)
+    n = len(ds)
+    assert ds.windows(np.arange(n)).tolist() == [(i + 3) % n for i in range(n)]
+    assert ds.state_config()["offset"] == 3
+    assert "offset" not in sw.TokenDataset(cache_dir, seq_len=SEQ).state_config()
+    st = _stream_ds(cache_dir, "rotated", offset=1, epochs=1)
+    assert len(list(st)) > 0 and st.state_config()["offset"] == 1
+
+
 def test_the_loader_resumes_a_new_order_and_refuses_another(cache_dir: Path) -> None:
     def make(shuffle: str = "reversed") -> Any:
         return loader(sw.TokenDataset(cache_dir, seq_len=SEQ, shuffle=shuffle),
@@ -174,11 +214,13 @@ def test_an_epoch_beyond_the_order_cache_is_computed_per_position(
     (``window_at``), the same windows as whole order blocks give."""
     import shardwise.read.orders.windows as windows
 
-    ds = sw.TokenDataset(cache_dir, seq_len=SEQ, seed=5, shuffle=shuffle, block_size=4)
+    ds = sw.TokenDataset(cache_dir, seq_len=SEQ, seed=5, shuffle=shuffle,
+                         **_block(shuffle, block_size=4))
     idx = np.random.default_rng(1).integers(0, 3 * len(ds), 40).tolist()
     want = ds.windows(idx).tolist()
     monkeypatch.setattr(windows, "CACHE_WINDOWS", 0)
-    fresh = sw.TokenDataset(cache_dir, seq_len=SEQ, seed=5, shuffle=shuffle, block_size=4)
+    fresh = sw.TokenDataset(cache_dir, seq_len=SEQ, seed=5, shuffle=shuffle,
+                            **_block(shuffle, block_size=4))
     assert fresh.order.window_list(idx[::3]) == want[::3]  # scattered: one by one
     assert fresh.order.window_list([idx[0]]) == want[:1]
     assert not fresh.order._blocks  # no order block was computed
@@ -234,8 +276,76 @@ def test_a_new_order_orders_the_windows_of_each_stream_block(cache_dir: Path) ->
     assert all(rev[k] == stored[k][::-1] for k in stored)
     assert _stream_ds(cache_dir, "reversed").state_config()["shuffle"] == "reversed"
     assert "shuffle" not in _stream_ds(cache_dir, "window").state_config()  # as before it
-    with pytest.raises(ConfigError, match="stream placement orders each block's windows"):
+    with pytest.raises(ConfigError, match="stream placement orders each block's windows") as e:
         _stream_ds(cache_dir, "document")
+    offered = str(e.value).rsplit("use one of", 1)[1]
+    assert "'document'" not in offered and "'block'" in offered and "'reversed'" in offered
+
+
+def test_the_block_order_with_its_own_options_orders_stream_blocks(cache_dir: Path) -> None:
+    """``shuffle="block"`` under stream placement (it failed before: StreamConfig had no
+    ``block_size``): each block's windows in the block order of that block, over the
+    options given, which the stream's state holds (and resumes by)."""
+    opts = {"block_size": 2, "blocks_per_group": 1}
+    stored, shuffled = ({where[:3]: w for where, w in _by_block(_stream_ds(
+        cache_dir, shuffle, epochs=1, **kw)).items()}
+        for shuffle, kw in (("none", {}), ("block", opts)))
+    assert stored.keys() == shuffled.keys()
+    moved = 0
+    for key, windows in stored.items():
+        order = BlockShuffle(len(windows), 3, key[1], 2, 1)(np.arange(len(windows)))
+        assert shuffled[key] == [windows[w] for w in order.tolist()]
+        moved += order.tolist() != sorted(order.tolist())
+    assert moved  # some block is not in stored order
+    ds = _stream_ds(cache_dir, "block", **opts)
+    assert {k: ds.state_config()[k] for k in ("shuffle", *opts)} == {"shuffle": "block", **opts}
+    assert_resumes_exactly(lambda: _stream_ds(cache_dir, "block", batch_size=2, **opts),
+                           steps=6)
+    with pytest.raises(ConfigError, match=r"\['block_size'\] is an option of shuffle='block'"):
+        _stream_ds(cache_dir, "none", block_size=2)
+
+
+def _by_block(ds: Any) -> dict[tuple[int, ...], list[list[int]]]:
+    out: dict[tuple[int, ...], list[list[int]]] = {}
+    for i, example in enumerate(ds):
+        where = ds.order.where(i)
+        if not isinstance(where, str):
+            out.setdefault(where[:3], []).append(_window_of(example))
+    return out
+
+
+@pytest.mark.parametrize("shuffle", ["window", "none", "document", "reversed"])
+def test_a_state_holds_only_what_its_order_reads_and_old_states_resume(
+        cache_dir: Path, shuffle: str) -> None:
+    """Only the block order's state holds ``block_size``; a state saved before (every
+    TokenDataset state held it, unread) still resumes, by its config or its fingerprint
+    alone, and the dataset's fingerprint (what a blend's state records) is as it was."""
+    def make() -> Any:
+        return loader(sw.TokenDataset(cache_dir, seq_len=SEQ, shuffle=shuffle),
+                      global_batch_size=4, micro_batch_size=2, world=sw.World(0, 1))
+
+    dl = make()
+    batches = iter(dl)
+    next(batches)
+    state = dl.state_dict()
+    assert not {"block_size", "blocks_per_group"} & set(state["config"])
+    old_config = {**state["config"], "block_size": 64, "blocks_per_group": 8}
+    old = {**state, "config": old_config, "fingerprint": fingerprint(old_config)}
+    want = next(batches)["input_ids"].tolist()
+    for saved in (old, {**old, "config": {}}):
+        again = make()
+        again.load_state_dict(saved)
+        assert next(iter(again))["input_ids"].tolist() == want
+    ds = dl.dataset
+    assert ds.fingerprint == fingerprint({**ds.state_config(), "block_size": 64,
+                                          "blocks_per_group": 8})
+    as_written = sw.TokenDataset(cache_dir, seq_len=SEQ, shuffle=shuffle, block_size=64,
+                                 blocks_per_group=8)  # what a read config held then
+    assert as_written.state_config() == ds.state_config()
+    with pytest.raises(StateError, match="shuffle"):
+        make_block = loader(sw.TokenDataset(cache_dir, seq_len=SEQ, shuffle="block"),
+                            global_batch_size=4, micro_batch_size=2, world=sw.World(0, 1))
+        make_block.load_state_dict(old)
 
 
 def test_a_blend_locates_prefetches_and_reads_through_its_sources_orders(

@@ -24,8 +24,12 @@ from shardwise.read.compose.records import CacheRecords
 from shardwise.read.compose.schedule import BlendConfig
 from shardwise.read.compose.sft_pack import PackedSFT, SftConfig
 from shardwise.read.config import ReadConfig, ReaderKind, check_state
+from shardwise.read.loader import PLACEMENT_KEYS, sampler_state_config
+from shardwise.read.orders.base import OrderOptions, option_defaults
+from shardwise.read.orders.block import BlockOptions
 from shardwise.read.orders.stream import StreamConfig
 from shardwise.read.reader_config import ReaderConfig
+from shardwise.read.sampler import BatchSampler, SamplerKind
 from shardwise.read.stream.dataset import StreamDataset
 from shardwise.read.tokens.dataset import TokenConfig, TokenDataset
 from shardwise.read.trace import Tracer
@@ -43,7 +47,8 @@ VALUES: dict[type[ReaderConfig], dict[str, Any]] = {
                   "block_size": 4, "blocks_per_group": 2, "reset_position_ids": True,
                   "cu_seqlens": True, "eod_mask_loss": True},
     StreamConfig: {"seq_len": 16, "streams": 3, "seed": 2, "block_chunks": 2,
-                   "drop_last": False, "epochs": 2, "shuffle": "none"},
+                   "drop_last": False, "epochs": 2, "shuffle": "block", "block_size": 3,
+                   "blocks_per_group": 2},
     SftConfig: {"seq_len": 64, "group_size": 7, "seed": 3, "epochs": 2,
                 "overlong": "truncate", "pad_id": 1},
     BlendConfig: {"names": ("web", "code"), "weights": (0.7, 0.3), "seed": 4, "length": 50,
@@ -61,11 +66,17 @@ def caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.mark.parametrize("config_class", list(VALUES), ids=lambda c: c.__name__)
 def test_every_field_has_a_value_other_than_its_default(config_class: Any) -> None:
-    fields = {f.name: f for f in dataclasses.fields(config_class)}
-    assert set(VALUES[config_class]) == set(fields), (
+    """Every field is an argument, but ``order``, whose fields (the order's own options)
+    are arguments instead."""
+    values = VALUES[config_class]
+    fields = {f.name: f.default for f in dataclasses.fields(config_class)}
+    if "order" in fields:
+        del fields["order"]
+        fields.update(option_defaults(values["shuffle"]))
+    assert set(values) == set(fields), (
         f"give every field of {config_class.__name__} a non-default value in VALUES")
-    for name, value in VALUES[config_class].items():
-        assert value != fields[name].default, name
+    for name, value in values.items():
+        assert value != fields[name], name
 
 
 def _rebuilt(state: dict[str, Any], **given: Any) -> tuple[ReadConfig, Any]:
@@ -159,8 +170,31 @@ def test_unknown_arguments_are_named_with_the_configs_fields(caches: dict[str, s
 
 def test_a_config_object_and_arguments_build_the_same_reader(caches: dict[str, str]
                                                              ) -> None:
+    """The order's options are one field of the config object (``order``), each its own
+    argument of the reader; a config replaced by arguments keeps the options it had."""
     by_args = TokenDataset(caches["web"], **VALUES[TokenConfig])
-    by_config = TokenDataset(caches["web"], TokenConfig(**VALUES[TokenConfig]))
+    fields = {k: v for k, v in VALUES[TokenConfig].items() if "block" not in k}
+    by_config = TokenDataset(caches["web"], TokenConfig(
+        **fields, order=BlockOptions(block_size=4, blocks_per_group=2)))
     replaced = TokenDataset(caches["web"], by_config.config, seed=9)
     assert by_args.config == by_config.config and by_args.fingerprint == by_config.fingerprint
     assert replaced.config == dataclasses.replace(by_config.config, seed=9)
+    smaller = TokenDataset(caches["web"], by_config.config, block_size=2)
+    assert smaller.config.order == BlockOptions(block_size=2, blocks_per_group=2)
+    with pytest.raises(ConfigError, match=r"\['block_size'\] is an option of shuffle='block', "
+                       r"not of shuffle='window' \(whose options are \[\]\)"):
+        TokenDataset(caches["web"], by_config.config, shuffle="window", block_size=2)
+    assert TokenDataset(caches["web"], by_config.config, shuffle="window").config.order \
+        == OrderOptions()
+
+
+@pytest.mark.parametrize("kind", ["single", "cyclic", "eval"])
+def test_placement_keys_are_the_ones_check_state_leaves_out(caches: dict[str, str],
+                                                           kind: str) -> None:
+    """What a sampler adds to a state's config is named once (PLACEMENT_KEYS), and is all
+    that check_state leaves out of the order it compares."""
+    ds = TokenDataset(caches["web"], seq_len=16)
+    skip = () if kind == "eval" else ((4, 8),)  # evaluation sees every example
+    s = BatchSampler(len(ds) - 1, B, M, World(0, 2), kind=SamplerKind(kind), skip=skip)
+    added = set(sampler_state_config(ds, s)) - set(ds.state_config())
+    assert added <= PLACEMENT_KEYS and "sampler" in added and ("skip" in added) == bool(skip)

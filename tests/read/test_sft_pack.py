@@ -4,6 +4,8 @@ exact at any point, foreign states are refused."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,8 +15,13 @@ from hypothesis import strategies as st
 
 from shardwise.errors import ConfigError, InputError, StateError
 from shardwise.format.chunk import IGNORE_INDEX
+from shardwise.read.compose.records import CacheRecords
 from shardwise.read.compose.sft_pack import PackedSFT
 from shardwise.testing import assert_resumes_exactly, take
+from shardwise.world import World
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
+from cachefactory import make_cache, sample_docs  # noqa: E402
 
 
 def make_records(n: int, seed: int = 0, max_len: int = 40) -> list[dict[str, Any]]:
@@ -165,8 +172,6 @@ def _key(row: dict[str, np.ndarray]) -> bytes:
 def test_ranks_share_the_rows_once_and_end_together(world: int) -> None:
     """Every row of the one global order on exactly one rank, rank r's j-th being row
     j·R + r; a finite run ends every rank at the same count, the short ones padded."""
-    from shardwise.world import World
-
     recs = make_records(90, seed=3)
     rows = list(PackedSFT(recs, seq_len=64, group_size=16, seed=5, epochs=1))
     ranks = [list(PackedSFT(recs, seq_len=64, group_size=16, seed=5, epochs=1,
@@ -221,3 +226,27 @@ def test_a_one_rank_world_inside_a_job_and_workers_are_refused(
                                      num_workers=1)
     with pytest.raises(ConfigError, match="DataLoader worker"):
         next(iter(dl))
+
+
+@pytest.mark.parametrize("overlong", ["truncate", "drop"])
+def test_locate_gives_each_rows_stored_tokens(tmp_path: Path, overlong: str) -> None:
+    """PackedSFT answers ``locate(rows)`` as every order does: each record of a row is one
+    run of its cache's stored tokens (a truncated one cut), the row's real tokens in
+    order; padding (``PAD``, or past a finite run) has none. Records not of a token cache
+    have no runs, and say so."""
+    cache = make_cache(tmp_path / "c", [sample_docs(40, seed=3, max_len=90)], chunk_docs=6)
+    packed = PackedSFT(CacheRecords(cache), seq_len=64, group_size=9, seed=2,
+                       overlong=overlong, world=World(0, 1))
+    rows = list(PackedSFT(CacheRecords(cache), seq_len=64, group_size=9, seed=2,
+                          overlong=overlong, world=World(0, 1)))
+    order = np.random.default_rng(0).permutation(len(rows)).tolist() + [-1, len(rows)]
+    runs = packed.locate(order)
+    tokens = [packed.records.cache.tokens(c)[o: o + n] for c, o, n in zip(
+        runs.chunk.tolist(), runs.offset.tolist(), runs.length.tolist(), strict=True)]
+    flat, at = np.concatenate(tokens).tolist(), 0
+    for p, n in zip(order, runs.tokens.tolist(), strict=True):
+        want = rows[p]["input_ids"][:n].tolist() if 0 <= p < len(rows) else []
+        assert flat[at: at + n] == want and (n > 0) == bool(want)
+        at += n
+    with pytest.raises(ConfigError, match="needs records of a token cache"):
+        PackedSFT(make_records(10), seq_len=64, world=World(0, 1)).locate([0])

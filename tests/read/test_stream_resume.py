@@ -15,9 +15,9 @@ from tests.cachefactory import make_cache, sample_docs
 
 import shardwise as sw
 from shardwise.errors import StateError
+from shardwise.read.orders.stream_layout import StreamLayout
 from shardwise.read.stream.dataset import StreamDataset
 from shardwise.read.stream.run import first_example
-from shardwise.read.stream.schedule import StreamLayout
 from shardwise.testing import assert_resumes_exactly
 
 S = 4

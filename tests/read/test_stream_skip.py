@@ -18,8 +18,8 @@ import shardwise as sw
 from shardwise.errors import ConfigError, StateError
 from shardwise.plan.stream import block_read_order, global_to_stream
 from shardwise.read.config import ReadConfig
+from shardwise.read.orders.stream_layout import StreamLayout, longest_stream_windows
 from shardwise.read.stream.dataset import StreamDataset
-from shardwise.read.stream.schedule import StreamLayout, longest_stream_windows
 
 S, BS = 4, 2
 SKIP = ((12, 36), (48, 60))  # whole steps of batch_size × R for R = 1, 2 and 3

@@ -43,8 +43,8 @@ def test_windows_are_shifted_slices_of_the_stream(cache_dir: Path) -> None:
 
 @pytest.mark.parametrize("shuffle", ["none", "window", "block"])
 def test_each_epoch_covers_every_window_once(cache_dir: Path, shuffle: str) -> None:
-    ds = sw.TokenDataset(cache_dir, seq_len=32, seed=3, shuffle=shuffle, block_size=8,
-                         blocks_per_group=4)
+    block = {"block_size": 8, "blocks_per_group": 4} if shuffle == "block" else {}
+    ds = sw.TokenDataset(cache_dir, seq_len=32, seed=3, shuffle=shuffle, **block)
     n = len(ds)
     for epoch in range(3):
         w = ds.windows(np.arange(epoch * n, (epoch + 1) * n))

@@ -33,9 +33,10 @@ from typing import Any
 
 import orjson
 
-from shardwise.checkpoint import SKIP_KEY, LoaderState, as_count
+from shardwise.checkpoint import RETIRED, SKIP_KEY, LoaderState, as_count
 from shardwise.choice import Choice
 from shardwise.errors import ConfigError
+from shardwise.read.loader import PLACEMENT_KEYS
 from shardwise.read.sampler import (
     BatchSampler,
     accumulation_steps,
@@ -286,18 +287,15 @@ def _blend_from_state(cfg: Mapping[str, Any], given: dict[str, Any]) -> dict[str
     return {"seed": c.seed, "blend": {**blend, **mine}}
 
 
-_SAMPLER_KEYS = {"sampler", "skip", "sampler_seed", "data_sharding", "world_size",
-                 "epoch_examples"}
-
-
 def check_state(dataset: Any, state: Mapping[str, Any]) -> None:
     """Refuse a state the reader ``dataset`` (built from :meth:`ReadConfig.from_state`)
     did not save: its order fields must be the state's, named when they differ (a
     wrong ``--cache``, ``seq_len`` or seed would trace another run's data)."""
-    saved, mine = ({k: v for k, v in dict(c).items() if k not in _SAMPLER_KEYS}
+    saved, mine = ({k: v for k, v in dict(c).items() if k not in PLACEMENT_KEYS}
                    for c in (state.get("config", {}), dataset.state_config()))
     diffs = [f"{k}: state has {saved.get(k)!r}, this config has {mine.get(k)!r}"
-             for k in sorted(set(saved) | set(mine)) if saved.get(k) != mine.get(k)]
+             for k in sorted(set(saved) | set(mine)) if saved.get(k) != mine.get(k)
+             and not (k in RETIRED and k not in mine)]  # keys a state held before: no-ops
     if diffs:
         raise ConfigError("the state was saved by another read than this config "
                           "describes (" + "; ".join(diffs) + "); give the cache and "

@@ -225,6 +225,12 @@ def describe_line(name: str, dataset: Any, d: dict[str, Any]) -> str:
             f"at {d['consumed']:,}; {d['summary']}{pad})")
 
 
+PLACEMENT_KEYS = frozenset({"sampler", "sampler_seed", "data_sharding", "world_size",
+                            "epoch_examples", SKIP_KEY})
+"""The keys :func:`sampler_state_config` adds to a dataset's config: how its examples are
+placed, not what they are (a read config rebuilds the order without them)."""
+
+
 def sampler_state_config(dataset: Any, s: BatchSampler) -> dict[str, Any]:
     """The dataset's config (its order) and the sampler's (how it is placed): what a
     state of a shardwise loader (or of :mod:`shardwise.integrations.torchdata`'s sampler)
@@ -335,5 +341,5 @@ def numpy_loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
     return Loader(with_output(dataset, output), batches, look_ahead=ahead_count(look_ahead))
 
 
-__all__ = ["LOADER_KIND", "IndexStream", "Loader", "fetch_numpy", "look_ahead",
-           "numpy_loader", "plan_sampler", "sampler_state_config"]
+__all__ = ["LOADER_KIND", "PLACEMENT_KEYS", "IndexStream", "Loader", "fetch_numpy",
+           "look_ahead", "numpy_loader", "plan_sampler", "sampler_state_config"]

@@ -31,7 +31,7 @@ from dataclasses import MISSING, Field, fields, replace
 from enum import Enum
 from typing import Any, ClassVar, TypeVar
 
-from shardwise.checkpoint import STAGED, staged
+from shardwise.checkpoint import STAGED, fingerprint, staged
 from shardwise.errors import ConfigError
 
 C = TypeVar("C", bound="ReaderConfig")
@@ -121,4 +121,18 @@ def _key(f: Field[Any]) -> str:
     return str(f.metadata.get(_KEY, f.name))
 
 
-__all__ = ["ReaderConfig", "plain", "staged_field", "state_key"]
+def source_identity(source: Any) -> str:
+    """What a checkpoint records about a source: its fingerprint when it has one."""
+    fp = getattr(source, "fingerprint", None)
+    if isinstance(fp, str):
+        return fp
+    if hasattr(source, "state_config"):
+        return fingerprint(source.state_config())
+    state = source.state_dict() if hasattr(source, "state_dict") else None
+    if isinstance(state, dict) and isinstance(state.get("fingerprint"), str):
+        return str(state["fingerprint"])  # a shardwise stream's state names its config
+    size = f"(len={len(source)})" if hasattr(source, "__len__") else ""
+    return f"{type(source).__qualname__}{size}"
+
+
+__all__ = ["ReaderConfig", "plain", "source_identity", "staged_field", "state_key"]

@@ -67,12 +67,12 @@ from shardwise.read.compose.blend_rows import (
     source_output,
 )
 from shardwise.read.compose.schedule import BlendConfig, Weights, mixture
-from shardwise.read.compose.sft_pack import source_identity
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import EpochView
 from shardwise.read.examples import NEXT_TOKEN, Output, check_same_layout
 from shardwise.read.guard import GuardedReader, Placed, PlacedByLoader
 from shardwise.read.orders import PAD
+from shardwise.read.reader_config import source_identity
 from shardwise.read.rows import ROW_FREE, Rows, own_example, stacked
 from shardwise.read.tokens.dataset import TokenDataset
 from shardwise.world import World

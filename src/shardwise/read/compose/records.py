@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from shardwise.concurrency.bounded import Bounded
+from shardwise.errors import ConfigError
 from shardwise.format.chunk import ChunkKind
 from shardwise.storage.cache import Cache
 from shardwise.storage.opening import reader_cache
@@ -47,17 +48,24 @@ class CacheRecords:
         c = int(np.searchsorted(self.cache.cum_docs, d, side="right")) - 1
         return c, d - int(self.cache.cum_docs[c])
 
+    def token_start(self, d: int) -> tuple[int, int]:
+        """``(chunk, token offset in it)`` where document ``d`` of a token cache starts."""
+        c, k = self.locate(int(d))
+        if self.cache.chunks[c].kind is not ChunkKind.TOKENS:
+            raise ConfigError(f"document {d} is a record of a {self.cache.chunks[c].kind.value}"
+                              " chunk, not stored tokens")
+        idx = self.cache.index(c)
+        if idx.num_documents == idx.num_sequences:  # a pointer: O(1)
+            return c, int(idx.sequence_pointers[k]) // idx.dtype.itemsize
+        return c, int(np.sum(idx.document_lengths[:k], dtype=np.int64))  # several sequences
+
     def __getitem__(self, d: int) -> dict[str, Any]:
         c, k = self.locate(int(d))
         if self.cache.chunks[c].kind is ChunkKind.TOKENS:
-            idx = self.cache.index(c)
-            if idx.num_documents == idx.num_sequences:  # a pointer: O(1)
-                start = int(idx.sequence_pointers[k]) // idx.dtype.itemsize
-            else:  # a Megatron document of several sequences
-                start = int(np.sum(idx.document_lengths[:k], dtype=np.int64))
+            _, start = self.token_start(d)
             # a view of the memory map: len() (a packing plan) reads no token
             return {"input_ids": self.cache.tokens(c)[start: start + int(
-                idx.document_lengths[k])]}
+                self.cache.index(c).document_lengths[k])]}
         return self._rows(c)[k]
 
     def _rows(self, c: int) -> list[dict[str, Any]]:

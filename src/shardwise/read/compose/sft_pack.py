@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shardwise.checkpoint import LoaderState, Resumable, as_count, fingerprint
+from shardwise.checkpoint import LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, InputError, StateError
 from shardwise.format.chunk import IGNORE_INDEX
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation, derive_seed
@@ -66,6 +66,7 @@ from shardwise.plan.sft_packing import (
     num_pack_groups,
     pack_group,
 )
+from shardwise.read.compose.sft_rows import SftRows, sft_runs
 from shardwise.read.deprecated import renamed
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.examples import NEXT_TOKEN, Output
@@ -75,26 +76,13 @@ from shardwise.read.guard import (
     register_with_torch,
     torch_worker,
 )
-from shardwise.read.reader_config import ReaderConfig, state_key
+from shardwise.read.orders.base import Runs
+from shardwise.read.reader_config import ReaderConfig, source_identity, state_key
 from shardwise.world import World
 
 Example = dict[str, npt.NDArray[Any]]
 Position = tuple[int, int, int]  # (epoch, packing group, bin) of a row
 PLANS_KEPT, BINS_KEPT = 3, 4096
-
-
-def source_identity(source: Any) -> str:
-    """What a checkpoint records about a source: its fingerprint when it has one."""
-    fp = getattr(source, "fingerprint", None)
-    if isinstance(fp, str):
-        return fp
-    if hasattr(source, "state_config"):
-        return fingerprint(source.state_config())
-    state = source.state_dict() if hasattr(source, "state_dict") else None
-    if isinstance(state, dict) and isinstance(state.get("fingerprint"), str):
-        return str(state["fingerprint"])  # a shardwise stream's state names its config
-    size = f"(len={len(source)})" if hasattr(source, "__len__") else ""
-    return f"{type(source).__qualname__}{size}"
 
 
 @dataclass(frozen=True)
@@ -173,6 +161,7 @@ class PackedSFT(GuardedReader, Resumable):
         self._bins: dict[tuple[int, int], int] = {}
         self._counted = (-1, -1)  # the furthest group whose drops are in ``stats``
         self.stats = {"groups": 0, "dropped": 0, "truncated": 0, "truncated_tokens": 0}
+        self._rows: SftRows | None = None  # rows per packing group, counted for locate
 
     def __repr__(self) -> str:
         return (f"PackedSFT({len(self.records):,} records, seq_len={self.seq_len}, "
@@ -272,6 +261,14 @@ class PackedSFT(GuardedReader, Resumable):
         """The rows of group ``g`` of ``epoch`` (planned once while it is remembered)."""
         n = self._bins.get((epoch, g))
         return self.plan(epoch, g)[0].num_bins if n is None else n
+
+    def locate(self, indices: npt.ArrayLike) -> Runs:
+        """The runs of stored tokens behind global rows ``indices`` (records of a token
+        cache: :class:`~shardwise.read.compose.records.CacheRecords`), one run a record,
+        as every order answers (:mod:`shardwise.read.compose.sft_rows`)."""
+        if self._rows is None:
+            self._rows = SftRows(self)
+        return sft_runs(self, self._rows, indices)
 
     @staticmethod
     def _length(rec: Any, index: int) -> int:
@@ -397,4 +394,4 @@ def _keep(d: dict[Any, Any], n: int) -> None:
         del d[next(iter(d))]
 
 
-__all__ = ["PackedSFT", "source_identity"]
+__all__ = ["PackedSFT"]

@@ -1,30 +1,40 @@
-"""What an order is: global example indices → the runs of stored tokens behind them.
+"""What an order is: a pure plan from global example indices to the runs of stored tokens
+behind them, over a :class:`~shardwise.read.orders.layout.TokenLayout` — never a reader.
 
-An order of a :class:`~shardwise.read.tokens.dataset.TokenDataset` is one class with a
-name (the reader's ``shuffle=`` value, recorded in its state) and one question answered,
-vectorised: ``locate(indices)`` → :class:`Runs` (chunk, offset, length of stored tokens,
-in example order). Reading (``cache.gather(runs)``), prefetch and ``trace`` ask only that:
-an order has no read path of its own.
+An order is one class with a name (the reader's ``shuffle=`` value, recorded in its
+state), its own options (a frozen dataclass, :attr:`Order.Options`: the block order's
+``block_size`` is the block order's, and only a state of that order holds it), and one
+question answered, vectorised: ``locate(indices)`` → :class:`Runs` (chunk, offset, length
+of stored tokens, in example order). Reading (``cache.gather(runs)``), prefetch and
+``trace`` ask only that: an order has no read path of its own.
 
-Adding an order is one class and one :func:`register_order` call::
+Adding an order, with an option of its own, is one class and one :func:`register_order`
+call; any reader takes it (a TokenDataset, a stream placement's blocks, a blend)::
 
-    class Reversed(WindowOrder):
-        name = "reversed"
+    @dataclass(frozen=True)
+    class Stride(OrderOptions):
+        stride: int = 2
+
+    class Strided(WindowOrder):
+        name, Options = "strided", Stride
         def window_block(self, epoch, positions):
-            return self.n - 1 - positions
-    register_order(Reversed)
+            return positions * self.options.stride % self.n
+    register_order(Strided)
 
-    TokenDataset(cache, seq_len=2048, shuffle="reversed")
+    TokenDataset(cache, seq_len=2048, shuffle="strided", stride=3)
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from shardwise.errors import ConfigError
+from shardwise.read.orders.layout import TokenLayout
 
 PAD = -1
 IntArray = npt.NDArray[np.int64]
@@ -63,16 +73,37 @@ class Runs(NamedTuple):
         return list(dict.fromkeys(self.chunk[self.length > 0].tolist()))
 
 
-class Order:
-    """An order of a dataset's examples (see the module docs); built per dataset.
+@dataclass(frozen=True)
+class OrderOptions:
+    """An order's own options (this base: none). A subclass adds fields with defaults and
+    checks them in ``__post_init__``; they are the order's keyword arguments to a reader
+    and the keys its state holds."""
 
-    ``ds`` gives what an order may depend on: ``ds.config`` (seq_len, seed, the order's
-    options), ``ds.num_windows``, ``ds.cache`` (its chunks' token counts)."""
+    def state(self) -> dict[str, Any]:
+        """The options as a state's config holds them (plain JSON, by field name)."""
+        return asdict(self)
+
+
+def option_names(cls: type[OrderOptions]) -> list[str]:
+    return [f.name for f in fields(cls)]
+
+
+class Order:
+    """An order of a layout's examples (see the module docs): ``layout`` (what it may
+    depend on: chunk token sums, seq_len, drop_last, documents on demand), ``seed`` and
+    its own ``options``. Built once per reader; ``locate`` is the hot path."""
 
     name: ClassVar[str]
+    Options: ClassVar[type[OrderOptions]] = OrderOptions
 
-    def __init__(self, ds: Any) -> None:
-        self.ds = ds
+    def __init__(self, layout: TokenLayout, *, seed: int = 0,
+                 options: OrderOptions | None = None) -> None:
+        opts = self.Options() if options is None else options
+        if type(opts) is not self.Options:
+            raise ConfigError(f"order {self.name!r} takes {self.Options.__name__} options, "
+                              f"got {opts!r}")
+        self.layout, self.seed, self.options = layout, seed, opts
+        self.n: int = layout.num_windows
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy for another process keeps no derived arrays (a memory-mapped plan would
@@ -86,6 +117,31 @@ class Order:
     def locate(self, indices: npt.ArrayLike) -> Runs:
         """The runs of stored tokens behind examples ``indices`` (:data:`PAD`: none)."""
         raise NotImplementedError
+
+
+def order_options(name: str, given: Mapping[str, Any], reader: str
+                  ) -> tuple[OrderOptions, dict[str, Any]]:
+    """Order ``name``'s options from a reader's keyword arguments ``given`` (those named
+    by its :attr:`Order.Options` fields), and the other arguments. An option of another
+    registered order is a ConfigError naming the order it belongs to."""
+    cls = order_class(name).Options
+    mine = option_names(cls)
+    rest = {k: v for k, v in given.items() if k not in mine}
+    for other in sorted(ORDERS):
+        theirs = sorted(set(option_names(ORDERS[other].Options)) & set(rest))
+        if theirs and other != name:
+            raise ConfigError(f"{reader}: {theirs} is an option of shuffle={other!r}, not "
+                              f"of shuffle={name!r} (whose options are {mine})")
+    try:
+        return cls(**{k: v for k, v in given.items() if k in mine}), rest
+    except TypeError as e:
+        raise ConfigError(f"{reader}: shuffle={name!r}: {e}") from None
+
+
+def option_defaults(name: str) -> dict[str, Any]:
+    """Order ``name``'s options at their defaults, by field name."""
+    return {f.name: f.default for f in fields(order_class(name).Options)
+            if f.default is not MISSING}
 
 
 def check_indices(indices: npt.ArrayLike) -> IntArray:
@@ -127,5 +183,5 @@ ORDERS: dict[str, type[Order]] = {}
 """The registry of orders by name: the built-in ones, then any registered (the one piece
 of module state here: it is what makes an order addable without editing the reader)."""
 
-__all__ = ["ORDERS", "PAD", "Order", "Runs", "check_indices", "order_class",
-           "register_order"]
+__all__ = ["ORDERS", "PAD", "Order", "OrderOptions", "Runs", "check_indices", "option_defaults",
+           "option_names", "order_class", "order_options", "register_order"]

@@ -2,32 +2,26 @@
 
 Example ``i`` is window ``i mod n`` of epoch ``i // n``'s shuffled stream; its stored
 tokens are pieces of the documents the plan puts there
-(:class:`~shardwise.plan.doc_shuffle.DocShuffleIndex`, memory-mapped from the plan
-directory, where one process per node builds it). ``locate`` finds the pieces of any
+(:class:`~shardwise.plan.doc_shuffle.DocShuffleIndex`, which the layout's documents give:
+a reader's, memory-mapped from its plan directory, where one process per node builds
+it). ``locate`` finds the pieces of any
 number of windows in a dozen whole-array calls (two binary searches for all of them), and
 a sampler's micro-batch (consecutive windows) as the pieces of their one span (one binary
-search; each stored token read once); the store joins them (``cache.gather``: a few dozen
-pieces of a batch as memoryview slices in one copy).
+search; each stored token read once); the store joins them (``cache.gather``: a few
+dozen pieces of a batch as memoryview slices in one copy).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from shardwise.concurrency.bounded import Bounded
-from shardwise.format.paths import reader_dir
-from shardwise.plan.doc_shuffle import DOC_SHUFFLE_VERSION, DocShuffleIndex
-from shardwise.read.orders.base import PAD, IntArray, Order, Runs, check_indices
-from shardwise.read.tokens.plans import (
-    doc_lengths_from_starts,
-    load_or_build,
-    starts_path,
-    stored_doc_starts,
-)
+from shardwise.plan.doc_shuffle import DocShuffleIndex
+from shardwise.read.orders.base import PAD, IntArray, Order, OrderOptions, Runs, check_indices
+from shardwise.read.orders.layout import TokenLayout
 from shardwise.storage import open_maps
 from shardwise.storage.runs import SMALL
 
@@ -113,61 +107,33 @@ class DocumentShuffle(Order):
 
     name = "document"
 
-    def __init__(self, ds: Any) -> None:
-        super().__init__(ds)
+    def __init__(self, layout: TokenLayout, *, seed: int = 0,
+                 options: OrderOptions | None = None) -> None:
+        super().__init__(layout, seed=seed, options=options)
         self._plans: Bounded[int, DocShuffleIndex]
         self._starts: IntArray | None
-        self._mapped_starts: IntArray | None
         self.__dict__.update(self.fresh())
 
     def fresh(self) -> dict[str, Any]:
         # plans are memory maps: counted by the process's map budget
-        return {"_plans": open_maps.bounded(EPOCHS_KEPT), "_starts": None,
-                "_mapped_starts": None}
+        return {"_plans": open_maps.bounded(EPOCHS_KEPT), "_starts": None}
 
     # -- the plan ----------------------------------------------------------------------
     def plan(self, epoch: int) -> DocShuffleIndex:
-        """Epoch ``epoch``'s document-shuffle plan, memory-mapped from the plan directory,
-        where one process per node builds it while the others wait (a cached plan reads
-        no document lengths)."""
+        """Epoch ``epoch``'s document-shuffle plan, as the layout's documents give it
+        (a reader's: memory-mapped from its plan directory, built once per node)."""
         hit = self._plans.get(epoch)
         if hit is None:
-            ds, root = self.ds, self.plan_root()
-            c = ds.config
-            key = {"cache": ds.cache.fingerprint, "tokens": ds.cache.num_tokens,
-                   "seed": c.seed, "epoch": epoch, "seq_len": c.seq_len,
-                   "drop_last": c.drop_last, "doc_shuffle_version": DOC_SHUFFLE_VERSION}
-            hit = load_or_build(root, key, lambda: self._all_doc_lengths(root),
-                                seed=c.seed, epoch=epoch, seq_len=c.seq_len,
-                                drop_last=c.drop_last)
+            hit = self.layout.doc_shuffle(self.seed, epoch)
             self._plans.put(epoch, hit)
             open_maps.kept(self._plans, epoch)
         return hit
-
-    def plan_root(self) -> Path:
-        plan_dir = self.ds._plan_dir
-        return plan_dir if plan_dir is not None else reader_dir(self.ds.cache.root)
-
-    def _stored_doc_starts(self, plan_root: Path) -> IntArray:
-        """Start of every document in the stored stream (n_docs + 1 entries), memory-mapped
-        from the plan directory, where one process per node builds it (:mod:`.plans`)."""
-        if self._mapped_starts is None:
-            self._mapped_starts = stored_doc_starts(self.ds.cache, plan_root)
-        return self._mapped_starts
-
-    def _all_doc_lengths(self, plan_root: Path) -> npt.NDArray[np.integer]:
-        """Every stored document's length (int32 while they fit), from the node's
-        document-starts file: only a plan's builder needs it."""
-        self._stored_doc_starts(plan_root)
-        cache = self.ds.cache
-        return doc_lengths_from_starts(starts_path(cache, plan_root), cache.num_documents)
 
     def doc_starts(self) -> IntArray:
         """Where each stored document starts in the stream, as a plain array (a memory
         map's subclass costs microseconds per fancy index on the read path)."""
         if self._starts is None:
-            mapped = self._stored_doc_starts(self.plan_root())
-            self._starts = np.asarray(mapped).view(np.ndarray)
+            self._starts = np.asarray(self.layout.doc_starts()).view(np.ndarray)
         return self._starts
 
     # -- the questions -----------------------------------------------------------------
@@ -175,7 +141,7 @@ class DocumentShuffle(Order):
         """A few consecutive windows of one epoch (a sampler's micro-batch, ``ds[i]``) as
         their one span of the shuffled stream (:func:`_span_pieces`, ``step = L``); other
         windows of one epoch by :func:`_pieces`; several epochs, or padding, per epoch."""
-        n, L, cache = self.ds.num_windows, self.ds.config.seq_len, self.ds.cache
+        n, L = self.n, self.layout.seq_len
         batch = indices if isinstance(indices, list) else []
         count = len(batch)
         i0 = int(batch[0]) if count else PAD
@@ -192,7 +158,7 @@ class DocumentShuffle(Order):
         else:
             idx = check_indices(indices)
             stored, length, tokens = self._locate_epochs(idx, *np.divmod(idx, n))
-        cum = cache.cum_tokens
+        cum = self.layout.cum_tokens
         if len(cum) == 2:  # one chunk: stored offsets are its offsets
             return Runs(np.zeros_like(stored), stored, length, tokens, step)
         chunk = cum.searchsorted(stored, side="right") - 1
@@ -205,7 +171,7 @@ class DocumentShuffle(Order):
         real = idx >= 0
         for e in sorted(set(epochs[real].tolist())):
             rows = np.flatnonzero((epochs == e) & real)
-            row, stored, length, held = _pieces(self.plan(e), w[rows], self.ds.config.seq_len,
+            row, stored, length, held = _pieces(self.plan(e), w[rows], self.layout.seq_len,
                                                 self.doc_starts(), rows=True)
             assert row is not None  # for mypy: asked for
             parts.append((rows[row], stored, length))

@@ -3,7 +3,7 @@ examples of a :class:`~shardwise.read.stream.dataset.StreamDataset`'s global ord
 rank's), in the form every order answers (:class:`~shardwise.read.orders.base.Runs`).
 
 Example ``i`` is example ``k = i // R*`` of stream ``s = i % R*``. The stream's layout
-(:class:`~shardwise.read.stream.schedule.StreamLayout`: its blocks' window counts, from
+(:class:`~shardwise.read.orders.stream_layout.StreamLayout`: its blocks' window counts, from
 chunk token counts) gives its epoch, block ``b`` and place ``r`` in the block's window order
 (:func:`~shardwise.plan.stream.window_order`). A block is its chunks in read order
 (:func:`~shardwise.plan.stream.block_read_order`) joined, and its window ``w`` is that
@@ -31,13 +31,15 @@ from shardwise.read.orders.base import (
     ORDERS,
     PAD,
     IntArray,
+    OrderOptions,
     Runs,
     check_indices,
     order_class,
 )
+from shardwise.read.orders.config import OrderedConfig
+from shardwise.read.orders.layout import TokenLayout
+from shardwise.read.orders.stream_layout import Layout, StreamLayout, longest_stream_windows
 from shardwise.read.orders.windows import WindowOrder, window_runs
-from shardwise.read.reader_config import ReaderConfig
-from shardwise.read.stream.schedule import Layout, StreamLayout, longest_stream_windows
 
 BLOCKS_KEPT = 16
 STREAM_SHUFFLE = "window"  # the stream's own: a keyed permutation of each block's windows
@@ -45,15 +47,18 @@ Where = tuple[int, int, int, int]  # stream, epoch, block, place in the block's 
 
 
 @dataclass(frozen=True)
-class StreamConfig(Layout, ReaderConfig):
+class StreamConfig(Layout, OrderedConfig):
     """What defines a stream order (all of it is fingerprinted): a StreamDataset's keyword
     arguments, its state's fields, what a read config rebuilds it from
-    (:mod:`shardwise.read.reader_config`). The fields are :class:`Layout`'s and
-    ``shuffle``, the order of a block's windows
-    (:func:`~shardwise.read.orders.stream.check_stream_shuffle`)."""
+    (:mod:`shardwise.read.reader_config`). The fields are :class:`Layout`'s, ``shuffle``,
+    the order of a block's windows
+    (:func:`~shardwise.read.orders.stream.check_stream_shuffle`), and ``order``, that
+    order's own options (:mod:`shardwise.read.orders.config`: ``block_size=`` of
+    ``shuffle="block"``)."""
 
     reader: ClassVar[str] = "StreamDataset"
     shuffle: str = STREAM_SHUFFLE
+    order: OrderOptions | None = None
 
     def __post_init__(self) -> None:
         for name, low in (("seq_len", 1), ("streams", 1), ("block_chunks", 1), ("seed", 0)):
@@ -62,36 +67,28 @@ class StreamConfig(Layout, ReaderConfig):
         if self.epochs is not None:  # None: cycle forever
             object.__setattr__(self, "epochs", as_count(self.epochs, "epochs", minimum=1,
                                                         error=ConfigError))
-        object.__setattr__(self, "shuffle", check_stream_shuffle(self.shuffle, self))
+        object.__setattr__(self, "shuffle", check_stream_shuffle(self.shuffle))
+        self.check_order()
 
     def state(self) -> dict[str, Any]:
         out = super().state()  # the default shuffle is absent: states from before it fit
         return {k: v for k, v in out.items() if k != "shuffle" or v != STREAM_SHUFFLE}
 
 
-def check_stream_shuffle(name: Any, config: Any) -> str:
+def check_stream_shuffle(name: Any) -> str:
     """``name`` if it orders a stream block's windows: ``"window"`` (the default, keyed by
-    seed, epoch, stream and block), or a registered window order
-    (:class:`~shardwise.read.orders.windows.WindowOrder`: ``"none"``, a new one) asked
-    for the positions of the block's windows; ConfigError naming the ones that fit."""
+    seed, epoch, stream and block), or any registered window order
+    (:class:`~shardwise.read.orders.windows.WindowOrder`: ``"none"``, ``"block"``, a new
+    one) over the block's windows; ConfigError naming the ones that fit."""
     if name == STREAM_SHUFFLE:
         return name
-    cls = order_class(name)
-    try:
-        cls(_Block(2, config)).window_block(0, np.arange(2))  # type: ignore[attr-defined]
-    except AttributeError as e:  # a document order, or one needing options a stream has not
+    if not issubclass(order_class(name), WindowOrder):
         fit = [STREAM_SHUFFLE] + sorted(n for n, c in ORDERS.items() if n != STREAM_SHUFFLE
                                         and issubclass(c, WindowOrder))
-        raise ConfigError(f"stream placement orders each block's windows; shuffle={name!r} "
-                          f"cannot ({e}); use one of {fit}") from None
+        raise ConfigError(f"stream placement orders each block's windows, and "
+                          f"shuffle={name!r} orders something else (documents); use one of "
+                          f"{fit}")
     return str(name)
-
-
-class _Block:
-    """What a window order sees of one stream block: its window count and the config."""
-
-    def __init__(self, n: int, config: Any) -> None:
-        self.num_windows, self.config = n, config
 
 
 def block_runs(sizes: npt.ArrayLike, windows: npt.ArrayLike, seq_len: int) -> Runs:
@@ -179,9 +176,10 @@ class StreamOrder:
         c = self.config
         if c.shuffle == STREAM_SHUFFLE:
             return window_order(s, b, n, seed=c.seed, epoch=epoch)
-        order = order_class(c.shuffle)(_Block(n, c))
-        return np.asarray(order.window_block(epoch, np.arange(n)),  # type: ignore[attr-defined]
-                          dtype=np.int64)
+        order = order_class(c.shuffle)(TokenLayout.of_windows(n, c.seq_len), seed=c.seed,
+                                       options=c.order)
+        assert isinstance(order, WindowOrder)  # for mypy: check_stream_shuffle
+        return np.asarray(order.window_block(epoch, np.arange(n)), dtype=np.int64)
 
     def locate(self, indices: npt.ArrayLike) -> Runs:
         """The runs of stored tokens behind global examples ``indices`` (padding, and

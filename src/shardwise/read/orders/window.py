@@ -27,7 +27,7 @@ class WindowShuffle(WindowOrder):
         if hit is None:
             if len(perms) >= EPOCHS_KEPT:
                 perms.pop(next(iter(perms)))
-            hit = perms[epoch] = Permutation(self.n, self.ds.config.seed, epoch)
+            hit = perms[epoch] = Permutation(self.n, self.seed, epoch)
         return hit
 
     def window_block(self, epoch: int, positions: IntArray) -> IntArray:

@@ -25,7 +25,8 @@ import numpy.typing as npt
 
 from shardwise.concurrency.bounded import Bounded
 from shardwise.plan.windows import window_span
-from shardwise.read.orders.base import PAD, IntArray, Order, Runs, check_indices
+from shardwise.read.orders.base import PAD, IntArray, Order, OrderOptions, Runs, check_indices
+from shardwise.read.orders.layout import TokenLayout
 from shardwise.storage.runs import SMALL
 
 ORDER_BLOCK = 4096
@@ -70,9 +71,9 @@ def window_runs(windows: IntArray, seq_len: int, total: int, cum: IntArray) -> R
 class WindowOrder(Order):
     """Base of the window orders; subclasses define :meth:`window_block`."""
 
-    def __init__(self, ds: Any) -> None:
-        super().__init__(ds)
-        self.n: int = ds.num_windows
+    def __init__(self, layout: TokenLayout, *, seed: int = 0,
+                 options: OrderOptions | None = None) -> None:
+        super().__init__(layout, seed=seed, options=options)
         self._blocks: Bounded[tuple[int, int], npt.NDArray[np.integer]]
         # the block last used as a list, per caller (the reader, and a look-ahead thread
         # some blocks further on, would otherwise evict each other's)
@@ -161,10 +162,10 @@ class WindowOrder(Order):
         while each lies whole inside one chunk; None for the rest (padding, a window across
         a chunk edge or short). The ``chunk``/``tokens`` columns of one chunk's whole
         windows are shared between batches, read-only."""
-        cum = self.ds.cache.cum_tokens
+        cum = self.layout.cum_tokens
         if self._cum[0] != len(cum):
             self._cum = (len(cum), cum.tolist())
-        bounds, L, k = self._cum[1], self.ds.config.seq_len, len(windows)
+        bounds, L, k = self._cum[1], self.layout.seq_len, len(windows)
         w0 = windows[0]
         if k > 1 and w0 >= 0 and windows[-1] == w0 + k - 1 and windows == list(
                 range(w0, w0 + k)):
@@ -230,8 +231,8 @@ class WindowOrder(Order):
         else:
             idx = check_indices(indices)
             w = np.where(idx >= 0, self.windows(np.maximum(idx, 0)), PAD)
-        cache = self.ds.cache
-        return window_runs(w, self.ds.config.seq_len, cache.num_tokens, cache.cum_tokens)
+        lay = self.layout
+        return window_runs(w, lay.seq_len, lay.total, lay.cum_tokens)
 
 
 __all__ = ["CACHE_WINDOWS", "ORDER_BLOCK", "WindowOrder", "window_runs"]

@@ -3,9 +3,9 @@
 Two pieces, over the pure stream layout of :mod:`shardwise.plan.stream`
 (:func:`~shardwise.plan.stream.windows_per_block`):
 
-* :class:`StreamLayout` (one stream: where its ``k``-th example is, growing with the
-  cache) and :class:`RankSchedule` (the rank's blocks in the order its consumer will need
-  them, waiting for the producer in follow mode through a :class:`Follower`). The blocks
+* :class:`RankSchedule` (the rank's blocks in the order its consumer will need
+  them, waiting for the producer in follow mode through a :class:`Follower`), walking
+  each stream's :class:`~shardwise.read.orders.stream_layout.StreamLayout`. The blocks
   are the ones the stream order yields (:class:`~shardwise.read.orders.stream.StreamOrder`:
   ``place`` and ``block``, the one walker of stream placement, and its padding rule),
   walked by layouts of the schedule's own (they grow on the read-ahead thread).
@@ -44,23 +44,12 @@ from shardwise.format.chunk import ChunkKind
 from shardwise.format.ledger import JOURNAL_DIR, LEDGER_NAME
 from shardwise.format.manifest import MANIFEST_NAME
 from shardwise.plan.stream import stream_chunk_tokens, windows_per_block
+from shardwise.read.orders.stream_layout import Layout, StreamLayout
 from shardwise.read.stream.chunk_cache import ChunkCache, Tokens
 from shardwise.storage.cache import Cache
 from shardwise.storage.opening import open_cache
 
 IntArray = npt.NDArray[np.int64]
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The fields of a stream config that decide the order (see ``StreamConfig``)."""
-
-    seq_len: int
-    streams: int
-    seed: int = 0
-    block_chunks: int = 4
-    drop_last: bool = True
-    epochs: int | None = None
 
 
 # -- one stream ---------------------------------------------------------------------------
@@ -98,62 +87,6 @@ class Item:
             row[at: at + n] = parts[c][o: o + n]
             at += n
         return at
-
-
-class StreamLayout:
-    """Where stream ``s``'s examples are, from chunk token counts alone.
-
-    ``cum[b]`` counts the windows of the blocks before ``b`` among the *final* blocks (full,
-    or the partial last one once the build finished); it grows with the cache.
-    """
-
-    def __init__(self, s: int, lay: Layout) -> None:
-        self.s, self.lay = s, lay
-        self.chunks = 0           # stream chunks visible
-        self.final_chunks = 0     # stream chunks in final blocks
-        self.cum = np.zeros(1, dtype=np.int64)
-        self.finished = False
-
-    def update(self, cache: Cache) -> None:
-        lay, total = self.lay, len(cache.chunks)
-        self.chunks = max(0, (total - self.s + lay.streams - 1) // lay.streams)
-        self.finished = cache.finished
-        final = self.chunks if cache.finished else self.chunks // lay.block_chunks * (
-            lay.block_chunks)
-        if final > self.final_chunks:
-            toks = stream_chunk_tokens(cache.cum_tokens, self.s, lay.streams,
-                                       self.final_chunks)[: final - self.final_chunks]
-            w = windows_per_block(toks, lay.block_chunks, lay.seq_len, lay.drop_last)
-            self.cum = np.concatenate([self.cum, self.cum[-1] + np.cumsum(w)])
-            self.final_chunks = final
-
-    @property
-    def per_epoch(self) -> int:
-        """Windows in one epoch of this stream (known once the build finished)."""
-        return int(self.cum[-1])
-
-    def locate(self, k: int, pad_to: int | None) -> tuple[int, int, int] | str | None:
-        """Example ``k`` → ``(epoch, block, offset)``, ``"pad"``, ``"end"``, or ``None``
-        when it lies in a block that is not final yet (wait for the producer)."""
-        n, epochs = self.per_epoch, self.lay.epochs
-        if self.finished:
-            if epochs is not None and k >= epochs * n:
-                return "pad" if pad_to is not None and k < pad_to else "end"
-            if n == 0:
-                raise ConfigError(f"stream {self.s} holds no window of seq_len + 1 = "
-                                  f"{self.lay.seq_len + 1} tokens ({self.chunks} chunks), so "
-                                  "it cannot cycle; use fewer streams, a smaller seq_len, or "
-                                  "epochs=1 (single pass, padded)")
-            epoch, r = divmod(k, n)
-        elif k < n:
-            epoch, r = 0, k
-        else:
-            return None
-        b = int(np.searchsorted(self.cum, r, side="right")) - 1
-        return epoch, b, r - int(self.cum[b])
-
-    def block_size(self, b: int) -> int:
-        return min(self.lay.block_chunks, self.chunks - b * self.lay.block_chunks)
 
 
 # -- waiting for the producer -----------------------------------------------------------
@@ -296,13 +229,6 @@ def check_stream_cache(c: Cache, cfg: Layout, follow: bool) -> None:
                               f"over {cfg.streams} streams), so they cannot cycle; use "
                               "fewer streams, a smaller seq_len, or epochs=1 (a single "
                               "pass, padded)")
-
-
-def longest_stream_windows(cum_tokens: IntArray, lay: Layout) -> int:
-    """The longest stream's windows per epoch (a finite run pads every stream to it)."""
-    return max((int(windows_per_block(stream_chunk_tokens(cum_tokens, s, lay.streams),
-                                      lay.block_chunks, lay.seq_len, lay.drop_last).sum())
-                for s in range(lay.streams)), default=0)
 
 
 # -- the thread ---------------------------------------------------------------------------

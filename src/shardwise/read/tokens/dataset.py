@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shardwise.checkpoint import Configured
+from shardwise.checkpoint import RETIRED, Configured, fingerprint
 from shardwise.choice import Choice
 from shardwise.errors import ConfigError
 from shardwise.plan.permutation import PERMUTATION_VERSION
@@ -32,10 +32,11 @@ from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import EpochView
 from shardwise.read.examples import NEXT_TOKEN, Output
 from shardwise.read.guard import GuardedReader, PlacedByLoader
-from shardwise.read.orders import Order, Runs, WindowOrder, order_class
-from shardwise.read.reader_config import ReaderConfig
+from shardwise.read.orders import Order, OrderOptions, Runs, TokenLayout, WindowOrder, order_class
+from shardwise.read.orders.config import OrderedConfig
 from shardwise.read.rows import ROW_FREE, Rows
 from shardwise.read.tokens.assemble import Assembly
+from shardwise.read.tokens.plans import CacheDocuments
 from shardwise.storage.cache import Cache
 from shardwise.storage.opening import reader_cache
 from shardwise.world import World
@@ -64,10 +65,15 @@ class Shuffle(Choice):
 
 
 @dataclass(frozen=True)
-class TokenConfig(ReaderConfig):
+class TokenConfig(OrderedConfig):
     """What defines the global order and the example layout (all of it is fingerprinted):
     a TokenDataset's keyword arguments, its state's fields, what a read config rebuilds it
     from (:mod:`shardwise.read.reader_config`).
+
+    ``order`` is the options of the ``shuffle`` order, its own
+    (:class:`~shardwise.read.orders.base.OrderOptions`; e.g. the block order's
+    ``block_size``): given as keyword arguments by their names, held in a state (flat,
+    beside the fields) only for the order that reads them.
 
     ``reset_position_ids``, ``cu_seqlens`` and ``eod_mask_loss`` follow Megatron's
     reset_position_ids / reset_attention_mask / eod_mask_loss: positions restart at each
@@ -81,20 +87,18 @@ class TokenConfig(ReaderConfig):
     seed: int = 0
     shuffle: Shuffle | str = Shuffle.WINDOW
     drop_last: bool = True
-    block_size: int = 64
-    blocks_per_group: int = 8
     reset_position_ids: bool = False
     cu_seqlens: bool = False
     eod_mask_loss: bool = False
+    order: OrderOptions | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or self.seq_len < 1:
             raise ConfigError(f"seq_len must be a positive integer, got {self.seq_len!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
-        if self.block_size < 1 or self.blocks_per_group < 1:
-            raise ConfigError("block_size and blocks_per_group must be at least 1")
         object.__setattr__(self, "shuffle", parse_shuffle(self.shuffle))
+        self.check_order()
 
 
 def shuffle_name(shuffle: Shuffle | str) -> str:
@@ -163,7 +167,11 @@ class TokenDataset(GuardedReader, PlacedByLoader, EpochView, Configured):
                               f"window of seq_len + 1 = {seq_len + 1} (lower seq_len, or "
                               "pass drop_last=False)")
         self._assembly = Assembly(self.cache, self.config)
-        self.order: Order = order_class(shuffle_name(self.config.shuffle))(self)
+        c = self.config
+        self.layout = TokenLayout(self.cache.cum_tokens, seq_len, drop_last,
+                                  CacheDocuments(self.cache, self._plan_dir))
+        self.order: Order = order_class(shuffle_name(c.shuffle))(self.layout, seed=c.seed,
+                                                                  options=c.order)
 
     # -- identity -------------------------------------------------------------------------
     def state_config(self) -> dict[str, Any]:
@@ -171,6 +179,14 @@ class TokenDataset(GuardedReader, PlacedByLoader, EpochView, Configured):
         return {**self.config.state(), "cache": self.cache.fingerprint,
                 "cache_tokens": self.cache.num_tokens, "order_version": ORDER_VERSION,
                 "permutation_version": PERMUTATION_VERSION}
+
+    @property
+    def fingerprint(self) -> str:
+        """The hash of :meth:`state_config` with the keys retired from it that its order
+        does not read, at the values every state held then
+        (:data:`~shardwise.checkpoint.RETIRED`): a blend's saved sources match as before."""
+        cfg = self.state_config()
+        return fingerprint({**{k: v for k, v in RETIRED.items() if k not in cfg}, **cfg})
 
     def __len__(self) -> int:
         return self.num_windows

@@ -38,8 +38,10 @@ from shardwise.format.atomic import TMP_PREFIX, atomic_write_bytes, npy_blocks
 from shardwise.format.checksum import map_checked_npy
 from shardwise.format.confined import LOCK, open_under
 from shardwise.format.megatron import HEADER_SIZE, read_idx
+from shardwise.format.paths import reader_dir
 from shardwise.plan.doc_shuffle import BLOCK as PLAN_BLOCK
 from shardwise.plan.doc_shuffle import (
+    DOC_SHUFFLE_VERSION,
     DocShuffleIndex,
     check_order,
     plan_fingerprint,
@@ -224,4 +226,46 @@ def load_or_build(directory: Path, key_fields: Mapping[str, Any],
         timeout=timeout)
 
 
-__all__ = ["doc_lengths_from_starts", "load_or_build", "starts_path", "stored_doc_starts"]
+class CacheDocuments:
+    """A cache's documents as its token layout gives them to an order
+    (:class:`~shardwise.read.orders.layout.Documents`): their starts and each epoch's
+    document-shuffle plan, from the files of ``plan_dir`` (default: the cache's reader
+    directory), asked on first use."""
+
+    def __init__(self, cache: Any, plan_dir: Path | None = None) -> None:
+        self.cache, self.plan_dir = cache, plan_dir
+        self._starts: npt.NDArray[np.int64] | None = None
+
+    @property
+    def root(self) -> Path:
+        """The plan directory, checked when first used (a reader of another order never
+        looks at it)."""
+        return Path(self.plan_dir) if self.plan_dir is not None else reader_dir(self.cache.root)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_starts": None}  # a map: mapped again where it is used
+
+    def starts(self) -> npt.NDArray[np.int64]:
+        if self._starts is None:
+            self._starts = stored_doc_starts(self.cache, self.root)
+        return self._starts
+
+    def shuffle(self, *, seed: int, epoch: int, seq_len: int, drop_last: bool
+                ) -> DocShuffleIndex:
+        c = self.cache
+        key = {"cache": c.fingerprint, "tokens": c.num_tokens, "seed": seed, "epoch": epoch,
+               "seq_len": seq_len, "drop_last": drop_last,
+               "doc_shuffle_version": DOC_SHUFFLE_VERSION}
+        return load_or_build(self.root, key, self._lengths, seed=seed, epoch=epoch,
+                             seq_len=seq_len, drop_last=drop_last)
+
+    def _lengths(self) -> npt.NDArray[np.integer]:
+        """Every stored document's length (int32 while they fit), from the node's
+        document-starts file: only a plan's builder needs it."""
+        self.starts()
+        return doc_lengths_from_starts(starts_path(self.cache, self.root),
+                                       self.cache.num_documents)
+
+
+__all__ = ["CacheDocuments", "doc_lengths_from_starts", "load_or_build", "starts_path",
+           "stored_doc_starts"]

@@ -30,8 +30,9 @@ from shardwise.errors import ConfigError
 from shardwise.format.paths import redact_url
 from shardwise.plan.skips import skipped_in
 from shardwise.plan.stream import rank_example_to_global
+from shardwise.read.compose.sft_rows import SftRows
 from shardwise.read.config import ReadConfig, ReaderKind, check_state
-from shardwise.read.trace.examples import SftRows, stored_runs, stream_runs, token_runs
+from shardwise.read.trace.examples import stored_runs, stream_runs, token_runs
 from shardwise.read.trace.lines import Documents, Where
 from shardwise.world import World
 
