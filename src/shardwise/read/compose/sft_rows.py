@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from shardwise.errors import ConfigError
-from shardwise.read.orders.base import PAD, Runs, check_indices
+from shardwise.read.orders.base import PAD, IntArray, Runs, check_indices
 
 
 class SftRows:
@@ -82,8 +82,9 @@ def sft_runs(ds: Any, rows: SftRows, indices: Any) -> Runs:
             offset.append(o)
             length.append(n)
         tokens.append(sum(n for _, _, n in recs or []))
-    c, o, n, t = (np.asarray(col, dtype=np.int64) for col in (chunk, offset, length, tokens))
-    return Runs(c, o, n, t)
+    def column(values: list[int]) -> IntArray:
+        return np.asarray(values, dtype=np.int64)
+    return Runs(column(chunk), column(offset), column(length), column(tokens))
 
 
 __all__ = ["SftRows", "sft_runs"]
