@@ -74,8 +74,11 @@ def on_fork(hook: Callable[[], None]) -> None:
 
 
 def generation() -> int:
-    """This process's generation: changes in a forked child (what a cache of per-process
-    answers is keyed on, e.g. whether a client may run here)."""
+    """This process's generation: it changes in every child forked from now on (what a
+    record of per-process facts is keyed on, e.g. where a client's runtime started)."""
+    if not _HOOKED:
+        with _MAKING[0]:
+            _hook()
     return _GENERATION[0]
 
 
