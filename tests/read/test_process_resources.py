@@ -75,21 +75,21 @@ def test_a_pickled_reader_carries_no_process_resource(remote_reader: sw.TokenDat
     copy = pickle.loads(pickle.dumps(remote_reader))
     found = process_locals(copy)
     assert len(found) >= len(made) and all(p.made is None for p in found), found
-    want = remote_reader.__getitems__(INDICES)
-    got = copy.__getitems__(INDICES)
-    assert all(np.array_equal(got[k], want[k]) for k in want.keys())
+    want = remote_reader.__getitems__(INDICES).batch
+    got = copy.__getitems__(INDICES).batch
+    assert all(np.array_equal(got[k], want[k]) for k in want)
 
 
 def _in_child(ds: sw.TokenDataset, out: Any) -> None:
     before = {id(p): p._held for p in process_locals(ds)}  # noqa: SLF001 - the parent's values
     inherited = [p for p in process_locals(ds) if p.made is not None]
-    got = ds.__getitems__(INDICES)  # the chunks are on the node: maps only
+    got = ds.__getitems__(INDICES).batch  # the chunks are on the node: maps only
     store = ds.cache.store
     assert store.remote.get("manifest.json") and store.submit(lambda: 1).result() == 1
     mine = [p for p in process_locals(ds) if p.made is not None]
     reused = [p for p in mine if before.get(id(p)) is not None
               and before[id(p)][1] is p.made]  # type: ignore[index]
-    out.put((len(inherited), len(mine), len(reused), {k: got[k].tolist() for k in got.keys()}))
+    out.put((len(inherited), len(mine), len(reused), {k: v.tolist() for k, v in got.items()}))
 
 
 @pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")  # Python >= 3.12
@@ -103,5 +103,5 @@ def test_a_forked_child_uses_none_of_its_parents_resources(
     child.join(30)
     assert child.exitcode == 0
     assert (inherited, reused) == (0, 0) and mine >= 2  # made its own, none of the parent's
-    want = remote_reader.__getitems__(INDICES)
-    assert {k: want[k].tolist() for k in want.keys()} == got
+    want = remote_reader.__getitems__(INDICES).batch
+    assert {k: v.tolist() for k, v in want.items()} == got
