@@ -88,19 +88,19 @@ def test_a_value_made_now_is_none_elsewhere() -> None:
         copy.get()
 
 
-def test_values_with_close_are_closed_at_exit(tmp_path: Path) -> None:
+def test_values_that_stop_at_exit_are_stopped_once(tmp_path: Path) -> None:
     mark = tmp_path / "closed"
     code = textwrap.dedent(f"""
         from shardwise.concurrency.local import ProcessLocal
 
         class Res:
-            def close(self):
+            def close_at_exit(self, timeout):
                 with open({str(mark)!r}, "a") as f:
-                    f.write("closed\\n")
+                    f.write(f"closed {{timeout:g}}\\n")
 
         local = ProcessLocal(Res)
         local.get()
     """)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
                    env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    assert mark.read_text() == "closed\n"
+    assert mark.read_text() == "closed 10\n"  # once, with shutdown's JOIN_SECONDS

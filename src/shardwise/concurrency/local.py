@@ -22,9 +22,10 @@ a parent's process pool from a child would kill the parent's workers). No pid is
 anywhere. Other process state that a child must undo (locks a child must not hold:
 :mod:`.flock`) registers with :func:`on_fork`, the same hook.
 
-At interpreter exit (:mod:`.shutdown`) every value that has a ``close`` is closed once,
-like the threads (a later :meth:`ProcessLocal.get` makes none: :class:`~.shutdown.Exiting`
-is for threads; a resource made after the hook is the caller's to close).
+At interpreter exit (:mod:`.shutdown`) every value that can be stopped there (it has
+``close_at_exit(timeout)``: a thread pool, a read-ahead) is stopped once with the threads,
+joined for at most :data:`~.shutdown.JOIN_SECONDS`; other values are the garbage
+collector's (a ``close()`` that may wait without a bound is never called at exit).
 
 A factory must be picklable (a class, a ``functools.partial``, a module-level function or
 a bound method of the owner: the owner pickles once, the factory refers back to it) and
@@ -85,8 +86,8 @@ def generation() -> int:
 class ProcessLocal(Generic[T]):
     """A resource made by ``make()`` on first use in each process (see the module doc).
 
-    ``close``: how to close a value (default: its ``close()`` method, if it has one); a
-    value with one is also closed at interpreter exit. ``name`` is for messages only."""
+    ``close``: how :meth:`close` closes a value (default: its ``close()`` method, if it has
+    one). ``name`` is for messages only."""
 
     __slots__ = ("__weakref__", "_close", "_held", "make", "name")
 
@@ -121,7 +122,7 @@ class ProcessLocal(Generic[T]):
 
     def _keep(self, value: T) -> T:
         self._held = (_GENERATION[0], value)
-        if self._close is not None or callable(getattr(value, "close", None)):
+        if callable(getattr(value, "close_at_exit", None)):
             shutdown.register(self)
         return value
 
@@ -150,13 +151,11 @@ class ProcessLocal(Generic[T]):
             value.close()  # type: ignore[attr-defined]
 
     def close_at_exit(self, timeout: float) -> None:
-        """At interpreter exit (:mod:`.shutdown`): close, joining threads for ``timeout``."""
-        value = self.made
-        if self._close is None and callable(getattr(value, "close_at_exit", None)):
-            self.forget()
-            value.close_at_exit(timeout)  # type: ignore[union-attr]
-        else:
-            self.close()
+        """At interpreter exit (:mod:`.shutdown`): stop this process's value, joining its
+        threads for ``timeout`` at most."""
+        value = self.forget()
+        if value is not None:
+            value.close_at_exit(timeout)  # type: ignore[attr-defined]
 
     def __reduce__(self) -> tuple[Any, ...]:
         """A copy for another process carries the factory, never the value."""
