@@ -184,20 +184,8 @@ class Prefetcher:
         return self._here.get().ahead
 
     @property
-    def _wanted(self) -> dict[str, None]:
-        return self._here.get().wanted
-
-    @property
     def _waiting(self) -> dict[str, tuple[int, Fetch, float]]:
         return self._here.get().waiting
-
-    @property
-    def _small(self) -> dict[str, bytes | Exception]:
-        return self._here.get().small
-
-    @property
-    def _small_lock(self) -> threading.Lock:
-        return self._here.get().small_lock
 
     def same_as_last(self, handed: list[int]) -> bool:
         """Whether the reader hands over the same chunks as in its previous call (the
@@ -244,7 +232,7 @@ class Prefetcher:
         if key not in self._waiting and len(self._waiting) < MAX_AHEAD:
             self._waiting[key] = size, fetch, self.pace.clock()
         if needs is not None:
-            self._wanted[needs] = None
+            self._here.get().wanted[needs] = None
         self._start_waiting()
         return key in self._ahead
 
@@ -299,17 +287,18 @@ class Prefetcher:
         """Small object ``key`` (a chunk's metadata), fetched in one round trip together
         with those the other downloads ahead will need: on a store far away a download
         then costs one round trip, not two (metadata, then data)."""
-        with self._small_lock:  # a download thread that needs one of these waits here
-            got = self._small.pop(key, None)
+        here = self._here.get()
+        with here.small_lock:  # a download thread that needs one of these waits here
+            got = here.small.pop(key, None)
             if got is None:
-                batch = [key] + [k for k in list(self._wanted) if k != key][:SMALL_BATCH - 1]
+                batch = [key] + [k for k in list(here.wanted) if k != key][:SMALL_BATCH - 1]
                 for k in batch:
-                    self._wanted.pop(k, None)
+                    here.wanted.pop(k, None)
                 fetched = get_many(batch)
                 got = fetched.pop(key)
-                if len(self._small) > 16 * SMALL_BATCH:  # never used: chunks not read
-                    self._small.clear()
-                self._small.update(fetched)
+                if len(here.small) > 16 * SMALL_BATCH:  # never used: chunks not read
+                    here.small.clear()
+                here.small.update(fetched)
         if isinstance(got, Exception):
             raise got
         return got
