@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import Any, BinaryIO, TypeVar
 
 from shardwise.concurrency.local import ProcessLocal
@@ -46,6 +47,27 @@ from shardwise.remote.policy import RemotePolicy, is_transient
 T = TypeVar("T")
 
 SMALL_END = _SMALL = 64 << 20  # a range end past the end of any small object
+
+
+def _native_gets(url: str, storage_options: dict[str, Any], policy: RemotePolicy,
+                 client: str) -> NativeGets | None:
+    """This process's obstore GETs (None: fsspec serves them; decided here, from this
+    process's environment: a Ray worker on another node may lack obstore)."""
+    args = native_options(url, storage_options) if client == "auto" else None
+    return NativeGets(args, policy) if args is not None else None
+
+
+def _connect(url: str, storage_options: dict[str, Any], policy: RemotePolicy
+             ) -> tuple[Any, str]:
+    """This process's fsspec filesystem for ``url`` and the prefix's path in it."""
+    import fsspec
+
+    protocol = url.split("://", 1)[0]
+    options = (policy.s3fs_options(storage_options) if protocol in ("s3", "s3a")
+               else storage_options)
+    fs, path = fsspec.core.url_to_fs(url, **options)
+    policy.quiet_client_retries(fs)
+    return fs, path.rstrip("/")
 
 
 def is_url(path: str | os.PathLike[str] | RemoteStore) -> bool:
@@ -81,10 +103,14 @@ class RemoteStore:
         self.client = client
         self.received = 0
         # this process's clients (.local): fsspec's async filesystems refuse to run in a
-        # forked child, obstore's runtime does not survive one; a copy makes its own
-        self._fs: ProcessLocal[tuple[Any, str]] = ProcessLocal(self._connect, name="fsspec")
-        self._native: ProcessLocal[NativeGets | None] = ProcessLocal(self._native_gets,
-                                                                     name="obstore")
+        # forked child, obstore's runtime does not survive one; a copy makes its own. The
+        # factories hold the settings, not the store: no cycle keeps an obstore client
+        # alive until the interpreter's last collection (dropped then, it aborts)
+        settings = (self._url, self.storage_options, self.policy)
+        self._fs: ProcessLocal[tuple[Any, str]] = ProcessLocal(partial(_connect, *settings),
+                                                               name="fsspec")
+        self._native: ProcessLocal[NativeGets | None] = ProcessLocal(
+            partial(_native_gets, *settings, client), name="obstore")
 
     def __str__(self) -> str:
         return self.url
@@ -98,28 +124,9 @@ class RemoteStore:
         (:mod:`shardwise.remote.native`)."""
         return self._gets() is not None
 
-    def _native_gets(self) -> NativeGets | None:
-        """This process's obstore GETs (None: fsspec serves them; decided here, from this
-        process's environment: a Ray worker on another node may lack obstore)."""
-        if self.client != "auto":
-            return None
-        args = native_options(self._url, self.storage_options)
-        return NativeGets(args, self.policy) if args is not None else None
-
     def _gets(self) -> NativeGets | None:
         native = self._native.get()
         return native if native is not None and native.usable() else None
-
-    def _connect(self) -> tuple[Any, str]:
-        """This process's fsspec filesystem and the prefix's path in it."""
-        import fsspec
-
-        protocol = self._url.split("://", 1)[0]
-        options = (self.policy.s3fs_options(self.storage_options)
-                   if protocol in ("s3", "s3a") else self.storage_options)
-        fs, path = fsspec.core.url_to_fs(self._url, **options)
-        self.policy.quiet_client_retries(fs)
-        return fs, path.rstrip("/")
 
     @property
     def fs(self) -> Any:
