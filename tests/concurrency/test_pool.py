@@ -58,7 +58,7 @@ def test_a_crash_names_the_worker_and_its_signal_or_exit_code(
 
 def test_close_stops_every_worker() -> None:
     pool = ProcessPool(_square, 2, name="test")
-    procs = list(pool._procs)
+    procs = list(pool._procs.made or ())
     pool.close()
     assert not any(p.is_alive() for p in procs)
     pool.close()  # twice is fine
@@ -73,7 +73,7 @@ def test_close_stops_workers_whose_parent_handles_sigterm() -> None:
     old = signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         pool = ProcessPool(_square, 2, name="test")
-        procs = list(pool._procs)
+        procs = list(pool._procs.made or ())
         pool.close()
     finally:
         signal.signal(signal.SIGTERM, old)

@@ -5,8 +5,8 @@ while some thread of its parent holds a lock keeps a copy of the descriptor, so 
 outlives the parent's release for as long as the child lives — and the child itself then
 waits for ever on its own ``flock`` of the same file (a DataLoader worker forked while a
 download thread held the node's download lock did exactly that). Every lock taken here is
-recorded, and a fork hook closes the child's copies, so only the process that took a lock
-holds it.
+recorded, and the fork hook of :mod:`.local` (the one) closes the child's copies, so only
+the process that took a lock holds it.
 
 >>> with exclusive(lambda: open_under(cache, ".lock", LOCK)):  # doctest: +SKIP
 ...     ...                                     # one process of the node at a time
@@ -23,9 +23,10 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 
+from shardwise.concurrency.local import on_fork
+
 _HELD: set[int] = set()
 _GUARD = threading.Lock()
-_HOOKED: list[bool] = []
 
 
 def _close_in_child() -> None:
@@ -37,10 +38,8 @@ def _close_in_child() -> None:
 
 def hold(fd: int) -> None:
     """Record ``fd`` as holding a lock: a forked child closes its copy."""
+    on_fork(_close_in_child)
     with _GUARD:
-        if not _HOOKED:
-            os.register_at_fork(after_in_child=_close_in_child)
-            _HOOKED.append(True)
         _HELD.add(fd)
 
 

@@ -23,6 +23,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from shardwise.concurrency.local import ProcessLocal
 from shardwise.errors import ConfigError, ShardwiseError
 
 _POLL_SECONDS = 0.2  # how often a waiting get() checks that its workers are alive
@@ -126,14 +127,16 @@ class ProcessPool:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ConfigError(f"workers must be at least 1, got {workers!r}")
         self.name, self.hint = name, hint
-        self._owner = os.getpid()
         ctx: Any = mp.get_context(start_method or default_start_method())
         self._tasks, self._results = ctx.Queue(), ctx.Queue()
-        self._procs = [ctx.Process(target=_worker_main, daemon=True,
-                                   args=(work, self._tasks, self._results, os.getpid()),
-                                   name=f"shardwise-{name}-{i}") for i in range(workers)]
-        for p in self._procs:
+        procs = [ctx.Process(target=_worker_main, daemon=True,
+                             args=(work, self._tasks, self._results, os.getpid()),
+                             name=f"shardwise-{name}-{i}") for i in range(workers)]
+        for p in procs:
             p.start()
+        # the workers are this process's children: a forked copy of the pool (e.g. in a
+        # DataLoader worker) has none (.local), so it never stops or waits on them
+        self._procs: ProcessLocal[list[Any]] = ProcessLocal.now(procs, name=f"{name} workers")
 
     def __enter__(self) -> ProcessPool:
         return self
@@ -158,7 +161,7 @@ class ProcessPool:
             return msg
 
     def _check_alive(self) -> None:
-        dead = [p for p in self._procs if not p.is_alive() and p.exitcode != 0]
+        dead = [p for p in self._procs.made or () if not p.is_alive() and p.exitcode != 0]
         if dead and self._results.empty():
             p = dead[0]
             hint = f"; {self.hint}" if self.hint else ""
@@ -169,17 +172,17 @@ class ProcessPool:
     def close(self) -> None:
         """Stop the workers (terminate, then join). In a forked copy of the owner (e.g. a
         DataLoader worker) this does nothing: the processes are not the copy's."""
-        if os.getpid() != self._owner or not self._procs:
+        procs = self._procs.forget()
+        if not procs:
             return
-        for p in self._procs:
+        for p in procs:
             if p.is_alive():
                 p.terminate()
-        for p in self._procs:
+        for p in procs:
             p.join(timeout=2)  # SIGTERM kills at once; a worker still alive then got it
             if p.is_alive():  # before it reset its handler (see _worker_main): kill
                 p.kill()
                 p.join()
-        self._procs = []
         for q in (self._tasks, self._results):
             q.close()
             q.cancel_join_thread()

@@ -12,15 +12,15 @@ bytes) runs on the thread after an item is admitted, so a rejected item costs no
 * :meth:`ReadAhead.close` never leaves the thread blocked: it wakes the thread wherever it
   waits (for room, or inside ``source`` through :class:`~shardwise.concurrency.poll.Stopped`
   and the shared ``stop`` event) and joins it.
-* **fork-safe**: in a forked child (a DataLoader worker) the parent's thread does not
-  exist; the child forgets it and starts its own from ``source()`` on its first ``get``.
-* **pickle-safe**: a pickled ReadAhead carries only ``source`` and its settings, and
+* **fork-safe, pickle-safe**: its queue and thread are a
+  :class:`~.local.ProcessLocal`: in a forked child (a DataLoader worker) the parent's
+  thread does not exist, so the child forgets it and starts its own from ``source()`` on
+  its first ``get``; a pickled ReadAhead carries only ``source`` and its settings, and
   starts afresh where it is unpickled.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import deque
@@ -29,6 +29,7 @@ from functools import partial
 from typing import Any, Generic, TypeVar
 
 from shardwise.concurrency import shutdown
+from shardwise.concurrency.local import ProcessLocal
 from shardwise.concurrency.poll import Stopped
 from shardwise.errors import ConfigError
 
@@ -51,8 +52,9 @@ class ReadAhead(Generic[T]):
         self.admit, self.prepare = admit, prepare
         self._push = False  # source(put) pushes items instead of returning an iterator
         self.closed_message = closed_message or f"{name} was closed; start a new iteration"
-        self._shared = lock, stop
-        self._reset()
+        # this process's queue and thread; ``lock``/``stop`` (shared with the caller) serve
+        # the process that made them, a copy elsewhere makes its own
+        self._here: ProcessLocal[_Run[T]] = ProcessLocal.now(_Run(lock, stop), _Run, name=name)
 
     @classmethod
     def call(cls, fn: Callable[[Any], T], arg: Any, *, name: str) -> ReadAhead[T]:
@@ -71,76 +73,76 @@ class ReadAhead(Generic[T]):
         ahead._push = True
         return ahead
 
-    def _reset(self) -> None:
-        lock, stop = self._shared
-        self.cond = lock if lock is not None else threading.Condition()
-        self.stop = stop if stop is not None else threading.Event()
-        self.queue: deque[T] = deque()
-        self.error: BaseException | None = None
-        self.ended = False
-        self.waited = 0.0  # seconds the consumer spent blocked in get()
-        self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
+    # -- this process's run ---------------------------------------------------------------
+    @property
+    def cond(self) -> threading.Condition:
+        return self._here.get().cond
 
-    # -- pickling and fork ----------------------------------------------------------------
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("source", "name", "depth", "admit", "prepare",
-                                             "closed_message", "_push")}
+    @property
+    def stop(self) -> threading.Event:
+        return self._here.get().stop
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._shared = None, None
-        self._reset()
+    @property
+    def queue(self) -> deque[T]:
+        return self._here.get().queue
 
-    def _check_fork(self) -> None:
-        if self._pid != os.getpid():  # a forked child: the parent's thread is not here
-            self._reset()
+    @property
+    def error(self) -> BaseException | None:
+        return self._here.get().error
+
+    @property
+    def ended(self) -> bool:
+        return self._here.get().ended
+
+    @property
+    def waited(self) -> float:
+        """Seconds the consumer spent blocked in :meth:`get` (in this process)."""
+        return self._here.get().waited
+
+    @property
+    def _thread(self) -> threading.Thread | None:
+        return self._here.get().thread
 
     # -- the thread -----------------------------------------------------------------------
     def start(self) -> None:
         """Start the thread now (``get`` starts it otherwise)."""
-        self._check_fork()
-        with self.cond:  # close() on another thread sees no thread, or a started one
-            if self._thread is None and not self.stop.is_set():
-                self._thread = shutdown.start_thread(self, self._run, self.name)
+        r = self._here.get()
+        with r.cond:  # close() on another thread sees no thread, or a started one
+            if r.thread is None and not r.stop.is_set():
+                r.thread = shutdown.start_thread(self, partial(self._produce, r), self.name)
 
-    def _has_room(self, item: T) -> bool:
-        if not self.queue:
+    def _has_room(self, r: _Run[T], item: T) -> bool:
+        if not r.queue:
             return True
         if self.admit is not None:
-            return self.admit(item, tuple(self.queue))
-        return len(self.queue) < self.depth
+            return self.admit(item, tuple(r.queue))
+        return len(r.queue) < self.depth
 
-    def _run(self) -> None:
+    def _produce(self, r: _Run[T]) -> None:
         try:
             if self._push:
-                self.source(self._offer)  # type: ignore[call-arg]
+                self.source(partial(self._offer, r))  # type: ignore[call-arg]
             else:
                 for item in self.source():
-                    self._offer(item)
-            self._put(_END)
+                    self._offer(r, item)
+            r.put(_END)
         except Stopped:
             return
         except BaseException as e:  # handed to the consumer, which re-raises it
-            with self.cond:
-                self.error = e
-                self.cond.notify_all()
+            with r.cond:
+                r.error = e
+                r.cond.notify_all()
 
-    def _offer(self, item: T) -> None:
+    def _offer(self, r: _Run[T], item: T) -> None:
         """On the thread: wait for room, prepare ``item``, queue it (Stopped once closed)."""
-        with self.cond:
-            while not self._has_room(item) and not self.stop.is_set():
-                self.cond.wait(_WAKE_SECONDS)
-        if self.stop.is_set():
+        with r.cond:
+            while not self._has_room(r, item) and not r.stop.is_set():
+                r.cond.wait(_WAKE_SECONDS)
+        if r.stop.is_set():
             raise Stopped
         if self.prepare is not None:
             self.prepare(item)
-        self._put(item)
-
-    def _put(self, item: T) -> None:
-        with self.cond:
-            self.queue.append(item)
-            self.cond.notify_all()
+        r.put(item)
 
     # -- the consumer ---------------------------------------------------------------------
     def __iter__(self) -> Iterator[T]:
@@ -156,28 +158,29 @@ class ReadAhead(Generic[T]):
         """The next item, blocking until it is ready; ``default`` once ``source`` ended
         (StopIteration from iteration). Re-raises the thread's error."""
         self.start()
+        r = self._here.get()
         started = time.monotonic()
         try:
-            with self.cond:
-                while not self.queue:
-                    self._check_usable()
-                    self.cond.wait(_WAKE_SECONDS)
-                item = self.queue[0]
+            with r.cond:
+                while not r.queue:
+                    self._check_usable(r)
+                    r.cond.wait(_WAKE_SECONDS)
+                item = r.queue[0]
                 if item is _END:
-                    self.ended = True
+                    r.ended = True
                     return default
-                self.queue.popleft()
-                self.cond.notify_all()
+                r.queue.popleft()
+                r.cond.notify_all()
                 return item
         finally:
-            self.waited += time.monotonic() - started
+            r.waited += time.monotonic() - started
 
-    def _check_usable(self) -> None:
-        if self.error is not None:
-            raise self.error
-        if self.stop.is_set():
+    def _check_usable(self, r: _Run[T]) -> None:
+        if r.error is not None:
+            raise r.error
+        if r.stop.is_set():
             raise RuntimeError(self.closed_message)
-        if self._thread is not None and not self._thread.is_alive():
+        if r.thread is not None and not r.thread.is_alive():
             raise RuntimeError(f"the {self.name} thread ended without a result")
 
     def close_at_exit(self, timeout: float) -> None:
@@ -188,17 +191,37 @@ class ReadAhead(Generic[T]):
         """Stop and join the thread (it is woken wherever it waits; ``timeout=None``: wait
         until it has finished what it is computing); return the items it had read ahead,
         for the caller to release."""
-        self._check_fork()
-        self.stop.set()
-        with self.cond:
-            self.cond.notify_all()
-            t = self._thread
+        r = self._here.get()
+        r.stop.set()
+        with r.cond:
+            r.cond.notify_all()
+            t = r.thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout=timeout)
-        with self.cond:
-            left = [i for i in self.queue if i is not _END]
-            self.queue.clear()
+        with r.cond:
+            left = [i for i in r.queue if i is not _END]
+            r.queue.clear()
         return left
+
+
+class _Run(Generic[T]):
+    """A read-ahead's queue and thread in one process (a forked child or an unpickled copy
+    makes its own: :class:`~.local.ProcessLocal`)."""
+
+    def __init__(self, lock: threading.Condition | None = None,
+                 stop: threading.Event | None = None) -> None:
+        self.cond = lock if lock is not None else threading.Condition()
+        self.stop = stop if stop is not None else threading.Event()
+        self.queue: deque[T] = deque()
+        self.error: BaseException | None = None
+        self.ended = False
+        self.waited = 0.0  # seconds the consumer spent blocked in get()
+        self.thread: threading.Thread | None = None
+
+    def put(self, item: T) -> None:
+        with self.cond:
+            self.queue.append(item)
+            self.cond.notify_all()
 
 
 def _one(fn: Callable[[Any], T], arg: Any) -> Iterator[T]:

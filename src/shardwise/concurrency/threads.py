@@ -13,22 +13,24 @@ after its current job::
     pool.resize(8)                # up to 8 jobs at once from now on
     pool.close()                  # queued jobs are cancelled; running ones finish
 
-* **fork-safe**: in a forked child the parent's threads do not exist; the child's pool is
-  empty (the parent's queued futures are dropped, never waited on) and starts its own
-  threads on its next ``submit``.
+* **fork-safe and pickle-safe**: its queue and threads are a
+  :class:`~.local.ProcessLocal`: in a forked child the parent's threads do not exist, so
+  the child's pool is empty (the parent's queued futures are dropped, never waited on) and
+  starts its own threads on its next ``submit``; a pickled pool carries its settings.
 * errors of a job are set on its future, as ``ThreadPoolExecutor`` does.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from typing import Any, TypeVar
 
 from shardwise.concurrency import shutdown
+from shardwise.concurrency.local import ProcessLocal
 from shardwise.errors import ConfigError
 
 T = TypeVar("T")
@@ -51,93 +53,91 @@ def _run(future: Future[Any], job: Callable[[], Any]) -> None:
         future.set_exception(e)
 
 
+class _Work:
+    """A pool's queue and threads in one process (held by :class:`~.local.ProcessLocal`:
+    a forked child or an unpickled copy starts with none)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.queue: deque[tuple[Future[Any], Callable[[], Any]]] = deque()
+        self.threads: set[threading.Thread] = set()
+        self.idle = 0
+        self.closed = False
+
+
 class ThreadPool:
     """Jobs run on at most ``workers`` daemon threads named ``name``."""
 
     def __init__(self, workers: int, *, name: str) -> None:
         self.name = name
         self.workers = _check_workers(workers)
-        self._reset()
-
-    def _reset(self) -> None:
-        self._cond = threading.Condition()
-        self._queue: deque[tuple[Future[Any], Callable[[], Any]]] = deque()
-        self._threads: set[threading.Thread] = set()
-        self._idle = 0
-        self._closed = False
-        self._pid = os.getpid()
+        self._work = ProcessLocal(_Work, name=name)
 
     def __repr__(self) -> str:
         return f"ThreadPool({self.name!r}, workers={self.workers}, running={self.running})"
 
-    def _check_fork(self) -> None:
-        if self._pid != os.getpid():  # a forked child: the parent's threads are not here
-            self._reset()
-
     @property
     def running(self) -> int:
         """Threads alive now."""
-        self._check_fork()
-        return len(self._threads)
+        return len(self._work.get().threads)
 
     def resize(self, workers: int) -> None:
         """Run up to ``workers`` jobs at once from now on (more threads start as work
         arrives; surplus ones exit after their job)."""
-        self._check_fork()
-        with self._cond:
+        w = self._work.get()
+        with w.cond:
             self.workers = _check_workers(workers)
-            self._spawn()
-            self._cond.notify_all()
+            self._spawn(w)
+            w.cond.notify_all()
 
     def submit(self, job: Callable[[], T]) -> Future[T]:
         """Queue ``job``; its future holds its result or its error. While the interpreter
         exits (:mod:`.shutdown`), a job no thread of the pool can take runs here, now."""
-        self._check_fork()
+        w = self._work.get()
         future: Future[T] = Future()
-        with self._cond:
-            if self._closed:
+        with w.cond:
+            if w.closed:
                 raise RuntimeError(f"{self.name}: the thread pool is closed")
-            self._queue.append((future, job))
+            w.queue.append((future, job))
             try:
-                self._spawn()
+                self._spawn(w)
             except shutdown.Exiting:
-                if self._threads:  # a thread of the pool takes it
-                    self._cond.notify()
+                if w.threads:  # a thread of the pool takes it
+                    w.cond.notify()
                     return future
-                self._queue.pop()
+                w.queue.pop()
             else:
-                self._cond.notify()
+                w.cond.notify()
                 return future
         _run(future, job)
         return future
 
-    def _spawn(self) -> None:
+    def _spawn(self, w: _Work) -> None:
         """Under the lock: start threads for queued work the idle ones cannot take."""
-        while (len(self._threads) < self.workers
-               and len(self._queue) > self._idle):
-            self._threads.add(shutdown.start_thread(self, self._serve, self.name))
+        while len(w.threads) < self.workers and len(w.queue) > w.idle:
+            w.threads.add(shutdown.start_thread(self, partial(self._serve, w), self.name))
 
-    def _next(self) -> tuple[Future[Any], Callable[[], Any]] | None:
+    def _next(self, w: _Work) -> tuple[Future[Any], Callable[[], Any]] | None:
         """Under the lock: the next job, or None when this thread should exit."""
         while True:
-            if self._closed or len(self._threads) > self.workers:
+            if w.closed or len(w.threads) > self.workers:
                 return None
-            if self._queue:
-                return self._queue.popleft()
-            self._idle += 1
-            woken = self._cond.wait(_IDLE_SECONDS)
-            self._idle -= 1
-            if not woken and not self._queue:
+            if w.queue:
+                return w.queue.popleft()
+            w.idle += 1
+            woken = w.cond.wait(_IDLE_SECONDS)
+            w.idle -= 1
+            if not woken and not w.queue:
                 return None
 
-    def _serve(self) -> None:
+    def _serve(self, w: _Work) -> None:
         me = threading.current_thread()
         while True:
-            with self._cond:
-                item = self._next()
+            with w.cond:
+                item = self._next(w)
                 if item is None:
-                    self._threads.discard(me)
-                    self._cond.notify_all()
+                    w.threads.discard(me)
+                    w.cond.notify_all()
                     return
             _run(*item)
             del item  # an idle thread holds no job, nor what the job refers to (a cache)
@@ -149,13 +149,13 @@ class ThreadPool:
     def close(self, wait: bool = True, timeout: float | None = None) -> None:
         """Cancel queued jobs; with ``wait``, join the threads (running jobs finish; each
         join waits ``timeout`` seconds at most, None: until it ends)."""
-        self._check_fork()
-        with self._cond:
-            self._closed = True
-            while self._queue:
-                self._queue.popleft()[0].cancel()
-            threads = list(self._threads)
-            self._cond.notify_all()
+        w = self._work.get()
+        with w.cond:
+            w.closed = True
+            while w.queue:
+                w.queue.popleft()[0].cancel()
+            threads = list(w.threads)
+            w.cond.notify_all()
         if wait:
             for t in threads:
                 if t is not threading.current_thread():

@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import Any, BinaryIO, TypeVar
 
+from shardwise.concurrency.local import ProcessLocal
 from shardwise.errors import ConfigError
 from shardwise.format.files import check_key
 from shardwise.format.paths import redact_url
@@ -45,6 +47,27 @@ from shardwise.remote.policy import RemotePolicy, is_transient
 T = TypeVar("T")
 
 SMALL_END = _SMALL = 64 << 20  # a range end past the end of any small object
+
+
+def _native_gets(url: str, storage_options: dict[str, Any], policy: RemotePolicy,
+                 client: str) -> NativeGets | None:
+    """This process's obstore GETs (None: fsspec serves them; decided here, from this
+    process's environment: a Ray worker on another node may lack obstore)."""
+    args = native_options(url, storage_options) if client == "auto" else None
+    return NativeGets(args, policy) if args is not None else None
+
+
+def _connect(url: str, storage_options: dict[str, Any], policy: RemotePolicy
+             ) -> tuple[Any, str]:
+    """This process's fsspec filesystem for ``url`` and the prefix's path in it."""
+    import fsspec
+
+    protocol = url.split("://", 1)[0]
+    options = (policy.s3fs_options(storage_options) if protocol in ("s3", "s3a")
+               else storage_options)
+    fs, path = fsspec.core.url_to_fs(url, **options)
+    policy.quiet_client_retries(fs)
+    return fs, path.rstrip("/")
 
 
 def is_url(path: str | os.PathLike[str] | RemoteStore) -> bool:
@@ -63,10 +86,11 @@ class RemoteStore:
     """A cache prefix on an object store, through fsspec (GETs through obstore where it
     can: ``client="auto"``), every request under ``policy`` (default:
     :meth:`RemotePolicy.from_env`, the default policy unless ``SHARDWISE_REMOTE_POLICY`` is
-    set). Picklable, and safe across fork: the clients are re-created in each process from
-    the URL, the ``storage_options`` and the policy (fsspec's async filesystems refuse to
-    run in a forked child, e.g. a DataLoader worker; obstore's runtime does not survive
-    one). ``received``: bytes this process's GETs brought back."""
+    set). Picklable, and safe across fork: the clients are
+    :class:`~shardwise.concurrency.local.ProcessLocal`, made in each process from the URL,
+    the ``storage_options`` and the policy (fsspec's async filesystems refuse to run in a
+    forked child, e.g. a DataLoader worker; obstore's runtime does not survive one).
+    ``received``: bytes this object's GETs brought back."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *,
                  policy: RemotePolicy | None = None, client: str = "auto") -> None:
@@ -77,26 +101,22 @@ class RemoteStore:
         self.storage_options = dict(storage_options or {})
         self.policy = policy or RemotePolicy.from_env()
         self.client = client
-        self._fs: Any = None
-        self._fs_pid = 0  # the process that made ``_fs``
-        self._path = ""
         self.received = 0
-        args = native_options(self._url, self.storage_options) if client == "auto" else None
-        self._native = NativeGets(args, self.policy) if args is not None else None
+        # this process's clients (.local): fsspec's async filesystems refuse to run in a
+        # forked child, obstore's runtime does not survive one; a copy makes its own. The
+        # factories hold the settings, not the store: no cycle keeps an obstore client
+        # alive until the interpreter's last collection (dropped then, it aborts)
+        settings = (self._url, self.storage_options, self.policy)
+        self._fs: ProcessLocal[tuple[Any, str]] = ProcessLocal(partial(_connect, *settings),
+                                                               name="fsspec")
+        self._native: ProcessLocal[NativeGets | None] = ProcessLocal(
+            partial(_native_gets, *settings, client), name="obstore")
 
     def __str__(self) -> str:
         return self.url
 
     def __repr__(self) -> str:
         return f"RemoteStore({self.url!r})"
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"url": self._url, "storage_options": self.storage_options,
-                "policy": self.policy, "client": self.client}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["url"], state["storage_options"],  # type: ignore[misc]
-                      policy=state.get("policy"), client=state.get("client", "auto"))
 
     @property
     def native(self) -> bool:
@@ -105,22 +125,16 @@ class RemoteStore:
         return self._gets() is not None
 
     def _gets(self) -> NativeGets | None:
-        native = self._native
+        native = self._native.get()
         return native if native is not None and native.usable() else None
 
     @property
     def fs(self) -> Any:
-        if self._fs is None or self._fs_pid != os.getpid():
-            import fsspec
+        return self._fs.get()[0]
 
-            protocol = self._url.split("://", 1)[0]
-            options = (self.policy.s3fs_options(self.storage_options)
-                       if protocol in ("s3", "s3a") else self.storage_options)
-            self._fs, self._path = fsspec.core.url_to_fs(self._url, **options)
-            self.policy.quiet_client_retries(self._fs)
-            self._path = self._path.rstrip("/")
-            self._fs_pid = os.getpid()
-        return self._fs
+    @property
+    def _path(self) -> str:
+        return self._fs.get()[1]
 
     def _run(self, what: str, relative: str, call: Callable[[float], T],
              size: int | None = None) -> T:

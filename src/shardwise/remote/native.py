@@ -12,12 +12,13 @@ not installed, for other schemes than ``s3://``, and for options obstore does no
 
 The client is **not fork-safe**: obstore runs every request on one Tokio runtime per
 process, started on first use, and a forked child inherits it without its threads — a
-request there waits for ever, past any timeout. So the client is made lazily per process,
-keyed on ``os.getpid()`` (like the fsspec filesystem of
-:class:`~shardwise.remote.client.RemoteStore`), and a process that may have inherited a
-started runtime uses fsspec instead (:meth:`NativeGets.usable`): a forked copy of a store
-whose client was made in its parent, and a multiprocessing child (a DataLoader worker)
-that finds obstore already imported at its first GET. A spawned worker, a torchrun rank
+request there waits for ever, past any timeout. So a :class:`NativeGets` is made lazily
+per process (a :class:`~shardwise.concurrency.local.ProcessLocal` of
+:class:`~shardwise.remote.client.RemoteStore`, like its fsspec filesystem), and a process
+that may have inherited a started runtime uses fsspec instead (:meth:`NativeGets.usable`):
+a fork of a process that made a client (by whatever means: ``os.fork`` too), and a
+multiprocessing child (a DataLoader worker) that finds obstore already imported at its
+first GET. A spawned worker, a torchrun rank
 and a Ray worker import obstore afresh and make their own client.
 
 Faults meet the one policy (:mod:`shardwise.remote.policy`): obstore's own retries are off
@@ -41,6 +42,7 @@ import os
 import sys
 from typing import Any
 
+from shardwise.concurrency.local import generation
 from shardwise.remote.policy import RemotePolicy
 
 LARGEST_GET = 32 << 20  # a download's pieces: the most one GET asks for in practice
@@ -83,37 +85,34 @@ def native_options(url: str, storage_options: dict[str, Any]) -> dict[str, Any] 
             "http": str(endpoint or "").startswith("http://")}
 
 
-# The processes whose obstore runtime may have started (a client was made there). A copy
-# of this set in a process not in it is a fork of one of those, by whatever means (os.fork
-# too, which multiprocessing.parent_process() does not see): its runtime is dead. The one
-# piece of process state here, as obstore's runtime itself is per process.
-_STARTED_IN: set[int] = set()
+# The process generations (.local) in which an obstore runtime may have started (a client
+# was made then). A process of another generation is a fork of one of those, by whatever
+# means (os.fork too, which multiprocessing.parent_process() does not see): its runtime is
+# dead. The one piece of process state here, as obstore's runtime itself is per process.
+_STARTED_AT: set[int] = set()
 
 
 class NativeGets:
-    """obstore GETs under one prefix, its client made per process (see the module doc)."""
+    """obstore GETs under one prefix, for one process (see the module doc)."""
 
     def __init__(self, args: dict[str, Any], policy: RemotePolicy) -> None:
         self.args, self.policy = args, policy
         self._store: Any = None
-        self._pid = 0
-        self._usable: tuple[int, bool] = (0, False)  # (pid, answer) of usable()
+        self._usable: bool | None = None  # usable()'s answer, once asked
 
     def usable(self) -> bool:
         """Whether this process may use obstore: not a fork of a process whose runtime
-        may have started (see the module doc); asked once per process."""
-        pid = os.getpid()
-        if self._usable[0] != pid:
-            forked_after_use = (self._store is not None and self._pid != pid
-                                or any(p != pid for p in _STARTED_IN))
+        may have started (see the module doc)."""
+        if self._usable is None:
+            here = generation()
+            forked_after_use = any(g != here for g in _STARTED_AT)
             child = multiprocessing.parent_process() is not None
-            ok = not forked_after_use and not (child and "obstore" in sys.modules)
-            self._usable = (pid, ok)
-        return self._usable[1]
+            self._usable = not forked_after_use and not (child and "obstore" in sys.modules)
+        return self._usable
 
     @property
     def store(self) -> Any:
-        if self._store is None or self._pid != os.getpid():
+        if self._store is None:
             from obstore.store import S3Store
 
             p = self.policy
@@ -125,8 +124,7 @@ class NativeGets:
             self._store = S3Store(self.args["bucket"], prefix=self.args["prefix"],
                                   config=self.args["config"], client_options=client,
                                   retry_config={"max_retries": 0})
-            self._pid = os.getpid()
-            _STARTED_IN.add(self._pid)
+            _STARTED_AT.add(generation())
         return self._store
 
     def get_range(self, key: str, start: int, stop: int, raw: bool = False) -> Any:

@@ -28,6 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
+from shardwise.concurrency.local import ProcessLocal
 from shardwise.errors import CacheError
 from shardwise.format.chunk import META_SUFFIX
 from shardwise.format.files import Payload
@@ -70,9 +71,12 @@ class BucketStore(RangedGather):
                  heads: NodeHeads | None = None) -> None:
         super().__init__()
         self.remote, self.downloads, self.heads = remote, downloads, heads
-        self._ahead: Prefetcher | None = None  # downloads ahead
-        self._arriving = Arriving()
-        self._early = EarlyReads()  # ranged reads of coming batches, started ahead
+        # this process's reading (.local): downloads ahead, ranged reads of coming batches
+        # started ahead, and what arriving chunks were measured at; a copy in another
+        # process, forked or pickled, starts its own
+        self._ahead = ProcessLocal(self._new_prefetcher, name="downloads ahead")
+        self._early_here = ProcessLocal(EarlyReads, name="early reads")
+        self._arriving_here = ProcessLocal(Arriving, name="arrivals")
         self._here: set[int] = set()  # chunks on the node for good (see _on_node)
         self._here_stems: set[str] = set()  # their stems
         self._fit = (-1, False)  # (chunks of the view, all their files fit on the node)
@@ -263,9 +267,15 @@ class BucketStore(RangedGather):
         return ahead.wants_more()
 
     def _prefetcher(self) -> Prefetcher:
-        if self._ahead is None:
-            self._ahead = self._new_prefetcher()
-        return self._ahead
+        return self._ahead.get()
+
+    @property
+    def _early(self) -> EarlyReads:
+        return self._early_here.get()
+
+    @property
+    def _arriving(self) -> Arriving:
+        return self._arriving_here.get()
 
     def _new_prefetcher(self) -> Prefetcher:
         """Downloads ahead within ``local_bytes`` less what this reader holds mapped."""
@@ -283,19 +293,14 @@ class BucketStore(RangedGather):
                 "early_used": self._early.used}
 
     def wait_for_prefetch(self) -> None:
-        if self._ahead is not None:
-            self._ahead.wait()
+        ahead = self._ahead.made
+        if ahead is not None:
+            ahead.wait()
 
     def close(self) -> None:
-        self._early.close()
-        if self._ahead is not None:
-            self._ahead.close()
+        self._early_here.close()
+        self._ahead.close()
         super().close()
-
-    def __getstate__(self) -> dict[str, object]:
-        d = super().__getstate__()
-        d["_ahead"], d["_arriving"], d["_early"] = None, Arriving(), EarlyReads()
-        return d
 
 
 __all__ = ["BucketStore"]

@@ -33,10 +33,16 @@ class RangedGather(ChunkStore):
     :class:`~shardwise.storage.bucket.BucketStore` that reads before files land)."""
 
     remote: RemoteStore
-    _arriving: Arriving
-    _early: EarlyReads
 
     def _prefetcher(self) -> Prefetcher:
+        raise NotImplementedError
+
+    @property
+    def _early(self) -> EarlyReads:  # this process's (BucketStore's)
+        raise NotImplementedError
+
+    @property
+    def _arriving(self) -> Arriving:
         raise NotImplementedError
 
     def _on_node(self, c: int) -> bool:

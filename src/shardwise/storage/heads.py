@@ -52,10 +52,7 @@ class NodeHeads:
     def __init__(self, remote: RemoteStore, directory: Path) -> None:
         self.remote, self.dir = remote, Path(directory)
         self.max_age = OPEN_FRESH_S
-        self.fetched = 0  # snapshots this process fetched from the store
-
-    def __getstate__(self) -> dict[str, object]:
-        return dict(self.__dict__, fetched=0)
+        self.fetched = 0  # snapshots fetched from the store through this object
 
     def read(self, name: str) -> bytes:
         """Head file ``name``'s bytes from a snapshot at most ``max_age`` seconds old

@@ -54,6 +54,7 @@ from functools import partial
 from pathlib import Path
 
 from shardwise.concurrency import ThreadPool
+from shardwise.concurrency.local import ProcessLocal
 from shardwise.errors import RemoteError
 
 MIN_AHEAD = 2
@@ -172,43 +173,28 @@ class Prefetcher:
         self.pace = Pace(clock)
         self.waited_s = 0.0
         self._added_bytes = 0
-        self._ahead: dict[str, tuple[int, Future[Path], float]] = {}  # in the order added
-        self._wanted: dict[str, None] = {}  # small objects the downloads ahead will need
-        self._waiting: dict[str, tuple[int, Fetch, float]] = {}  # handed over, no room yet
-        self._last_handed: list[int] = []
-        self._small: dict[str, bytes | Exception] = {}  # fetched with another's, unused yet
-        self._small_lock = threading.Lock()
-        self._pool: ThreadPool | None = None
-        self._pid = os.getpid()
+        # this process's downloads (.local): a forked child (a DataLoader worker) inherits
+        # the pending downloads but not the threads that finish them, and a pickled copy
+        # carries none; either forgets them and fetches what it reads
+        self._here = ProcessLocal(_Downloads, name="downloads ahead")
 
-    def __getstate__(self) -> dict[str, object]:
-        d = dict(self.__dict__)
-        d["_ahead"], d["_pool"], d["_wanted"], d["_small"] = {}, None, {}, {}
-        d["_waiting"], d["_last_handed"] = {}, []
-        d["_held"] = None  # the store's bound method: the store sets it again
-        del d["_small_lock"]
-        return d
+    # -- this process's downloads ---------------------------------------------------------
+    @property
+    def _ahead(self) -> dict[str, tuple[int, Future[Path], float]]:
+        return self._here.get().ahead
 
-    def __setstate__(self, state: dict[str, object]) -> None:
-        self.__dict__.update(state)
-        self._small_lock = threading.Lock()
-
-    def _check_fork(self) -> None:
-        """A forked child (a DataLoader worker) inherits the pending downloads but not the
-        threads that finish them: it forgets them and fetches what it reads."""
-        if self._pid != os.getpid():
-            self._ahead, self._pool, self._pid, self._waiting = {}, None, os.getpid(), {}
-            self._last_handed = []
-            self._wanted, self._small, self._small_lock = {}, {}, threading.Lock()
+    @property
+    def _waiting(self) -> dict[str, tuple[int, Fetch, float]]:
+        return self._here.get().waiting
 
     def same_as_last(self, handed: list[int]) -> bool:
         """Whether the reader hands over the same chunks as in its previous call (the
         batches of one block mostly do): they are ahead, queued or read already, and the
         call need not look at each again (it runs on the reader's thread, every batch)."""
-        self._check_fork()
-        if handed == self._last_handed:
+        here = self._here.get()
+        if handed == here.last_handed:
             return True
-        self._last_handed = handed
+        here.last_handed = handed
         return False
 
     @property
@@ -225,7 +211,6 @@ class Prefetcher:
     def wants_more(self) -> bool:
         """Whether the reader's coming chunks should be handed over sooner: fewer are
         ahead than the pace asks for, and there is room in the budget."""
-        self._check_fork()
         return (not self._waiting and len(self._ahead) < self.pace.chunks_ahead()
                 and self.ahead_bytes < self.room())
 
@@ -236,7 +221,6 @@ class Prefetcher:
         the reader would wait a whole round trip for it). True if started (or ahead).
         ``needs``: a small object the download reads first (the chunk's metadata), which
         :meth:`small` fetches together with the other downloads' ones."""
-        self._check_fork()
         if key in self._ahead:
             return True
         if key not in self._waiting:
@@ -248,7 +232,7 @@ class Prefetcher:
         if key not in self._waiting and len(self._waiting) < MAX_AHEAD:
             self._waiting[key] = size, fetch, self.pace.clock()
         if needs is not None:
-            self._wanted[needs] = None
+            self._here.get().wanted[needs] = None
         self._start_waiting()
         return key in self._ahead
 
@@ -262,10 +246,9 @@ class Prefetcher:
                 break
             ahead += size
             del self._waiting[key]
-            if self._pool is None:
-                self._pool = ThreadPool(self.pace.threads(), name="shardwise-download")
+            pool = self._here.get().pool_of(self.pace.threads())
             self._added_bytes += size
-            future = self._pool.submit(partial(self._run, fetch))
+            future = pool.submit(partial(self._run, fetch))
             self._ahead[key] = size, future, self.pace.clock()
 
     def _forget_done(self, size: int) -> None:
@@ -304,18 +287,18 @@ class Prefetcher:
         """Small object ``key`` (a chunk's metadata), fetched in one round trip together
         with those the other downloads ahead will need: on a store far away a download
         then costs one round trip, not two (metadata, then data)."""
-        self._check_fork()
-        with self._small_lock:  # a download thread that needs one of these waits here
-            got = self._small.pop(key, None)
+        here = self._here.get()
+        with here.small_lock:  # a download thread that needs one of these waits here
+            got = here.small.pop(key, None)
             if got is None:
-                batch = [key] + [k for k in list(self._wanted) if k != key][:SMALL_BATCH - 1]
+                batch = [key] + [k for k in list(here.wanted) if k != key][:SMALL_BATCH - 1]
                 for k in batch:
-                    self._wanted.pop(k, None)
+                    here.wanted.pop(k, None)
                 fetched = get_many(batch)
                 got = fetched.pop(key)
-                if len(self._small) > 16 * SMALL_BATCH:  # never used: chunks not read
-                    self._small.clear()
-                self._small.update(fetched)
+                if len(here.small) > 16 * SMALL_BATCH:  # never used: chunks not read
+                    here.small.clear()
+                here.small.update(fetched)
         if isinstance(got, Exception):
             raise got
         return got
@@ -331,7 +314,6 @@ class Prefetcher:
         """The local path of ``key`` for the reader, unpinned: its download ahead (waited
         for) or a download now. ``new_chunk``: the reader starts on a chunk it had not
         mapped (its reading pace is measured between those)."""
-        self._check_fork()
         asked = self.pace.clock()
         entry = self._ahead.pop(key, None)
         self._waiting.pop(key, None)  # needed now: fetched below, not queued
@@ -355,8 +337,9 @@ class Prefetcher:
         self.waited_s += self.pace.clock() - asked
         if new_chunk:
             self.pace.taken(asked)
-        if self._pool is not None:
-            self._pool.resize(self.pace.threads())
+        pool = self._here.get().pool
+        if pool is not None:
+            pool.resize(self.pace.threads())
         return path
 
     def eta(self, key: str) -> float | None:
@@ -376,24 +359,40 @@ class Prefetcher:
 
     def wait(self) -> None:
         """Block until every download started so far has finished."""
-        self._check_fork()
         for entry in list(self._ahead.values()):
             entry[1].exception()
 
     def close(self) -> None:
-        """Cancel queued downloads and join the running ones."""
-        self._check_fork()
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
-        self._ahead.clear()
-        self._waiting.clear()
+        """Cancel queued downloads and join the running ones (this process's)."""
+        self._here.close()
 
     def stats(self) -> dict[str, object]:
         return {"ahead": len(self._ahead), "ahead_bytes": self.ahead_bytes,
                 "target": self.pace.chunks_ahead(), "threads": self.pace.threads(),
                 "fetch_s": self.pace.fetch_s, "read_s": self.pace.read_s,
                 "waited_s": self.waited_s, "budget": self.room()}
+
+
+class _Downloads:
+    """A prefetcher's downloads in one process (see :class:`Prefetcher`)."""
+
+    def __init__(self) -> None:
+        self.ahead: dict[str, tuple[int, Future[Path], float]] = {}  # in the order added
+        self.wanted: dict[str, None] = {}  # small objects the downloads ahead will need
+        self.waiting: dict[str, tuple[int, Fetch, float]] = {}  # handed over, no room yet
+        self.last_handed: list[int] = []
+        self.small: dict[str, bytes | Exception] = {}  # fetched with another's, unused yet
+        self.small_lock = threading.Lock()
+        self.pool: ThreadPool | None = None
+
+    def pool_of(self, threads: int) -> ThreadPool:
+        if self.pool is None:
+            self.pool = ThreadPool(threads, name="shardwise-download")
+        return self.pool
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
 
 
 __all__ = ["PIN_SECONDS", "Pace", "Prefetcher", "in_flight_budget"]

@@ -34,7 +34,6 @@ batches of 20 ms)::
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -48,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.concurrency import ThreadPool
+from shardwise.concurrency.local import ProcessLocal
 from shardwise.errors import CorruptChunkError
 from shardwise.format.checksum import decode_block_checksums, first_bad_block
 from shardwise.format.chunk import ChunkMeta
@@ -199,10 +199,7 @@ class EarlyReads:
     parent's."""
 
     def __init__(self) -> None:
-        self._pending: OrderedDict[bytes, Future[Any]] = OrderedDict()
-        self._pool: ThreadPool | None = None
-        self.meta_lock = threading.Lock()  # one fetch of the chunks' metadata at a time
-        self._pid = os.getpid()
+        self._here = ProcessLocal(_Pending, name="early reads")  # this process's (.local)
         self.started = self.used = 0  # reads started early; those a batch then used
         self.rtt_s: float | None = None  # how long one batch's early read takes
         self.interval_s: float | None = None  # time between the reader's batches
@@ -214,10 +211,14 @@ class EarlyReads:
         return b"".join(np.ascontiguousarray(a, dtype=np.int64).tobytes()
                         for a in (chunk, offset, length)) + len(chunk).to_bytes(8, "little")
 
-    def _check_fork(self) -> None:
-        if self._pid != os.getpid():
-            self._pending, self._pool, self._pid = OrderedDict(), None, os.getpid()
-            self.meta_lock = threading.Lock()
+    @property
+    def _pending(self) -> OrderedDict[bytes, Future[Any]]:
+        return self._here.get().reads
+
+    @property
+    def meta_lock(self) -> threading.Lock:
+        """One fetch of the chunks' metadata at a time (in this process)."""
+        return self._here.get().meta_lock
 
     def depth(self) -> int:
         """Batches to read ahead: twice the round trip over the time between batches,
@@ -241,19 +242,16 @@ class EarlyReads:
         return out
 
     def start(self, key: bytes, job: Callable[[], Any]) -> None:
-        self._check_fork()
-        if key in self._pending:
+        here = self._here.get()
+        if key in here.reads:
             return
-        if self._pool is None:
-            self._pool = ThreadPool(MAX_DEPTH, name="shardwise-ranged")
-        self._pending[key] = self._pool.submit(partial(self._timed, job))
+        here.reads[key] = here.pool.submit(partial(self._timed, job))
         self.started += 1
         while len(self._pending) > 2 * MAX_DEPTH:
             self._pending.popitem(last=False)
 
     def take(self, key: bytes) -> Future[Any] | None:
         """The read started for ``key`` (None: none); those started before it are dropped."""
-        self._check_fork()
         now = time.monotonic()
         if self._last_take is not None:
             gap = now - self._last_take
@@ -268,11 +266,20 @@ class EarlyReads:
                 return future
 
     def close(self) -> None:
-        self._check_fork()
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
-        self._pending.clear()
+        self._here.close()
+
+
+class _Pending:
+    """The early reads of one process: a forked child forgets its parent's (their threads
+    are not there), a pickled copy carries none."""
+
+    def __init__(self) -> None:
+        self.reads: OrderedDict[bytes, Future[Any]] = OrderedDict()
+        self.pool = ThreadPool(MAX_DEPTH, name="shardwise-ranged")  # no thread until used
+        self.meta_lock = threading.Lock()
+
+    def close(self) -> None:
+        self.pool.close()
 
 
 __all__ = ["DEPTH", "MAX_DEPTH", "Arriving", "BlockSums", "EarlyReads", "Fetched"]

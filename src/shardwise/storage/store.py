@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -27,6 +28,7 @@ import orjson
 
 from shardwise.concurrency import ThreadPool
 from shardwise.concurrency.bounded import Bounded
+from shardwise.concurrency.local import ProcessLocal
 from shardwise.errors import CacheError, ConfigError, CorruptChunkError
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.chunk import META_SUFFIX, ChunkKind, ChunkMeta
@@ -67,7 +69,9 @@ class ChunkStore(ABC):
         self._indexes: Bounded[int, MegatronIndex] = open_maps.bounded(MAX_OPEN_CHUNKS)
         self._checked_index: set[int] = set()
         self._metas: dict[str, ChunkMeta] = {}
-        self._threads: ThreadPool | None = None  # background verification
+        # this process's two threads (.local): verification, a chunk's uploads
+        self._threads = ProcessLocal(partial(ThreadPool, 2, name="shardwise-store"),
+                                     name="store threads")
 
     # -- files (format/files.py's Files) -----------------------------------------------
     @property
@@ -303,26 +307,15 @@ class ChunkStore(ABC):
     # -- threads, close, pickling --------------------------------------------------------
     def submit(self, job: Callable[[], _T]) -> Future[_T]:
         """Run ``job`` on this process's two threads (verification; a chunk's uploads)."""
-        if self._threads is None:
-            self._threads = ThreadPool(2, name="shardwise-store")
-        return self._threads.submit(job)
+        return self._threads.get().submit(job)
 
     def close(self) -> None:
         """Stop background work (a chunk being hashed is finished); drop memory maps."""
         if self.checks is not None and self.checks.verifier is not None:
             self.checks.verifier.stop()
-        if self._threads is not None:
-            self._threads.close()
-            self._threads = None
+        self._threads.close()
         self._maps.clear()
         self._indexes.clear()
-
-    def __getstate__(self) -> dict[str, object]:
-        """A copy for another process (a spawned DataLoader worker): no threads and no
-        memory maps (a map pickles as a copy of its whole chunk); it maps what it reads."""
-        d = dict(self.__dict__)
-        d["_threads"] = None
-        return d
 
 
 __all__ = ["MAX_OPEN_CHUNKS", "ChunkStore"]

@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
-from typing import Any
 
+from shardwise.concurrency.local import ProcessLocal
 from shardwise.errors import CorruptChunkError
 from shardwise.format.confined import APPEND, open_under
 
@@ -102,11 +102,12 @@ class ChunkVerifier:
     use; the drain job takes them in order and stops at the first damage, which
     :meth:`raise_if_damaged` (called once per batch) raises from then on.
 
-    Fork-safe: in a forked child (a DataLoader worker) a fork hook gives every verifier a
-    fresh lock and re-queues what its parent had not finished (the parent's thread does
-    not exist there); the next batch resumes the work. Pickle-safe: a copy keeps what was
-    verified and found, not the queue or the lock. At interpreter exit the job stops
-    after the file in hand.
+    Fork-safe: the lock, the queue and the running job are a
+    :class:`~shardwise.concurrency.local.ProcessLocal`: in a forked child (a DataLoader
+    worker) they are made afresh on first use, re-queuing what its parent had not finished
+    (the parent's thread does not exist there); the next batch resumes the work.
+    Pickle-safe: a copy keeps what was verified and found, not the queue or the lock. At
+    interpreter exit the job stops after the file in hand.
 
     State (``stats()``): ``hashed`` (chunk checks that read data), ``skipped`` (already
     verified on this node), ``queued``.
@@ -120,56 +121,43 @@ class ChunkVerifier:
         self.damage: BaseException | None = None
         self.hashed = self.skipped = 0
         self._dropped = False  # close() dropped queued files: never settled again
-        self._reset()
-
-    def _reset(self) -> None:
-        """A fresh lock and queue for this process (created, forked or unpickled)."""
-        self._cond = threading.Condition()
-        self._queue: deque[tuple[int, tuple[str, ...]]] = deque(
-            sorted(self._queued - self._done))
-        self._running = False
         # every file wanted so far is verified and intact (read without a lock)
-        self.settled = not self._queue and self.damage is None and not self._dropped
-        _after_fork_reset(self)
+        self.settled = True
+        self._here = ProcessLocal(self._drain_here, name="chunk verification")
 
-    def __getstate__(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        for k in ("_cond", "_queue", "_running"):
-            d.pop(k)
-        return d
-
-    def __setstate__(self, d: dict[str, Any]) -> None:
-        self.__dict__.update(d)
-        self._reset()
+    def _drain_here(self) -> _Drain:
+        """This process's lock and queue: what is wanted and not verified yet."""
+        return _Drain(sorted(self._queued - self._done))
 
     def want(self, chunk: int, suffixes: tuple[str, ...]) -> None:
         """Verify ``chunk``'s files ``suffixes`` in the background (once per process)."""
         key = (chunk, suffixes)
         if key in self._queued:
             return
-        with self._cond:
+        d = self._here.get()
+        with d.cond:
             self._queued.add(key)
-            self._queue.append(key)
+            d.queue.append(key)
             self.settled = False
-            self._start()
+            self._start(d)
 
-    def _start(self) -> None:
+    def _start(self, d: _Drain) -> None:
         """Under the lock: run the drain job unless it runs or nothing waits."""
-        if not self._running and self._queue and self.damage is None:
-            self._running = True
-            self._submit(self._drain)
+        if not d.running and d.queue and self.damage is None:
+            d.running = True
+            self._submit(partial(self._drain, d))
 
-    def _drain(self) -> None:
+    def _drain(self, d: _Drain) -> None:
         while True:
-            with self._cond:
-                if (not self._queue or self.damage is not None
+            with d.cond:
+                if (not d.queue or self.damage is not None
                         or not threading.main_thread().is_alive()):
-                    self._running = False
-                    self.settled = (not self._queue and self.damage is None
+                    d.running = False
+                    self.settled = (not d.queue and self.damage is None
                                     and not self._dropped)
-                    self._cond.notify_all()
+                    d.cond.notify_all()
                     return
-                key = self._queue[0]
+                key = d.queue[0]
             error: BaseException | None = None
             try:
                 hashed, problem = self._check(*key)
@@ -178,57 +166,52 @@ class ChunkVerifier:
             else:
                 self.hashed, self.skipped = self.hashed + hashed, self.skipped + (not hashed)
                 error = CorruptChunkError(problem) if problem is not None else None
-            with self._cond:
-                if self._queue and self._queue[0] == key:
-                    self._queue.popleft()
+            with d.cond:
+                if d.queue and d.queue[0] == key:
+                    d.queue.popleft()
                 self._done.add(key)
                 self.damage = self.damage or error
-                self._cond.notify_all()
+                d.cond.notify_all()
 
     def raise_if_damaged(self) -> None:
         """Raise the damage the background verification found (cheap: no lock, no system
         call); resume work a fork left queued."""
         if self.damage is not None:
             raise self.damage
-        if self._queue and not self._running:
-            with self._cond:
-                self._start()
+        d = self._here.get()
+        if d.queue and not d.running:
+            with d.cond:
+                self._start(d)
 
     def wait(self) -> None:
         """Block until every queued file is verified (or damage is found)."""
-        with self._cond:
-            self._start()
-            while self._running:
-                self._cond.wait()
+        d = self._here.get()
+        with d.cond:
+            self._start(d)
+            while d.running:
+                d.cond.wait()
 
     def stop(self) -> None:
         """Drop what is queued (the job in hand finishes its file); a later :meth:`want`
         of a dropped file queues it again."""
-        with self._cond:
-            self._queued.difference_update(self._queue)
-            self._dropped = self._dropped or bool(self._queue)
-            self._queue.clear()
+        d = self._here.get()
+        with d.cond:
+            self._queued.difference_update(d.queue)
+            self._dropped = self._dropped or bool(d.queue)
+            d.queue.clear()
 
     def stats(self) -> dict[str, int]:
-        return {"hashed": self.hashed, "skipped": self.skipped, "queued": len(self._queue)}
+        return {"hashed": self.hashed, "skipped": self.skipped,
+                "queued": len(self._here.get().queue)}
 
 
-def _after_fork_reset(verifier: ChunkVerifier) -> None:
-    """Track ``verifier`` so that a forked child resets it (the hook is installed on first
-    use, never at import)."""
-    if not _FORK_HOOK:
-        os.register_at_fork(after_in_child=_reset_in_child)
-        _FORK_HOOK.append(True)
-    _VERIFIERS.add(verifier)
+class _Drain:
+    """A verifier's lock, queue and running flag in one process."""
 
-
-def _reset_in_child() -> None:
-    for verifier in list(_VERIFIERS):
-        verifier._reset()
-
-
-_VERIFIERS: weakref.WeakSet[ChunkVerifier] = weakref.WeakSet()
-_FORK_HOOK: list[bool] = []
+    def __init__(self, queue: list[tuple[int, tuple[str, ...]]]) -> None:
+        self.cond = threading.Condition()
+        self.queue: deque[tuple[int, tuple[str, ...]]] = deque(queue)
+        self.running = False
 
 
 __all__ = ["LOG_DIR", "ChunkVerifier", "Submit", "VerifiedLog"]

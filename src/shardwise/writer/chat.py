@@ -53,6 +53,7 @@ import xxhash
 
 from shardwise.checkpoint import as_count
 from shardwise.choice import Choice
+from shardwise.concurrency.local import ProcessLocal
 from shardwise.errors import ConfigError, InputError
 from shardwise.format.chunk import IGNORE_INDEX
 from shardwise.writer.chat_template import compile_template, load_template
@@ -141,17 +142,13 @@ class ChatProcessor:
         self.tokenizer_json, self.switched_off = loaded.json, loaded.switched_off
         self.template_source = load_template(template)
         self.check_alignment = check_alignment
-        self._tok: Any = None
-        self._template: Any = None
+        # parsed once per process (.local): a pickled processor carries the sources only
+        self._tok: ProcessLocal[Any] = ProcessLocal(self._parse_tokenizer, name="tokenizer")
+        self._template: ProcessLocal[Any] = ProcessLocal(self._compile, name="template")
         self.counts: Counter[str] = Counter()
         self._probe()
 
     # -- identity -----------------------------------------------------------------------
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_tok"] = state["_template"] = None
-        return state
-
     def __repr__(self) -> str:  # deterministic: FunctionProcessor fingerprints it
         return (f"ChatProcessor(template={self.template_sha()}, "
                 f"tokenizer={self.fingerprint()}, {self.config.to_dict()})")
@@ -183,15 +180,17 @@ class ChatProcessor:
 
     @property
     def tokenizer(self) -> Any:
-        if self._tok is None:
-            self._tok = parse_tokenizer(self.tokenizer_json)
-        return self._tok
+        return self._tok.get()
 
     @property
     def template(self) -> Any:
-        if self._template is None:
-            self._template = compile_template(self.template_source)
-        return self._template
+        return self._template.get()
+
+    def _parse_tokenizer(self) -> Any:
+        return parse_tokenizer(self.tokenizer_json)
+
+    def _compile(self) -> Any:
+        return compile_template(self.template_source)
 
     def _probe(self) -> None:
         """Render a minimal conversation now, so a broken template fails at construction."""

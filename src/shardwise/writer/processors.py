@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from shardwise.concurrency.local import ProcessLocal
 from shardwise.errors import ConfigError, InputError
 from shardwise.sources.fields import MISSING, lookup
 from shardwise.writer import long_text
@@ -158,9 +159,11 @@ class TokenizerProcessor:
     switched_off: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._tok: Any = None
         loaded = load_tokenizer(self.tokenizer_json)
         self.tokenizer_json = loaded.json
+        # parsed once per process (.local): a pickled processor (a build worker's) carries
+        # the JSON only, and a forked child does not use a parent's Rust tokenizer
+        self._tok: ProcessLocal[Any] = ProcessLocal(self._parse, name="tokenizer")
         self.switched_off = {**self.switched_off, **loaded.switched_off}
         if self.append_eod and self.eod_id is None:
             raise ConfigError("append_eod needs an end-of-document id; the tokenizer has none "
@@ -178,14 +181,10 @@ class TokenizerProcessor:
 
     @property
     def tokenizer(self) -> Any:
-        if self._tok is None:
-            self._tok = parse_tokenizer(self.tokenizer_json)
-        return self._tok
+        return self._tok.get()
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_tok"] = None
-        return state
+    def _parse(self) -> Any:
+        return parse_tokenizer(self.tokenizer_json)
 
     def fingerprint(self) -> str:
         return xxhash.xxh3_128_hexdigest(self.tokenizer.to_str().encode())

@@ -11,10 +11,10 @@ a third in memory. The thread is the one read-ahead thread
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Hashable
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
+from shardwise.concurrency.local import ProcessLocal
 from shardwise.concurrency.readahead import ReadAhead
 
 K = TypeVar("K", bound=Hashable)
@@ -27,21 +27,17 @@ class OneAhead(Generic[K, V]):
     ``get(key)`` returns the held item, or takes over the prefetched one, or loads it in the
     calling thread; the previous item is released *before* the new one is loaded, so at
     most two items are alive (``peak_held <= 2``). Errors of a background load surface in
-    ``get`` of that key. Meant for one consumer thread; after ``fork`` (DataLoader
-    workers) a child drops the parent's in-flight load and starts its own.
+    ``get`` of that key. Meant for one consumer thread. Both items are this process's
+    (:class:`~shardwise.concurrency.local.ProcessLocal`): a forked child (a DataLoader
+    worker) drops the parent's in-flight load, and a pickled copy carries only its loader;
+    either loads its own.
     """
 
     def __init__(self, load: Callable[[K], V]) -> None:
         self._load = load
-        self._pid = os.getpid()
-        self._current: tuple[K, V] | None = None
-        self._pending: tuple[K, ReadAhead[V]] | None = None
+        self._here: ProcessLocal[_Items[K, V]] = ProcessLocal(_Items, name="one ahead")
         self.loads = 0
         self.peak_held = 0
-
-    def _check_fork(self) -> None:
-        if self._pid != os.getpid():
-            self._pid, self._pending = os.getpid(), None
 
     def _counted_load(self, key: K) -> V:
         self.loads += 1
@@ -49,56 +45,54 @@ class OneAhead(Generic[K, V]):
 
     def held(self) -> list[K]:
         """Keys alive now: the current item and the one being prefetched."""
-        self._check_fork()
-        keys = [] if self._current is None else [self._current[0]]
-        return keys + ([] if self._pending is None else [self._pending[0]])
+        h = self._here.get()
+        keys = [] if h.current is None else [h.current[0]]
+        return keys + ([] if h.pending is None else [h.pending[0]])
 
     def _note(self) -> None:
         self.peak_held = max(self.peak_held, len(self.held()))
 
     def get(self, key: K) -> V:
-        self._check_fork()
-        if self._current is not None and self._current[0] == key:
-            return self._current[1]
-        self._current = None
-        pending, self._pending = self._pending, None
+        h = self._here.get()
+        if h.current is not None and h.current[0] == key:
+            return h.current[1]
+        h.current = None
+        pending, h.pending = h.pending, None
         if pending is not None and pending[0] != key:
             pending[1].close(None)  # finish and drop it: a jump never leaves a third item
             pending = None
         value = pending[1].get() if pending is not None else self._counted_load(key)
-        self._current = (key, value)
+        h.current = (key, value)
         self._note()
         return value
 
     def prefetch(self, key: K) -> None:
         """Start loading ``key`` in the background unless it is held or a load is running."""
-        self._check_fork()
-        if key in self.held() or self._pending is not None:
+        h = self._here.get()
+        if key in self.held() or h.pending is not None:
             return
-        self._pending = key, ReadAhead.call(self._counted_load, key,
-                                            name="shardwise-prefetch")
+        h.pending = key, ReadAhead.call(self._counted_load, key, name="shardwise-prefetch")
         self._note()
 
     def evict(self, key: K) -> None:
         """Release ``key`` if it is the current item (e.g. a chunk read to its end)."""
-        if self._current is not None and self._current[0] == key:
-            self._current = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        """A pickled copy (a DataLoader worker's dataset) keeps only its loader: no
-        thread, no item; the copy loads its own."""
-        return {"load": self._load}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["load"])  # type: ignore[misc]
+        h = self._here.get()
+        if h.current is not None and h.current[0] == key:
+            h.current = None
 
     def close(self) -> None:
         """Release everything; waits for a running background load to finish."""
-        self._check_fork()
-        pending, self._pending, self._current = self._pending, None, None
+        self._here.close()
+
+
+class _Items(Generic[K, V]):
+    """The items of a :class:`OneAhead` in one process."""
+
+    def __init__(self) -> None:
+        self.current: tuple[K, V] | None = None
+        self.pending: tuple[K, ReadAhead[V]] | None = None
+
+    def close(self) -> None:
+        pending, self.pending, self.current = self.pending, None, None
         if pending is not None:
             pending[1].close(None)
-
-
-
-__all__ = ["OneAhead"]

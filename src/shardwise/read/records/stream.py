@@ -42,6 +42,7 @@ from typing import Any
 import xxhash
 
 from shardwise.checkpoint import LoaderState, Resumable, as_count
+from shardwise.concurrency.local import ProcessLocal
 from shardwise.errors import ConfigError, StateError
 from shardwise.read.deprecated import renamed_method
 from shardwise.read.guard import (
@@ -162,8 +163,9 @@ class RecordStream(GuardedReader, Resumable):
         self.order = StreamOrder(self.plan, streams, seed, shuffle, shuffle_buffer)
         self._positions = self._fresh_positions(0)
         self._origin: int | dict[str, Any] = 0  # the epoch started, or the state loaded
-        self._pipe: Pipeline | None = None
-        self._pipe_key: tuple[int, int] | None = None
+        # this process's pipeline (.local): a DataLoader worker, forked or given a pickled
+        # copy, makes its own for its share; the parent's worker processes stay its own
+        self._pipe: ProcessLocal[Pipeline] = ProcessLocal(self._new_pipeline, name="records")
         self._share: StreamShare = self.world.stream_share(streams)
         self._pipe_share = self._share  # the share of the current pipeline (or worker)
         register_with_torch(RecordStream)
@@ -174,7 +176,7 @@ class RecordStream(GuardedReader, Resumable):
         after the reader was made, ``set_epoch()``-ed or ``load_state_dict()``-ed (the
         position restarts under the new world from that epoch or that state); binding
         the same world again is a no-op."""
-        bound = self.world.rebind(world, reader="RecordStream", started=self._pipe is not None)
+        bound = self.world.rebind(world, reader="RecordStream", started=self._pipe.made is not None)
         if bound is None:
             return
         self.world, self._share = bound, bound.stream_share(self.config.streams)
@@ -191,7 +193,7 @@ class RecordStream(GuardedReader, Resumable):
         pipe = self._pipeline()
         take = self._taker(pipe)
         while True:
-            if self._pipe is not pipe:  # the position was reset (load_state_dict, set_epoch)
+            if self._pipe.made is not pipe:  # the position was reset (load_state_dict, set_epoch)
                 pipe = self._pipeline()
                 take = self._taker(pipe)
             x = take()
@@ -267,20 +269,13 @@ class RecordStream(GuardedReader, Resumable):
 
     def close(self) -> None:
         """Stop the processing workers (they also die with this process)."""
-        if self._pipe is not None and self._pipe_key and self._pipe_key[0] == os.getpid():
-            self._pipe.close()
-        self._pipe = self._pipe_key = None
+        self._pipe.close()
 
     def __enter__(self) -> RecordStream:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_pipe"] = state["_pipe_key"] = None
-        return state
 
     # -- state -------------------------------------------------------------------------
 
@@ -359,12 +354,11 @@ class RecordStream(GuardedReader, Resumable):
         self._positions = positions
 
     def _pipeline(self) -> Pipeline:
+        return self._pipe.get()
+
+    def _new_pipeline(self) -> Pipeline:
+        """The pipeline of this process (in a DataLoader worker: of its share)."""
         worker = torch_worker()
-        key = (os.getpid(), -1 if worker is None else worker[0])
-        if self._pipe is not None and self._pipe_key == key:
-            return self._pipe
-        if self._pipe_key is not None and self._pipe_key[0] == os.getpid():
-            self.close()
         workers = self.config.num_workers
         positions = self._positions
         self._pipe_share = self._share
@@ -375,11 +369,9 @@ class RecordStream(GuardedReader, Resumable):
             workers = 0  # a DataLoader worker is daemonic: it cannot have children
         c = self.config
         processor = Processor(self.map_fn, c.text_mode, tuple(f.path for f in self.plan.files))
-        self._pipe = Pipeline(self.order, positions, processor, workers=workers,
-                              raise_errors=c.on_error is OnError.RAISE, task_size=c.task_size,
-                              align=c.align_epochs)
-        self._pipe_key = key
-        return self._pipe
+        return Pipeline(self.order, positions, processor, workers=workers,
+                        raise_errors=c.on_error is OnError.RAISE, task_size=c.task_size,
+                        align=c.align_epochs)
 
 
 __all__ = ["RecordStream", "RecordStreamConfig"]

@@ -92,6 +92,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,7 @@ from shardwise.checkpoint import (
     as_count,
     check_not_past_end,
 )
+from shardwise.concurrency.local import ProcessLocal
 from shardwise.concurrency.poll import check_wait_args
 from shardwise.errors import ConfigError, StateError
 from shardwise.plan.permutation import PERMUTATION_VERSION
@@ -122,6 +124,7 @@ from shardwise.read.sampler import normalise_skip, skip_drop
 from shardwise.read.stream.chunk_cache import ChunkCache
 from shardwise.read.stream.run import (
     Example,
+    Here,
     Run,
     finish_examples,
     first_example,
@@ -197,9 +200,8 @@ class StreamDataset(GuardedReader, Resumable):
                                           verify=verify is not False) if follow
                           else reader_cache(cache, verify))
         check_stream_cache(self.cache, self.config, self.follow)
-        self.chunk_cache = ChunkCache(chunk_cache_bytes)
+        self._here = ProcessLocal(partial(Here, chunk_cache_bytes), name="stream run")
         self._start, self._received = 0, 0
-        self._run: Run | None = None
         self._waited = {"producer_wait_s": 0.0, "consumer_wait_s": 0.0}
         self.order = StreamOrder(self.config, self.cache)
         register_with_torch(StreamDataset)  # an IterableDataset, if torch is imported
@@ -242,7 +244,7 @@ class StreamDataset(GuardedReader, Resumable):
         made or ``load_state_dict()``-ed: the position (a global one) continues under the
         new world; binding the same world again is a no-op."""
         bound = self.world.rebind(world, reader="StreamDataset",
-                                  started=self._run is not None or self._received > 0)
+                                  started=self._here.get().run is not None or self._received > 0)
         if bound is None:
             return
         skip = normalise_skip(self.skip, (self.batch_size or 1) * bound.size,
@@ -306,24 +308,23 @@ class StreamDataset(GuardedReader, Resumable):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __getstate__(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["_run"] = None
-        d["chunk_cache"] = ChunkCache(self.chunk_cache.max_bytes)
-        return d
+    @property
+    def chunk_cache(self) -> ChunkCache:
+        return self._here.get().chunk_cache
 
     def _stop_run(self, run: Run | None = None) -> None:
         """Close ``run`` (by default the current one, forgotten) and count its waits, once."""
         if run is None:
-            run, self._run = self._run, None
+            here = self._here.get()
+            run, here.run = here.run, None
         if run is not None and run.close():
             for k, v in run.waited().items():
                 self._waited[k] += v
 
     def stats(self) -> dict[str, Any]:
         waited = dict(self._waited)
-        if self._run is not None:
-            for k, v in self._run.waited().items():
+        if (run := self._here.get().run) is not None:
+            for k, v in run.waited().items():
                 waited[k] += v
         return {**waited, "chunk_cache": self.chunk_cache.stats(),
                 "chunks_read": sum(self.opened.values())}
@@ -340,7 +341,7 @@ class StreamDataset(GuardedReader, Resumable):
         """A read-ahead serving this rank's examples from ``j`` (or the end of a skipped
         range holding it) up to the start of the next skipped range."""
         j, until = run_span(rank_ranges(self.skip, self.world.size), j)
-        run = self._run = Run(self.order, self.chunk_cache, self.share, j_start=j,
+        run = self._here.get().run = Run(self.order, self.chunk_cache, self.share, j_start=j,
                               until=until, poll_interval=self.poll_interval,
                               timeout=self.timeout, ahead_chunks=self.prefetch_chunks,
                               name=f"shardwise-stream-rank{self.world.rank}")
@@ -385,8 +386,8 @@ class StreamDataset(GuardedReader, Resumable):
                 if n < size:
                     return
         finally:
-            if self._run is run:
-                self._run = None
+            if (here := self._here.get()).run is run:
+                here.run = None
             self._stop_run(run)
 
     def _shaped(self, batch: Example) -> Example:

@@ -103,6 +103,16 @@ class Run:
         return True
 
 
+class Here:
+    """A StreamDataset's chunk cache and current run in one process (a
+    :class:`~shardwise.concurrency.local.ProcessLocal`: a forked or unpickled copy of the
+    dataset starts with neither; its thread and loaded chunks are its parent's)."""
+
+    def __init__(self, chunk_cache_bytes: int) -> None:
+        self.chunk_cache = ChunkCache(chunk_cache_bytes)
+        self.run: Run | None = None
+
+
 def finish_examples(rows: npt.NDArray[np.int64], valid: npt.NDArray[np.int64], L: int) -> Example:
     """The example dict (TokenDataset's layout): inputs, labels, loss mask, positions."""
     n = len(rows)
@@ -124,4 +134,4 @@ def refuse_worker_process() -> None:
                           "batch_size= to StreamDataset")
 
 
-__all__ = ["Example", "Run", "finish_examples", "first_example", "refuse_worker_process"]
+__all__ = ["Example", "Here", "Run", "finish_examples", "first_example", "refuse_worker_process"]
