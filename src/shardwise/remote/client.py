@@ -177,11 +177,13 @@ class RemoteStore:
         self.received += len(got)
         return got
 
-    def get_many(self, relatives: list[str]) -> dict[str, bytes | Exception]:
+    def get_many(self, relatives: list[str], *, checked: bool = False
+                 ) -> dict[str, bytes | Exception]:
         """Small whole objects (each under 64 MiB) fetched concurrently, each in one ranged
         GET: ``relative → bytes``, or the exception that object raised
-        (FileNotFoundError when it does not exist)."""
-        got = self.get_ranges([(r, 0, _SMALL) for r in relatives])
+        (FileNotFoundError when it does not exist); ``checked``: as for
+        :meth:`get_ranges`."""
+        got = self.get_ranges([(r, 0, _SMALL) for r in relatives], checked=checked)
         return dict(zip(relatives, got, strict=True))
 
     def get_ranges(self, ranges: list[tuple[str, int, int]], *, checked: bool = False,
@@ -261,7 +263,15 @@ class RemoteStore:
         return sorted(p[len(head):] for p in found if p.startswith(head))
 
     def list_dir(self, relative: str) -> list[str]:
-        """The names of the objects directly under ``relative/`` (one LIST request)."""
+        """The names of the objects directly under ``relative/`` (one LIST request;
+        through obstore where GETs go: no fsspec client to make, which costs a process
+        its first call's set-up, several round trips, on the way to a cache's first
+        batch)."""
+        native = self._gets()
+        if native is not None:
+            rel = check_key(relative, where=self.url, root=self.url)
+            return sorted(n for n in self._run("LIST", relative,
+                                               lambda t: native.list_dir(rel)) if n)
         try:
             key = self.key(relative)
             found = self._run("LIST", relative, lambda t: self.fs.ls(

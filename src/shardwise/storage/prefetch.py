@@ -222,11 +222,15 @@ class Prefetcher:
         chunk = self._sizes[0] // max(1, self._sizes[1])
         return in_flight_budget(self.budget, self._held(), self.pace, chunk)
 
-    def wants_more(self) -> bool:
+    def wants_more(self, left: int | None = None) -> bool:
         """Whether the reader's coming chunks should be handed over sooner: fewer are
-        ahead than the pace asks for, and there is room in the budget."""
+        ahead than the pace asks for — and than the ``left`` chunks there are to fetch
+        (a cache of fewer chunks than the pace asks for had its look-ahead hand over a
+        thousand batches before its first, seconds on a busy machine) — and there is
+        room in the budget."""
         self._check_fork()
-        return (not self._waiting and len(self._ahead) < self.pace.chunks_ahead()
+        want = self.pace.chunks_ahead() if left is None else min(left, self.pace.chunks_ahead())
+        return (not self._waiting and len(self._ahead) < want
                 and self.ahead_bytes < self.room())
 
     def add(self, key: str, size: int, fetch: Fetch, needs: str | None = None) -> bool:
