@@ -53,7 +53,10 @@ class RangedGather(ChunkStore):
         arriving by ranged GETs — started early where the reader handed the runs over
         (:meth:`prefetch_runs`), and now for those the early read did not cover (a chunk
         that seemed to be landing then) — checked by the chunks' block sums
-        (:mod:`shardwise.storage.ranged`), while the whole chunks keep downloading."""
+        (:mod:`shardwise.storage.ranged`), while the whole chunks keep downloading.
+        Every batch comes this way: once every chunk is mapped, straight to the maps."""
+        if not self.prefetches:
+            return super().gather(runs)
         self._arriving.asked()
         try:
             return self._gather(Runs.of(runs))
