@@ -139,16 +139,6 @@ class NativeGets:
         got = obstore.get_range(self.store, key, start=start, end=stop)
         return memoryview(got) if raw else bytes(got)
 
-    def list_dir(self, prefix: str) -> list[str]:
-        """The names of the objects directly under ``prefix/`` (one LIST request; not a
-        store's marker of the directory itself, which obstore names ``prefix``)."""
-        import obstore
-
-        head = prefix.rstrip("/") + "/"
-        got = obstore.list_with_delimiter(self.store, head)
-        paths = (str(o["path"]) for o in got["objects"])
-        return [p[len(head):] for p in paths if p.startswith(head) and len(p) > len(head)]
-
     def get_ranges(self, ranges: list[tuple[str, int, int]], raw: bool = False) -> list[Any]:
         """Each ``(key, start, stop)`` at once (one round trip for all), each its bytes (a
         ``memoryview`` of obstore's buffer where ``raw``) or its error."""
