@@ -95,6 +95,24 @@ def test_downloads_ahead_stay_within_the_budget_and_are_taken_once(tmp_path: Pat
     ahead.close()
 
 
+def test_a_cache_of_fewer_chunks_than_the_pace_asks_for_wants_no_more_once_all_are_ahead(
+        tmp_path: Path) -> None:
+    """START_AHEAD chunks are asked for before anything is measured; a cache of fewer
+    than that wanted more for ever, and its look-ahead handed over a thousand batches
+    (each with its ranged reads) before the first was read: 9.9 s to a first batch."""
+    d = DownloadDir(tmp_path, max_bytes=1 << 20)
+    ahead = Prefetcher(budget=1 << 20)
+    try:
+        for key in ("a", "b", "c"):
+            ahead.add(key, 100, _fake_fetch(d, key, 100))
+        assert ahead.pace.chunks_ahead() == START_AHEAD > 3
+        assert ahead.wants_more()  # as far as it knows, more chunks could come
+        assert not ahead.wants_more(3)  # the cache's 3 chunks are all ahead
+        assert ahead.wants_more(4)
+    finally:
+        ahead.close()
+
+
 def test_chunks_handed_over_beyond_the_budget_start_in_order_as_room_frees(
         tmp_path: Path) -> None:
     """A chunk refused for lack of room is queued, not forgotten: the loader hands each

@@ -17,7 +17,7 @@ import shardwise as sw
 from shardwise.bench.proxy import LatencyProxy
 from shardwise.remote import RemotePolicy, RemoteStore
 from shardwise.storage.prefetch import Prefetcher
-from shardwise.storage.ranged import Arriving, EarlyReads
+from shardwise.storage.ranged import DEPTH, Arriving, EarlyReads
 from shardwise.world import World
 
 SEQ_LEN = 32
@@ -76,6 +76,51 @@ def test_early_reads_are_taken_in_order_and_skipped_ones_dropped() -> None:
         assert early.used == 2
     finally:
         early.close()
+
+
+def test_early_reads_run_depth_ahead_and_the_rest_wait_their_turn() -> None:
+    """A look-ahead that hands over many batches (downloads wanting more chunks than a
+    small cache has) started a ranged read for each at once: 1,019 before a first batch
+    on the bench, 315 MB. Now :meth:`EarlyReads.depth` run; the others start in order as
+    the reader takes batches, and those it skips never start."""
+    early, gate = EarlyReads(), threading.Event()
+    try:
+        for k in range(20):
+            early.start(bytes([k]), lambda k=k: (gate.wait(10), k)[1])  # type: ignore[misc]
+        assert early.started == DEPTH and not early.wants_more()
+        gate.set()
+        first = early.take(bytes([0]))
+        assert first is not None and first.result() == 0
+        assert early.started == DEPTH + 1  # the next queued one started
+        tenth = early.take(bytes([10]))  # 1-9 dropped; 5-9 never started
+        assert tenth is not None and tenth.result() == 10 and early.used == 2
+        assert early.take(bytes([9])) is None
+    finally:
+        gate.set()
+        early.close()
+
+
+def test_a_reader_faster_than_ranged_reads_waits_for_the_downloads() -> None:
+    """Ranged reads bring at most MAX_DEPTH batches a round trip: a reader reading flat
+    out waits either way, and its ranged reads (64 KiB blocks a window) only slowed the
+    downloads that end the wait; one with a training step between batches is served."""
+    now = [0.0]
+    arriving = Arriving(clock=lambda: now[0])
+    assert arriving.serves()  # nothing measured: the first batches read by ranged GETs
+    arriving.least_rtt_s = 0.08
+
+    def batches(own_s: float) -> bool:
+        for _ in range(10):
+            arriving.asked()
+            now[0] += 0.05  # waited for its bytes: not the reader's own time
+            arriving.handed()
+            now[0] += own_s
+        arriving.asked()
+        return arriving.serves()
+
+    assert not batches(0.0002)  # flat out: 0.2 ms of its own a batch
+    assert batches(0.02)  # a 20 ms step: 8 batches ahead cover 160 ms
+    assert arriving.own_s == pytest.approx(0.02, rel=0.05)
 
 
 def test_a_download_past_its_expected_end_is_away_not_landing() -> None:

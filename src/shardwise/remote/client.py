@@ -191,11 +191,13 @@ class RemoteStore:
         self.received += len(got)
         return got
 
-    def get_many(self, relatives: list[str]) -> dict[str, bytes | Exception]:
+    def get_many(self, relatives: list[str], *, checked: bool = False
+                 ) -> dict[str, bytes | Exception]:
         """Small whole objects (each under 64 MiB) fetched concurrently, each in one ranged
         GET: ``relative → bytes``, or the exception that object raised
-        (FileNotFoundError when it does not exist)."""
-        got = self.get_ranges([(r, 0, _SMALL) for r in relatives])
+        (FileNotFoundError when it does not exist); ``checked``: as for
+        :meth:`get_ranges`."""
+        got = self.get_ranges([(r, 0, _SMALL) for r in relatives], checked=checked)
         return dict(zip(relatives, got, strict=True))
 
     def get_ranges(self, ranges: list[tuple[str, int, int]], *, checked: bool = False,

@@ -206,9 +206,11 @@ class BucketStore(RangedGather):
                                          self.meta_of(info), until, self.group)
 
     def _meta_bytes(self, info: ChunkInfo) -> bytes | Exception:
-        """With those of the chunks ahead, in one round trip."""
+        """With those of the chunks ahead, in one round trip (checked against the ledger,
+        so through the GIL-free client)."""
         try:
-            return self._prefetcher().small(info.stem + META_SUFFIX, self.remote.get_many)
+            return self._prefetcher().small(info.stem + META_SUFFIX,
+                                            partial(self.remote.get_many, checked=True))
         except FileNotFoundError as e:
             return e
 
@@ -257,14 +259,14 @@ class BucketStore(RangedGather):
         ahead = self._prefetcher()
         chunks = list(chunks)
         if ahead.same_as_last(chunks):  # a batch like the one before: handed over already
-            return ahead.wants_more()
+            return ahead.wants_more(len(self.view.chunks) - len(self._here.union(self._maps)))
         for c in chunks:
             if c in self._maps or (self._all_fit() and self._on_node(c)):
                 continue  # mapped, or on the node for good: nothing to download or pin
             info = self.view.chunks[c]
             ahead.add(info.stem + ".bin", info.tokens * self.view.dtype.itemsize,
                       partial(self._fetch, info, ".bin"))  # its metadata comes with it
-        return ahead.wants_more()
+        return ahead.wants_more(len(self.view.chunks) - len(self._here.union(self._maps)))
 
     def _prefetcher(self) -> Prefetcher:
         return self._ahead.get()
@@ -290,7 +292,7 @@ class BucketStore(RangedGather):
         a = self._arriving
         return {**self._prefetcher().stats(), "ranged_reads": a.reads,
                 "ranged_bytes": a.read_bytes, "early_reads": self._early.started,
-                "early_used": self._early.used}
+                "early_used": self._early.used, **a.stats()}
 
     def wait_for_prefetch(self) -> None:
         ahead = self._ahead.made

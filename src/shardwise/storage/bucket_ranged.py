@@ -59,8 +59,18 @@ class RangedGather(ChunkStore):
         arriving by ranged GETs — started early where the reader handed the runs over
         (:meth:`prefetch_runs`), and now for those the early read did not cover (a chunk
         that seemed to be landing then) — checked by the chunks' block sums
-        (:mod:`shardwise.storage.ranged`), while the whole chunks keep downloading."""
-        runs, view = Runs.of(runs), self.view
+        (:mod:`shardwise.storage.ranged`), while the whole chunks keep downloading.
+        Every batch comes this way: once every chunk is mapped, straight to the maps."""
+        if not self.prefetches:
+            return super().gather(runs)
+        self._arriving.asked()
+        try:
+            return self._gather(Runs.of(runs))
+        finally:
+            self._arriving.handed()
+
+    def _gather(self, runs: Runs) -> npt.NDArray[Any]:
+        view = self.view
         runs.check(view.chunks.columns.tokens, view.location)
         early = self._early.take(EarlyReads.key(*runs))
         parts = [early.result()] if early is not None else []  # its errors: this batch's
@@ -95,15 +105,26 @@ class RangedGather(ChunkStore):
         one not downloading (queued for room) is downloaded by the chunk's own read, and
         a download that ended without landing failed, so the chunk's own read raises its
         error; and, read now, none where every one is expected to land within two round
-        trips (``early``, a coming batch's: whenever one is away — the expected landing
-        is an estimate, and a wait for a late one is what the early read avoids).
-        ``skip``: chunks whose runs are read already."""
+        trips (``early``, a coming batch's: whenever one is away and may land after the
+        reader gets to the batch — the expected landing is an estimate, so twice it);
+        none while ranged reads cannot keep up with the reader
+        (:meth:`~shardwise.storage.ranged.Arriving.serves`: it waits for the downloads,
+        which then have the link to themselves). ``skip``: chunks whose runs are read
+        already."""
+        if not self._arriving.serves():
+            self._arriving.skipped += 1
+            return None
         some, ahead, chunks = runs.length > 0, self._prefetcher(), self.view.chunks
         etas = {c: ahead.eta(chunks[c].stem + ".bin")
                 for c in np.unique(runs.chunk[some]).tolist()
                 if c not in skip and not self._on_node(c)}
         away = [c for c, eta in etas.items() if eta]
-        if not away or not (early or self._arriving.worth([etas[c] for c in away])):  # type: ignore[misc]
+        if early:
+            due = self._early.due_s()
+            late = due is None or any(2 * etas[c] > due for c in away)  # type: ignore[operator]
+        else:
+            late = self._arriving.worth([etas[c] for c in away])  # type: ignore[misc]
+        if not away or not late:
             return None
         return away, np.flatnonzero(some & np.isin(runs.chunk, away))
 
@@ -152,10 +173,12 @@ class RangedGather(ChunkStore):
         one round trip, checked against the ledger)."""
         infos = [self.view.chunks[c] for c in chunks]
         with self._early.meta_lock:  # early reads of several batches: one fetch
-            missing = [i for i in infos if i.stem not in self._metas]
-            for info, data in zip(missing, self.read_many([i.stem + META_SUFFIX
-                                                           for i in missing]), strict=True):
-                self._load_meta(info, data)
+            missing = [i.stem + META_SUFFIX for i in infos if i.stem not in self._metas]
+            # checked: each against the ledger (so through the GIL-free client)
+            got = self.remote.get_many(missing, checked=True) if missing else {}
+            for info in infos:
+                if info.stem + META_SUFFIX in got:
+                    self._load_meta(info, got[info.stem + META_SUFFIX])
         sums = {c: BlockSums.of(self.meta_of(i)) for c, i in zip(chunks, infos, strict=True)}
         return {c: s for c, s in sums.items() if s is not None}
 

@@ -338,10 +338,17 @@ def _write_pieces(asked: list[tuple[int, int]], answers: list[bytes | memoryview
     return got, False
 
 
+HASH_SLICE = 1 << 20  # bytes hashed per call: the GIL is let go between them
+
+
 def _write(fd: int, h: Any, data: bytes | memoryview) -> int:
-    """Hash ``data`` and append it to ``fd`` (one ``write`` unless the kernel takes less)."""
-    h.update(data)
+    """Hash ``data`` and append it to ``fd`` (one ``write`` unless the kernel takes less).
+    Hashed a :data:`HASH_SLICE` at a time: xxhash holds the GIL for a whole call, and a
+    32 MiB piece at once kept the reader's thread from its batch for 7 ms unloaded, 50
+    and more on a busy machine (a wait over 50 ms in a 20 ms training step)."""
     view, done = memoryview(data), 0
+    for a in range(0, len(view), HASH_SLICE):
+        h.update(view[a:a + HASH_SLICE])
     while done < len(view):
         done += os.write(fd, view[done:])
     return done

@@ -22,19 +22,17 @@ one, and that many downloads run at once::
 The look-ahead is bounded in bytes by what the pace needs in flight — the read rate
 (``chunk_bytes / read_s``) times ``fetch_s``, twice over, plus one chunk: that is
 ``chunks_ahead × chunk_bytes`` (:func:`in_flight_budget`) — within the room ``local_bytes``
-leaves beside the chunks the reader holds mapped. (It was half of ``local_bytes``, which
-starves a small copy: 15 MiB where 28–58 MiB must be in flight at 50 ms.) Sizing
-``local_bytes``: the chunks an order reads at once (a window shuffle over the whole cache:
-all of them; a block shuffle: a group's) plus that in-flight need; the default 8 GiB serves
+leaves beside the chunks the reader holds mapped. Sizing ``local_bytes``: the chunks an
+order reads at once (a window shuffle over the whole cache: all of them; a block shuffle:
+a group's) plus that in-flight need; the default 8 GiB serves
 64 MB chunks at 50 ms and 100 MB/s (``fetch_s`` ≈ 0.7 s) up to a read rate of about
 2.8 GB/s of chunk bytes with a 2 GiB working set. A chunk downloaded ahead is **pinned**
-until the reader takes it:
-its modification time is set in the future, and the download directory never evicts a
-file whose time has not come (:class:`~shardwise.storage.download.DownloadDir`), so a
-chunk is never evicted before it is read. A pin lapses after :data:`PIN_SECONDS` (a
-reader that stopped early leaves nothing pinned for long), and a download the reader
-needs *now* may, as a last resort, evict a pinned file rather than wait forever on a
-node whose processes pinned all of it.
+until the reader takes it: its modification time is set in the future, and the download
+directory (:class:`~shardwise.storage.download.DownloadDir`) never evicts a file whose
+time has not come, so a chunk is never evicted before it is read. A pin lapses after
+:data:`PIN_SECONDS` (a reader that stopped early leaves nothing pinned for long); a
+download the reader needs *now* may, as a last resort, evict a pinned file rather than
+wait forever on a node whose processes pinned all of it.
 
 State (``stats()``): ``ahead`` (chunks downloading or downloaded and not yet read),
 ``ahead_bytes``, ``target`` (chunks the pace asks for), ``threads``, ``fetch_s``,
@@ -208,10 +206,13 @@ class Prefetcher:
         chunk = self._sizes[0] // max(1, self._sizes[1])
         return in_flight_budget(self.budget, self._held(), self.pace, chunk)
 
-    def wants_more(self) -> bool:
+    def wants_more(self, left: int | None = None) -> bool:
         """Whether the reader's coming chunks should be handed over sooner: fewer are
-        ahead than the pace asks for, and there is room in the budget."""
-        return (not self._waiting and len(self._ahead) < self.pace.chunks_ahead()
+        ahead than the pace asks for and than the ``left`` chunks to fetch (a cache of
+        fewer had its look-ahead hand over 1,024 batches before its first), and there is
+        room in the budget."""
+        want = min(self.pace.chunks_ahead(), left if left is not None else MAX_AHEAD)
+        return (not self._waiting and len(self._ahead) < want
                 and self.ahead_bytes < self.room())
 
     def add(self, key: str, size: int, fetch: Fetch, needs: str | None = None) -> bool:

@@ -92,12 +92,57 @@ def _spans(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 class Arriving:
-    """The ranged reads of one process: how many, and how long a batch's take."""
+    """The ranged reads of one process: how many, how long a batch's take, and how long
+    the reader spends on a batch itself (``own_s``: from handing one batch over to asking
+    for the next, its waits excluded).
 
-    def __init__(self) -> None:
+    Whether ranged reads serve the reader at all (:meth:`serves`): they bring its batches
+    at most :data:`MAX_DEPTH` per round trip (that many batches' GETs at once); a reader
+    faster than that waits either way, and then each ranged batch only takes the link
+    from the downloads that end every wait (its 64 KiB blocks cost about 16 times the
+    bytes a batch uses), so it waits for the whole chunks instead::
+
+        rtt 0.08 s, 8 batches per round trip: 10 ms a batch
+        a training step of 20 ms per batch   →  ranged reads (it never waits)
+        a bench reading flat out, 0.2 ms     →  the downloads at full rate, one wait
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self.reads = 0  # runs a batch took from ranged GETs so far
         self.read_bytes = 0  # bytes ranged GETs received (whole blocks)
         self.rtt_s: float | None = None  # how long one batch's ranged GETs take
+        self.least_rtt_s: float | None = None  # the quickest (no queue, no start-up)
+        self.own_s: float | None = None  # the reader's own time per batch
+        self.skipped = 0  # batches that waited for their chunks instead (:meth:`serves`)
+        self._handed: float | None = None  # when the reader last got a batch from gather
+
+    def asked(self) -> float:
+        """The reader asks for a batch now: the time since it got the last one was its
+        own. Returns the clock (for :meth:`handed`)."""
+        now = self.clock()
+        if self._handed is not None:
+            own = max(now - self._handed, 1e-6)
+            self.own_s = own if self.own_s is None else 0.7 * self.own_s + 0.3 * own
+        return now
+
+    def handed(self) -> None:
+        """The reader got its batch now."""
+        self._handed = self.clock()
+
+    def serves(self) -> bool:
+        """Whether ranged reads keep up with the reader (see the class doc): its own time
+        per batch at least the round trip over :data:`MAX_DEPTH` (the quickest round trip
+        seen, the first wave's left out: they wait behind connections opening and
+        downloads starting);
+        yes until both are measured (the first batches are always read by ranged GETs)."""
+        if self.own_s is None or self.least_rtt_s is None:
+            return True
+        return self.own_s * MAX_DEPTH >= self.least_rtt_s
+
+    def stats(self) -> dict[str, object]:
+        return {"ranged_skipped": self.skipped, "ranged_rtt_s": self.rtt_s,
+                "ranged_least_rtt_s": self.least_rtt_s, "reader_own_s": self.own_s}
 
     def worth(self, etas: list[float]) -> bool:
         """Whether to read a batch by ranged GETs rather than wait for its chunks, whose
@@ -121,10 +166,12 @@ class Arriving:
                 a, b = a // block * block, min(-(-b // block) * block, sizes[stem])
             wanted.setdefault(stem, []).append((a, b))
         spans = [(stem, a, b) for stem, rs in wanted.items() for a, b in _spans(rs)]
-        started = time.monotonic()
+        started, first_wave = time.monotonic(), self.rtt_s is None
         got = remote.get_ranges([(stem + ".bin", a, b) for stem, a, b in spans], checked=True)
         took = time.monotonic() - started
         self.rtt_s = took if self.rtt_s is None else 0.7 * self.rtt_s + 0.3 * took
+        if not first_wave:  # those started before any answer wait for connections
+            self.least_rtt_s = min(took, self.least_rtt_s or took)
         self.read_bytes += sum(b - a for _, a, b in spans)
         return Fetched(remote, block, spans, got)
 
@@ -189,19 +236,22 @@ def _check(remote: RemoteStore, key: str, a: int, b: int, data: bytes | Exceptio
 
 DEPTH = 4  # batches whose ranged GETs run ahead of the reader before anything is measured
 MAX_DEPTH = 8  # each a GET per window of a shuffled batch: connections
+MAX_QUEUED = 64  # batches handed over whose reads wait for their turn
 
 
 class EarlyReads:
     """The ranged reads of coming batches, started before the reader asks (see the module
     doc), keyed by their runs: :meth:`start` on a handed-over batch, :meth:`take` when it
-    is read. At most ``2 × MAX_DEPTH`` are kept (a reader that skipped batches leaves
-    theirs behind: dropped when a later one is taken). A forked child forgets its
+    is read. At most :meth:`depth` run or wait to be taken at once, the others queued in
+    the order handed over (:data:`MAX_QUEUED` at most); a reader that skipped batches
+    leaves theirs behind, dropped when a later one is taken. A forked child forgets its
     parent's."""
 
     def __init__(self) -> None:
         self._here = ProcessLocal(_Pending, name="early reads")  # this process's (.local)
         self.started = self.used = 0  # reads started early; those a batch then used
         self.rtt_s: float | None = None  # how long one batch's early read takes
+        self.slow_s: float | None = None  # the slowest lately (a fading maximum)
         self.interval_s: float | None = None  # time between the reader's batches
         self._last_take: float | None = None
 
@@ -212,7 +262,7 @@ class EarlyReads:
                         for a in (chunk, offset, length)) + len(chunk).to_bytes(8, "little")
 
     @property
-    def _pending(self) -> OrderedDict[bytes, Future[Any]]:
+    def _pending(self) -> OrderedDict[bytes, Future[Any] | Callable[[], Any]]:
         return self._here.get().reads
 
     @property
@@ -221,14 +271,25 @@ class EarlyReads:
         return self._here.get().meta_lock
 
     def depth(self) -> int:
-        """Batches to read ahead: twice the round trip over the time between batches,
-        plus one (:data:`DEPTH` until both are measured), at most :data:`MAX_DEPTH`::
+        """Batches to read ahead: twice the round trip (or the slowest recent one, if
+        longer: a loaded store's answers come late now and then, and a wait over 50 ms is
+        what the early read is for) over the time between batches, plus one
+        (:data:`DEPTH` until both are measured), at most :data:`MAX_DEPTH`::
 
             rtt 0.06 s, a batch every 0.02 s   →   2 × 3 + 1 = 7 batches ahead
+            rtt 0.06 s, one of 0.35 s lately, a batch every 0.045 s  →  7 + 1 = 8
         """
         if self.rtt_s is None or not self.interval_s:
             return DEPTH
-        return max(2, min(MAX_DEPTH, int(2 * self.rtt_s / self.interval_s) + 1))
+        ahead = max(2 * self.rtt_s, self.slow_s or 0.0) / self.interval_s
+        return max(2, min(MAX_DEPTH, int(ahead) + 1))
+
+    def due_s(self) -> float | None:
+        """Seconds until the reader gets to a batch handed over now: after those read
+        ahead already, one per measured interval (None: not measured yet)."""
+        if self.interval_s is None:
+            return None
+        return (len(self._pending) + 1) * self.interval_s
 
     def wants_more(self) -> bool:
         """Fewer batches are read ahead than :meth:`depth` asks for."""
@@ -239,19 +300,29 @@ class EarlyReads:
         out = job()
         took = time.monotonic() - started
         self.rtt_s = took if self.rtt_s is None else 0.7 * self.rtt_s + 0.3 * took
+        self.slow_s = max(took, 0.9 * (self.slow_s or 0.0))  # fades over ~20 reads
         return out
 
     def start(self, key: bytes, job: Callable[[], Any]) -> None:
-        here = self._here.get()
-        if key in here.reads:
+        """Start ``job`` (the ranged read of the batch ``key``), or queue it while
+        :meth:`depth` batches' reads run ahead already: a look-ahead that hands over
+        hundreds of batches (downloads that want more) must not start hundreds of reads,
+        whose answers would take the link and arrive long before (or after) their use.
+        At most :data:`MAX_QUEUED` wait; a batch beyond them is read when it is read."""
+        if key in self._pending or len(self._pending) >= MAX_QUEUED:
             return
-        here.reads[key] = here.pool.submit(partial(self._timed, job))
-        self.started += 1
-        while len(self._pending) > 2 * MAX_DEPTH:
-            self._pending.popitem(last=False)
+        self._pending[key] = job
+        self._fill()
+
+    def _fill(self) -> None:
+        """Start the queued reads, oldest first, while fewer than :meth:`depth` run."""
+        for key, entry in list(self._pending.items())[:self.depth()]:
+            if not isinstance(entry, Future):
+                self._pending[key] = self._pool_submit(entry)
 
     def take(self, key: bytes) -> Future[Any] | None:
-        """The read started for ``key`` (None: none); those started before it are dropped."""
+        """The read for ``key`` (started now if it was queued; None: none); those handed
+        over before it are dropped (a queued one never starts)."""
         now = time.monotonic()
         if self._last_take is not None:
             gap = now - self._last_take
@@ -260,10 +331,20 @@ class EarlyReads:
         if key not in self._pending:
             return None
         while True:
-            k, future = self._pending.popitem(last=False)
-            if k == key:
-                self.used += 1
-                return future
+            k, entry = self._pending.popitem(last=False)
+            if k != key:
+                if isinstance(entry, Future):
+                    entry.cancel()
+                continue
+            if not isinstance(entry, Future):
+                entry = self._pool_submit(entry)
+            self.used += 1
+            self._fill()
+            return entry
+
+    def _pool_submit(self, job: Callable[[], Any]) -> Future[Any]:
+        self.started += 1
+        return self._here.get().pool.submit(partial(self._timed, job))
 
     def close(self) -> None:
         self._here.close()
@@ -274,7 +355,7 @@ class _Pending:
     are not there), a pickled copy carries none."""
 
     def __init__(self) -> None:
-        self.reads: OrderedDict[bytes, Future[Any]] = OrderedDict()
+        self.reads: OrderedDict[bytes, Future[Any] | Callable[[], Any]] = OrderedDict()
         self.pool = ThreadPool(MAX_DEPTH, name="shardwise-ranged")  # no thread until used
         self.meta_lock = threading.Lock()
 
@@ -282,4 +363,4 @@ class _Pending:
         self.pool.close()
 
 
-__all__ = ["DEPTH", "MAX_DEPTH", "Arriving", "BlockSums", "EarlyReads", "Fetched"]
+__all__ = ["DEPTH", "MAX_DEPTH", "MAX_QUEUED", "Arriving", "BlockSums", "EarlyReads", "Fetched"]
