@@ -44,6 +44,7 @@ import numpy.typing as npt
 
 from shardwise.format.atomic import TMP_PREFIX, atomic_write_bytes, npy_blocks
 from shardwise.format.checksum import KnownFiles, map_checked_npy
+from shardwise.format.confined import read_regular
 from shardwise.plan._checks import IntArray, check_in_range, check_int
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation, derive_seed
 from shardwise.plan.windows import num_windows
@@ -148,7 +149,7 @@ class DocShuffleIndex:
             return None
         fix = f"delete {directory}/{fingerprint}.* to rebuild the plan"
         try:
-            meta = json.loads(meta_path.read_text())
+            meta = json.loads(read_regular(meta_path))
             layout = meta.get("layout", 1)
             if layout in LAYOUTS:
                 n_docs, total = meta["n_docs"], meta["total_tokens"]
