@@ -8,7 +8,8 @@ What it guards: torch frees a DDP model's gloo group with the GIL held while a r
 thread waits for the GIL to drop a finished all-reduce (``shardwise.integrations.torch``,
 ``_hold_process_group``): before the loader kept the group until shardwise's exit hook,
 the same job hung at that point in 6 of 20 rank runs on the 2-core machine under a load of
-~18 (a plain generator: 6 of 20 too); after, 0 of 200 jobs
+~18 (a plain generator: 6 of 20 too), and this test failed 2 of 3 times (a rank's
+watchdog: exit 1); after, 0 of 200 jobs, 400 rank exits
 (``scripts/exit_loop.py --runs 20 --per-torchrun 10 --load 1``, the long loop)."""
 
 from __future__ import annotations
