@@ -132,3 +132,18 @@ def test_a_fifo_planted_as_a_plan_file_is_refused_without_hanging(tmp_path: Path
     os.mkfifo(path)
     with pytest.raises(CacheError, match=f"{path.name} is not a regular file"):
         _unless_hung(path, lambda: _examples(root))
+
+
+@pytest.mark.parametrize("value", [None, "x", [], 1.5])
+def test_a_plan_whose_metadata_holds_a_value_of_another_type_is_rebuilt(
+        tmp_path: Path, value: object) -> None:
+    """Found by the long fuzz run: ``"seq_len": null`` in a plan's metadata was a raw
+    TypeError (``int(None)``), not a damaged plan rebuilt."""
+    root = make_cache(tmp_path / "cache", [sample_docs(60, seed=4)], chunk_docs=7)
+    clean = _examples(root)
+    (meta_path,) = (root / READER_DIR).glob("*[0-9a-f].json")
+    meta = json.loads(meta_path.read_text())
+    meta["seq_len"] = value
+    meta_path.write_text(json.dumps(meta))
+    for a, b in zip(clean, _examples(root), strict=True):
+        assert np.array_equal(a, b)

@@ -155,6 +155,8 @@ class DocShuffleIndex:
                 n_docs, total = meta["n_docs"], meta["total_tokens"]
                 sums = {name: str(meta["xxh3_64"][name]) for name in _ARRAYS}
                 seq_len, drop_last = meta["seq_len"], meta["drop_last"]
+                if type(seq_len) is not int or type(drop_last) is not bool:
+                    raise TypeError(f"seq_len {seq_len!r}, drop_last {drop_last!r}")
                 want = {"doc_order": (np.dtype(meta["doc_order_dtype"]), (n_docs,)),
                         "cum_tokens": (np.dtype(np.int64), (n_docs + 1,))}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -169,7 +171,7 @@ class DocShuffleIndex:
             raise ValueError(f"{directory / fingerprint}.cum_tokens.npy: runs from "
                              f"{int(cum[0])} to {int(cum[-1])}, the metadata says 0 to "
                              f"{total}; {fix}")
-        return cls(arrays["doc_order"], cum, int(seq_len), bool(drop_last))
+        return cls(arrays["doc_order"], cum, seq_len, drop_last)
 
 
 def check_order(index: DocShuffleIndex, *, seed: int, epoch: int, where: Path,
