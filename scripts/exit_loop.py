@@ -1,22 +1,24 @@
 """Contract 12 (a run that finishes exits 0 on every rank), the long loop: the 2-rank
 torchrun DDP job of ``tests/distributed/_exit_job.py`` (gloo, CPU, 16 steps on
 ``shardwise.torch.loader``) run ``--runs`` times while ``--load`` busy loops take cores;
-counts the runs that did not exit 0 and those that aborted ("terminate called without an
-active exception", SIGABRT). Not in the suite yet: the job can still hang or abort in
-torch's own gloo teardown (below).
+counts the runs that did not exit 0, those that aborted ("terminate called without an
+active exception", SIGABRT) and those that hung (the job's faulthandler watchdog: a stack
+dump, exit 1). The suite runs the same job a few times (tests/distributed/test_clean_exit.py).
 
-    python scripts/exit_loop.py --runs 200 --load 1 [--per-torchrun 1] [--out DIR]
+    python scripts/exit_loop.py --runs 20 --per-torchrun 10 --load 1 [--out DIR]
 
 ``--per-torchrun K``: each torchrun runs the job K times per rank (K-1 in forked children
 that exit through the interpreter's normal finalisation, then the rank process itself):
-K times the exits for one start of torch. Prints one line per torchrun and a summary;
-exits 1 if any run failed.
+K jobs for one start of torch. Prints one line per torchrun and a summary; exits 1 if any
+run failed.
 
-Known, torch's own (gdb on a run of the job that hung under a load of 18 on 2 cores):
-freeing the DDP model frees its Reducer's ProcessGroupGloo, whose destructor joins the
-``pt_gloo_runloop`` threads with the GIL held, while one of them, freeing a finished work's
-``at::ThreadLocalState``, waits for the GIL to drop a Python object: a deadlock; the same
-free during finalisation makes that thread exit inside a noexcept destructor: the SIGABRT.
+The cause this loop found, torch's (gdb and faulthandler on hung runs, as often with a
+plain generator as with the loader; see ``shardwise.integrations.torch``
+``_hold_process_group``): freeing the DDP model frees its Reducer's ProcessGroupGloo with
+the GIL held, whose destructor joins the ``pt_gloo_runloop`` threads while one of them,
+dropping a finished all-reduce whose thread-local state holds autograd's context object,
+waits for the GIL: a deadlock; during finalisation, a SIGABRT. The loader keeps the group
+until shardwise's exit hook drops it (with the GIL released): 0 in this loop since.
 """
 
 from __future__ import annotations
@@ -46,19 +48,20 @@ def build_cache(out: Path) -> Path:
     return out
 
 
-def one(cache: Path, out: Path, per: int) -> tuple[int, int, int]:
-    """(exits, failed, aborted) of one torchrun."""
+def one(cache: Path, out: Path, per: int) -> tuple[int, int, int, int]:
+    """(rank exits, failed, aborted, hung) of one torchrun."""
     done = torchrun(JOB, str(cache), str(out), str(per), timeout=900)
     logs = "".join(p.read_text(errors="replace") for p in out.glob("run*/log.r*"))
     children = [c for r in range(2) if (out / f"exits.r{r}.json").exists()
                 for c in json.loads((out / f"exits.r{r}.json").read_text())]
     failed = sum(c != 0 for c in children) + (done.returncode != 0)
     aborted = (done.stderr + logs).count("terminate called")
-    if failed or aborted:
+    hung = (done.stderr + logs).count("Timeout (")
+    if failed or aborted or hung:
         (out / "torchrun.log").write_text(done.stdout + done.stderr)
     else:
         shutil.rmtree(out)
-    return 2 * per, failed, aborted
+    return 2 * per, failed, aborted, hung
 
 
 def main() -> int:
@@ -72,22 +75,23 @@ def main() -> int:
     cache = build_cache(out / "cache")
     load = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
             for _ in range(args.load)]
-    totals = [0, 0, 0]
+    totals = [0, 0, 0, 0]
     started = time.monotonic()
     try:
         for i in range(args.runs):
             got = one(cache, out / f"torchrun{i}", args.per_torchrun)
             totals = [t + g for t, g in zip(totals, got, strict=True)]
             print(f"torchrun {i + 1}/{args.runs}: rank exits {got[0]}, failed {got[1]}, "
-                  f"aborted {got[2]} ({time.monotonic() - started:.0f} s)", flush=True)
+                  f"aborted {got[2]}, hung {got[3]} ({time.monotonic() - started:.0f} s)",
+                  flush=True)
     finally:
         for proc in load:
             proc.kill()
             proc.wait()
-    print(f"{args.runs} torchrun jobs x {args.per_torchrun} per rank under {args.load} busy "
-          f"loop(s): {totals[0]} rank exits, {totals[1]} failed, {totals[2]} aborted; "
-          f"logs of failed ones under {out}")
-    return 1 if totals[1] or totals[2] else 0
+    print(f"{args.runs} torchruns x {args.per_torchrun} jobs = {args.runs * args.per_torchrun} "
+          f"2-rank jobs under {args.load} busy loop(s): {totals[0]} rank exits, {totals[1]} "
+          f"failed, {totals[2]} aborted, {totals[3]} hung; logs of failed ones under {out}")
+    return 1 if any(totals[1:]) else 0
 
 
 if __name__ == "__main__":

@@ -75,3 +75,42 @@ def test_no_thread_starts_after_the_exit_hook() -> None:
                           timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "POOL done" in done.stdout and "AHEAD Exiting" in done.stdout, done.stdout + done.stderr
+
+
+HELD = textwrap.dedent("""
+    import atexit, os, sys, threading
+
+    class Group:  # stands for a process group: its destructor joins threads
+        def __init__(self, name):
+            self.name = name
+        def __del__(self):
+            print("DROPPED", self.name, os.getpid() == PARENT, flush=True)
+
+    def after():  # registered first: runs after shardwise's exit hook
+        print("AFTER THE HOOK", flush=True)
+
+    PARENT = os.getpid()
+    atexit.register(after)
+    from shardwise.concurrency import shutdown
+
+    shutdown.hold_until_exit("group", Group("first"))
+    shutdown.hold_until_exit("group", Group("second"))   # the first is dropped now
+    print("REPLACED", flush=True)
+    if os.fork() == 0:   # a child exiting normally never drops its parent's group
+        sys.exit(0)
+    os.wait()
+    sys.exit(0)
+""")
+
+
+def test_what_is_held_until_exit_is_dropped_by_the_exit_hook_only_in_its_process() -> None:
+    """The loader keeps torch's default process group until the exit hook so that torch
+    destroys it with the GIL released (shardwise.integrations.torch): the hook drops it,
+    before later exit handlers and the interpreter's finalisation; a new one replaces it;
+    a forked child (whose group threads are its parent's) leaves it alone."""
+    done = subprocess.run([sys.executable, "-c", HELD], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    # the child exits first (the parent waits for it): its exit handlers run, nothing dropped
+    assert done.stdout.splitlines() == ["DROPPED first True", "REPLACED", "AFTER THE HOOK",
+                                        "DROPPED second True", "AFTER THE HOOK"], done.stdout

@@ -8,13 +8,17 @@ without an active exception"). The last run is the rank process itself, whose ex
 torchrun reports. Each run reads its own copy of the cache, so that its verification
 threads have work in flight while it trains and exits. Writes ``exits.r{rank}.json``: the
 children's exit statuses (negative: killed by that signal); a child's stderr is
-``run{i}/log.r{rank}``.
+``run{i}/log.r{rank}``. A run that has not ended :data:`HANG_SECONDS` after it started
+(the deadlock of torch's gloo teardown, see ``shardwise.integrations.torch``) dumps every
+thread's Python stack there and exits 1 (faulthandler), so a hang is a failed run with
+its stack, not a test timeout.
 
     python -m torch.distributed.run --nproc-per-node 2 _exit_job.py CACHE OUT RUNS
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import shutil
@@ -32,6 +36,7 @@ import shardwise as sw
 from shardwise.torch import loader
 
 STEPS, SEQ_LEN = 16, 32
+HANG_SECONDS = 120.0  # a run takes ~10 s on a 2-core machine under a load of 18
 
 
 def train(cache: Path, run_dir: Path, rank: int) -> None:
@@ -61,6 +66,7 @@ def forked_run(cache: Path, run_dir: Path, rank: int) -> int:
     if pid == 0:
         log = os.open(run_dir / f"log.r{rank}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(log, 2)  # its errors, and an abort's message, in the run's directory
+        faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
         dist.init_process_group("gloo", init_method=f"file://{run_dir}/store", rank=rank,
                                 world_size=2, timeout=timedelta(seconds=600))
         train(cache, run_dir, rank)
@@ -79,6 +85,7 @@ def main() -> None:
     (out / f"exits.r{rank}.json").write_text(json.dumps(exits))
     last = out / f"run{runs - 1}"
     last.mkdir(parents=True, exist_ok=True)
+    faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
     dist.init_process_group("gloo")
     train(cache, last, rank)
 

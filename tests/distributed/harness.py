@@ -8,6 +8,7 @@ cost of starting Python and importing torch is paid once per rank, not per test.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -80,9 +81,23 @@ def torchrun(script: Path, *args: str, timeout: float = 300.0
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the ranks too, not torchrun alone
+            ranks = _children(proc.pid)  # each a session of its own: not in torchrun's group
+            os.killpg(proc.pid, signal.SIGKILL)
+            for pid in ranks:  # the ranks too, and what they forked
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
             raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+    return out
 
 
 @dataclass

@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.fuzz.conftest import examples
@@ -117,17 +118,22 @@ def test_a_damaged_metadata_file_is_read_clean_or_named(finished: Clean, data: s
     run_case(finished, target, edit, seal)
 
 
-def _plan_files(clean: Clean) -> list[str]:
-    return sorted(p.relative_to(clean.root).as_posix()
-                  for p in (clean.root / READER_DIR).iterdir()
+@pytest.fixture(scope="session")
+def plan_files(finished: Clean) -> list[str]:
+    """The clean cache's plan files, listed once: a strategy drawing from a listing made
+    at each example would draw differently once a reader of ``finished.root`` itself
+    (test_fuzz_states reads it in place) adds plan files there, and hypothesis reports
+    that as FlakyStrategyDefinition instead of the case."""
+    return sorted(p.relative_to(finished.root).as_posix()
+                  for p in (finished.root / READER_DIR).iterdir()
                   if p.is_file() and p.suffix in (".npy", ".json"))
 
 
 @settings(**examples(30))  # type: ignore[arg-type]
 @given(data=st.data())
-def test_a_damaged_plan_file_is_read_clean_or_named(finished: Clean,
+def test_a_damaged_plan_file_is_read_clean_or_named(finished: Clean, plan_files: list[str],
                                                     data: st.DataObject) -> None:
-    target = data.draw(st.sampled_from(_plan_files(finished)))
+    target = data.draw(st.sampled_from(plan_files))
     edit = data.draw(any_edit(json=target.endswith(".json")))
     run_case(finished, target, edit, seal=False)
 

@@ -30,7 +30,8 @@ def test_all_is_sorted_and_pinned() -> None:
 
 def test_imports_only_numpy_stdlib_format_world_and_itself() -> None:
     """Plans are pure functions over integers: no torch, no I/O beyond atomic plan files
-    and their checksums (format/checksum: a plan file a reader trusts carries one);
+    and their checksums (format/checksum: a plan file a reader trusts carries one), read
+    only from a regular file (format/confined: a FIFO planted as a plan is refused);
     the rank-slicing rules come from World and the integer rule from checkpoint.as_count
     (one place for each); a plan's memo is the one bounded cache (a plain LRU: no thread,
     no I/O)."""
@@ -47,6 +48,7 @@ def test_imports_only_numpy_stdlib_format_world_and_itself() -> None:
                 top = name.split(".")[0]
                 ok = name.startswith(("shardwise.plan", "shardwise.format.atomic",
                                       "shardwise.format.checksum",
+                                      "shardwise.format.confined",
                                       "shardwise.world", "shardwise.choice",
                                       "shardwise.checkpoint", "shardwise.errors",
                                       "shardwise.concurrency.bounded"))

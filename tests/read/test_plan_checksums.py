@@ -6,6 +6,9 @@ the reader rebuilds the file and serves the clean examples, never the edited one
 from __future__ import annotations
 
 import json
+import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +17,7 @@ from numpy.lib import format as npy
 from tests.cachefactory import make_cache, sample_docs
 
 import shardwise as sw
+from shardwise.errors import CacheError
 from shardwise.format.checksum import file_checksum
 from shardwise.format.paths import READER_DIR
 
@@ -86,3 +90,60 @@ def test_a_forged_plan_with_its_own_checksums_is_rebuilt(tmp_path: Path) -> None
     for i, a, b in zip(EXAMPLES, clean, again, strict=True):
         assert np.array_equal(a, b), f"example {i} differs with a forged plan"
     assert np.array_equal(np.load(plans / f"{fp}.doc_order.npy"), order)  # rebuilt
+
+
+def _unless_hung(path: Path, job: Callable[[], object]) -> None:
+    """``job()`` on a thread, re-raising what it raised; a failure if it blocks (then the
+    FIFO ``path`` is opened for writing and closed, so the blocked reader sees its end)."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            job()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            failed.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(30)
+    if t.is_alive():
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        t.join(30)
+        pytest.fail(f"the reader blocked opening the FIFO {path.name}")
+    if failed:
+        raise failed[0]
+
+
+@pytest.mark.parametrize("name", ["doc_order.npy", "cum_tokens.npy", "plan json",
+                                  "doc_starts.npy", "doc_starts.json"])
+def test_a_fifo_planted_as_a_plan_file_is_refused_without_hanging(tmp_path: Path,
+                                                                  name: str) -> None:
+    """A cache shipped with a FIFO where a plan file goes: opening it to read would block
+    until someone writes to it. It is a CacheError naming it, at once. (The starts are
+    read by the plan's builder: their case removes the plan first.)"""
+    root = make_cache(tmp_path / "cache", [sample_docs(60, seed=4)], chunk_docs=7)
+    _examples(root)
+    plans = root / READER_DIR
+    (meta,) = plans.glob("*[0-9a-f].json")
+    (path,) = [meta] if name == "plan json" else plans.glob(f"*.{name}")
+    if name.startswith("doc_starts"):
+        meta.unlink()
+    path.unlink()
+    os.mkfifo(path)
+    with pytest.raises(CacheError, match=f"{path.name} is not a regular file"):
+        _unless_hung(path, lambda: _examples(root))
+
+
+@pytest.mark.parametrize("value", [None, "x", [], 1.5])
+def test_a_plan_whose_metadata_holds_a_value_of_another_type_is_rebuilt(
+        tmp_path: Path, value: object) -> None:
+    """Found by the long fuzz run: ``"seq_len": null`` in a plan's metadata was a raw
+    TypeError (``int(None)``), not a damaged plan rebuilt."""
+    root = make_cache(tmp_path / "cache", [sample_docs(60, seed=4)], chunk_docs=7)
+    clean = _examples(root)
+    (meta_path,) = (root / READER_DIR).glob("*[0-9a-f].json")
+    meta = json.loads(meta_path.read_text())
+    meta["seq_len"] = value
+    meta_path.write_text(json.dumps(meta))
+    for a, b in zip(clean, _examples(root), strict=True):
+        assert np.array_equal(a, b)

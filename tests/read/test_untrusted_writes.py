@@ -11,6 +11,7 @@ import socket
 from pathlib import Path
 
 import pytest
+import xxhash
 from tests import cachefactory
 from tests.cachefactory import make_cache, sample_docs
 
@@ -19,7 +20,7 @@ from shardwise.errors import CacheError, ManifestError
 from shardwise.format.chunk import chunk_stem
 from shardwise.format.paths import READER_DIR
 from shardwise.read.tokens.plans import starts_path
-from shardwise.storage.download import LOCK_NAME, DownloadDir
+from shardwise.storage.download import LOCK_NAME, DownloadDir, get_checked
 
 L = 16
 REFUSED = "is a symlink; shardwise never writes through a link"
@@ -136,3 +137,55 @@ def test_a_fifo_for_a_log_is_refused_without_hanging(cache_dir: Path) -> None:
     os.mkfifo(verified / log_name(cache_dir))
     with pytest.raises(CacheError, match="is not a regular file"):
         read_all(sw.TokenDataset(cache_dir, seq_len=L, seed=1))
+
+
+class _Bytes:
+    """What :func:`get_checked` asks of a remote store, over one object in memory."""
+
+    url = "s3://bucket/cache"
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def url_of(self, key: str) -> str:
+        return f"{self.url}/{key}"
+
+    def get(self, key: str) -> bytes:
+        return self.data
+
+    def get_ranges(self, ranges: list[tuple[str, int, int]], **_: object) -> list[bytes]:
+        return [self.data[a:b] for _, a, b in ranges]
+
+
+KEY = "chunks/00000/00000-00001.bin"
+DATA = bytes(range(256)) * 4
+
+
+def _download(tmp: Path) -> None:
+    get_checked(_Bytes(DATA), KEY, {"bytes": len(DATA), "xxh3_64": xxhash.xxh3_64_hexdigest(DATA)},
+                tmp)
+
+
+def test_a_download_never_writes_through_a_symlink_at_its_temporary_name(
+        tmp_path: Path, outside: Path) -> None:
+    tmp = tmp_path / f".tmp-{Path(KEY).name}.1.0badcafe"
+    tmp.symlink_to(outside / "victim.txt")
+    before = snapshot(outside)
+    with pytest.raises(CacheError, match=REFUSED):
+        _download(tmp)
+    assert snapshot(outside) == before
+
+
+def test_a_download_never_writes_through_a_symlinked_directory_of_local_dir(
+        tmp_path: Path, outside: Path) -> None:
+    """``local_dir/chunks/00000`` a symlink: the claim, the temporary file and the chunk
+    would all land in its target."""
+    node = tmp_path / "node"
+    (node / "chunks").mkdir(parents=True)
+    (node / "chunks" / "00000").symlink_to(outside, target_is_directory=True)
+    before = snapshot(outside)
+    with pytest.raises(CacheError, match=f"00000 {REFUSED}"):
+        DownloadDir(node, 1 << 20, timeout=5).fetch(KEY, len(DATA), _download)
+    assert snapshot(outside) == before
+    DownloadDir(tmp_path / "clean", 1 << 20).fetch(KEY, len(DATA), _download)
+    assert (tmp_path / "clean" / KEY).read_bytes() == DATA

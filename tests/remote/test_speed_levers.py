@@ -320,7 +320,7 @@ def test_a_file_of_many_blocks_downloads_in_groups_checked(built: tuple[str, Pat
     short = {"bytes": size - 1, "xxh3_64": xxhash.xxh3_64(data[:-1]).hexdigest()}
     with pytest.raises(CorruptChunkError,
                        match=rf"{size}\.bin: {size}\+ bytes, the metadata says {size - 1}"):
-        get_checked(store, f"blocks/{size}.bin", short, tmp_path / "got")
+        get_checked(store, f"blocks/{size}.bin", short, tmp_path / "got-short")
     store.remove([f"blocks/{size}.bin"])
 
 

@@ -20,12 +20,16 @@ here. At exit:
    woken) and joined for at most :data:`JOIN_SECONDS`, also owners that closing another
    one registered, and also after one whose close raised;
 3. a thread still alive then is named on stderr with its Python stack, so that an abort
-   that follows names its cause.
+   that follows names its cause;
+4. the objects :func:`hold_until_exit` kept are dropped, here, on the main thread, before
+   the interpreter finalises (an object whose destructor blocks, e.g. a process group
+   joining its threads, must not run that destructor where it can deadlock or abort).
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import threading
 import traceback
@@ -48,12 +52,25 @@ _live: weakref.WeakSet[Stoppable] = weakref.WeakSet()
 _threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 _lock = threading.Lock()
 _exiting: list[bool] = []  # [True] once the exit hook ran (a list: no global statement)
+_held: dict[tuple[int, str], object] = {}  # (pid, key) -> what the exit hook drops
 
 
 def register(owner: Stoppable) -> None:
     """Stop ``owner`` at interpreter exit, if it is still alive then."""
     with _lock:
         _live.add(owner)
+
+
+def hold_until_exit(key: str, obj: object) -> None:
+    """Keep a reference to ``obj`` until the exit hook drops it (after shardwise's threads
+    stopped, before the interpreter finalises), in place of what was held under ``key``
+    by this process (dropped now, so at most one per key is kept). A forked child never
+    drops what its parent held, not even as it finalises (:func:`_keep_inherited`): that
+    object's threads are not in the child, and joining them there would never end."""
+    with _lock:
+        old = _held.pop((os.getpid(), key), None)
+        _held[os.getpid(), key] = obj
+    del old  # outside the lock: its destructor may block (it releases the GIL first)
 
 
 def start_thread(owner: Stoppable, target: Callable[[], object], name: str) -> threading.Thread:
@@ -86,6 +103,24 @@ def _stop_all() -> None:
             except Exception as e:  # noqa: BLE001 - the others are stopped all the same
                 print(f"shardwise: stopping {owner!r} at exit failed: {e!r}", file=sys.stderr)
     _name_survivors()
+    _drop_held()
+
+
+def _keep_inherited() -> None:
+    """In a forked child: what the parent held is kept for good (one reference that is
+    never dropped), so the child's finalisation does not run its destructor either."""
+    if _held:
+        import ctypes
+
+        for obj in _held.values():
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+
+def _drop_held() -> None:
+    with _lock:
+        mine = [k for k in _held if k[0] == os.getpid()]
+        dropped = [_held.pop(k) for k in mine]
+    dropped.clear()  # the last references, if nobody else holds them, end here
 
 
 def _name_survivors() -> None:
@@ -102,5 +137,6 @@ def _name_survivors() -> None:
 
 
 atexit.register(_stop_all)
+os.register_at_fork(after_in_child=_keep_inherited)
 
-__all__ = ["JOIN_SECONDS", "Exiting", "register", "start_thread"]
+__all__ = ["JOIN_SECONDS", "Exiting", "hold_until_exit", "register", "start_thread"]

@@ -15,6 +15,8 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from shardwise.format.confined import open_regular
+
 ALGORITHM = "xxh3_64"
 _BLOCK = 8 << 20
 BLOCK_BYTES = 64 << 10  # a .bin's checked unit for ranged reads: 1,024 sums per 64 MiB
@@ -57,7 +59,7 @@ def map_checked_npy(path: Path, xxh3: str, fix: str, known: KnownFiles | None = 
     again, one that passes is added (a 1.2 GB plan is hashed once per node, not per
     process)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO planted as a plan: a CacheError, no hang
             st = os.fstat(f.fileno())
             key = (f"{path.name} {xxh3} {st.st_size} {st.st_mtime_ns} {st.st_dev} "
                    f"{st.st_ino} plan")

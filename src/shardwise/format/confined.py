@@ -19,6 +19,7 @@ import contextlib
 import os
 import stat
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from shardwise.errors import CacheError
 
@@ -94,4 +95,26 @@ def open_under(root: Path, relative: str | PurePosixPath, flags: int, mode: int 
     return fd
 
 
-__all__ = ["APPEND", "LOCK", "open_dir", "open_under"]
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` open for reading, refused unless it is a regular file: a FIFO shipped
+    where a file (a plan, its checksum) should be would block the open until someone
+    writes to it, a device (a link to ``/dev/zero``) would never end. Opened with
+    ``O_NONBLOCK`` (a FIFO's open returns at once), checked by ``fstat`` on that very
+    descriptor, then made blocking again. A :class:`~shardwise.errors.CacheError` names
+    it; a missing file is the OSError ``open`` raises."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CacheError(f"{path} is not a regular file (a FIFO or a device where shardwise "
+                         "reads a file it wrote); remove it and run again: it is made anew")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_regular(path: Path) -> bytes:
+    """The bytes of the regular file ``path`` (:func:`open_regular`)."""
+    with open_regular(path) as f:
+        return f.read()
+
+
+__all__ = ["APPEND", "LOCK", "open_dir", "open_regular", "open_under", "read_regular"]

@@ -44,6 +44,7 @@ import numpy.typing as npt
 
 from shardwise.format.atomic import TMP_PREFIX, atomic_write_bytes, npy_blocks
 from shardwise.format.checksum import KnownFiles, map_checked_npy
+from shardwise.format.confined import read_regular
 from shardwise.plan._checks import IntArray, check_in_range, check_int
 from shardwise.plan.permutation import PERMUTATION_VERSION, Permutation, derive_seed
 from shardwise.plan.windows import num_windows
@@ -148,12 +149,14 @@ class DocShuffleIndex:
             return None
         fix = f"delete {directory}/{fingerprint}.* to rebuild the plan"
         try:
-            meta = json.loads(meta_path.read_text())
+            meta = json.loads(read_regular(meta_path))
             layout = meta.get("layout", 1)
             if layout in LAYOUTS:
                 n_docs, total = meta["n_docs"], meta["total_tokens"]
                 sums = {name: str(meta["xxh3_64"][name]) for name in _ARRAYS}
                 seq_len, drop_last = meta["seq_len"], meta["drop_last"]
+                if type(seq_len) is not int or type(drop_last) is not bool:
+                    raise TypeError(f"seq_len {seq_len!r}, drop_last {drop_last!r}")
                 want = {"doc_order": (np.dtype(meta["doc_order_dtype"]), (n_docs,)),
                         "cum_tokens": (np.dtype(np.int64), (n_docs + 1,))}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -168,7 +171,7 @@ class DocShuffleIndex:
             raise ValueError(f"{directory / fingerprint}.cum_tokens.npy: runs from "
                              f"{int(cum[0])} to {int(cum[-1])}, the metadata says 0 to "
                              f"{total}; {fix}")
-        return cls(arrays["doc_order"], cum, int(seq_len), bool(drop_last))
+        return cls(arrays["doc_order"], cum, seq_len, drop_last)
 
 
 def check_order(index: DocShuffleIndex, *, seed: int, epoch: int, where: Path,

@@ -40,14 +40,14 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from shardwise.concurrency import flock
 from shardwise.concurrency.poll import check_wait_args, wait_until
 from shardwise.errors import CacheError, ConfigError, CorruptChunkError
-from shardwise.format.atomic import TMP_PREFIX, temp_path
-from shardwise.format.confined import LOCK, open_under
+from shardwise.format.atomic import TMP_PREFIX, open_temp, temp_path
+from shardwise.format.confined import LOCK, open_dir, open_under
 from shardwise.format.files import check_key
 from shardwise.remote.client import SMALL_END, RemoteStore
 from shardwise.remote.native import LARGEST_GET
@@ -117,9 +117,10 @@ class DownloadDir:
         if size > self.max_bytes:
             raise ConfigError(f"{key} is {size} bytes, more than the local cache's "
                               f"local_bytes={self.max_bytes}; raise local_bytes")
-        final = self.dir / check_key(key, where=str(self.dir), root=str(self.dir))
+        rel = PurePosixPath(check_key(key, where=str(self.dir), root=str(self.dir)))
+        final = self.dir / rel
         claim = final.with_name(CLAIM_PREFIX + final.name)
-        final.parent.mkdir(parents=True, exist_ok=True)
+        os.close(open_dir(self.dir, rel.parent))  # made; a symlink on the way: CacheError
         first = True
 
         def attempt() -> Path | None:
@@ -282,8 +283,9 @@ def first_block(store: RemoteStore, key: str, size: int, *, also: str,
 
 def get_checked(store: RemoteStore, key: str, spec: dict[str, object], tmp: Path, *,
                 first: First | None = None, group: int = GROUP) -> None:
-    """Download ``key`` into ``tmp`` in pieces, checking size and xxh3 (``spec``: the chunk
-    metadata's entry for the file) as it streams.
+    """Download ``key`` into the new file ``tmp`` (:func:`~shardwise.format.atomic.open_temp`:
+    created exclusively, no symlink followed) in pieces, checking size and xxh3
+    (``spec``: the chunk metadata's entry for the file) as it streams.
 
     Each piece is one ranged GET of :data:`PIECE` bytes (no HEAD first: the size is known),
     ``group`` of them asked for at once (one round trip; a connection each), then hashed
@@ -295,7 +297,8 @@ def get_checked(store: RemoteStore, key: str, spec: dict[str, object], tmp: Path
 
     url, want = store.url_of(key), int(spec["bytes"])  # type: ignore[call-overload]
     h, got = xxhash.xxh3_64(), 0
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    out = open_temp(tmp)  # created afresh, never through a symlink
+    fd = out.fileno()
     try:
         if not want:
             got = _write(fd, h, store.get(key))
@@ -316,7 +319,7 @@ def get_checked(store: RemoteStore, key: str, spec: dict[str, object], tmp: Path
         raise CorruptChunkError(f"{url}: named by the ledger but missing; run 'shardwise "
                                 f"verify {store.url}'") from None
     finally:
-        os.close(fd)
+        out.close()
     if got != want or h.hexdigest() != spec["xxh3_64"]:
         what = (f"{got}{'+' if got > want else ''} bytes, the metadata says {want}"
                 if got != want else

@@ -36,7 +36,7 @@ from shardwise.concurrency.once import build_once
 from shardwise.errors import CorruptChunkError
 from shardwise.format.atomic import TMP_PREFIX, atomic_write_bytes, npy_blocks
 from shardwise.format.checksum import map_checked_npy
-from shardwise.format.confined import LOCK, open_under
+from shardwise.format.confined import LOCK, open_regular, open_under, read_regular
 from shardwise.format.megatron import HEADER_SIZE, read_idx
 from shardwise.format.paths import reader_dir
 from shardwise.plan.doc_shuffle import BLOCK as PLAN_BLOCK
@@ -82,7 +82,7 @@ def _load(path: Path, n_docs: int, total: int) -> npt.NDArray[np.int64] | None:
         return None
     fix = f"delete {path} to rebuild it"
     try:
-        xxh3 = str(json.loads(sidecar.read_bytes())["xxh3_64"])
+        xxh3 = str(json.loads(read_regular(sidecar))["xxh3_64"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{sidecar}: unreadable ({exc!r}); {fix}") from exc
     arr = map_checked_npy(path, xxh3, fix, checked_here(path.parent))
@@ -162,7 +162,7 @@ def doc_lengths_from_starts(path: Path, n_docs: int, *, block: int = BLOCK
     """Every document's length from a starts file, as int32 while each fits (else int64),
     read in blocks: the builder of a plan holds 4 bytes per document, not the file."""
     out: npt.NDArray[np.integer] = np.empty(n_docs, dtype=np.int32)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         major, _ = npy.read_magic(f)  # 1.0 is what npy_blocks writes
         read = npy.read_array_header_1_0 if major == 1 else npy.read_array_header_2_0
         shape, _, dtype = read(f)
