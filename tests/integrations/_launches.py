@@ -116,5 +116,8 @@ def collect(request: pytest.FixtureRequest, root: Path) -> Launches:
         module = getattr(item, "module", None)
         if module is not None and hasattr(module, "launch_jobs"):
             modules[Path(module.__file__).stem] = module
-    return Launches(root, {name: m.launch_jobs(root / name)
-                           for name, m in sorted(modules.items())})
+    jobs = {}
+    for name, m in sorted(modules.items()):
+        (root / name).mkdir()
+        jobs[name] = m.launch_jobs(root / name)
+    return Launches(root, jobs)

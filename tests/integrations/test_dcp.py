@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 from tests.integrations._launches import FIRST, ONE, RESUME, Job, Launches
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
