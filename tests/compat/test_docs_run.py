@@ -1,5 +1,6 @@
 """Every fenced ``python`` and ``bash`` block of README.md and docs/**/*.md runs as printed:
-python blocks each in a fresh interpreter, bash blocks in bash, all in one working
+python blocks each in a process of its own (forked from one that imported torch, shardwise
+and transformers once: tests/compat/_docs_fork.py), bash blocks in bash, all in one working
 directory holding the repository's ``sample/`` and the caches the README's first lines
 build (``out/cache``, ``out/sample-cache``), in document order. A new doc section is picked
 up as it is written.
@@ -14,10 +15,13 @@ A block without one must run (exit 0)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import select
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,13 +89,48 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+TIMEOUT = 600
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1",
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+            "PYTHONPATH": os.pathsep.join([str(REPO / "src"),
+                                           os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.fixture(scope="module")
+def forks(workdir: Path) -> Iterator[subprocess.Popen[str]]:
+    """The process python blocks are forked from (its imports made once)."""
+    script = Path(__file__).resolve().with_name("_docs_fork.py")
+    with subprocess.Popen([sys.executable, str(script)], cwd=workdir, env=_env(), text=True,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
+        yield proc
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=TIMEOUT)
+
+
+def _run_python(forks: subprocess.Popen[str], block: Block, out: Path) -> int:
+    assert forks.stdin is not None and forks.stdout is not None
+    forks.stdin.write(json.dumps({"code": block.code, "where": block.where,
+                                  "out": str(out)}) + "\n")
+    forks.stdin.flush()
+    ready, _, _ = select.select([forks.stdout], [], [], TIMEOUT)
+    assert ready, f"{block.where}: did not end within {TIMEOUT} s"
+    answer = forks.stdout.readline()
+    assert answer, f"{block.where}: the process blocks are forked from ended"
+    return int(json.loads(answer)["returncode"])
+
+
 @pytest.mark.parametrize("block", RUN, ids=[b.where for b in RUN])
-def test_block_runs(block: Block, workdir: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
-           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-    cmd = ([sys.executable, "-c", block.code] if block.lang == "python"
-           else ["bash", "-euo", "pipefail", "-c", block.code])
-    done = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True,
-                          timeout=600)
+def test_block_runs(block: Block, workdir: Path, forks: subprocess.Popen[str],
+                    tmp_path: Path) -> None:
+    if block.lang == "python":
+        code = _run_python(forks, block, tmp_path / "output.txt")
+        said = (tmp_path / "output.txt").read_text(errors="replace")
+        assert code == 0, f"{block.where}:\n{said[-5000:]}"
+        return
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], cwd=workdir,
+                          env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 0, f"{block.where}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"

@@ -1,6 +1,7 @@
-"""One rank of a torchtitan-style DCP run under torchrun (gloo, CPU), for test_dcp.py.
+"""One rank of a torchtitan-style DCP run (gloo, CPU), for test_dcp.py: ``job(spec)`` in
+the shared launch (_launch_run.py), or ``python -m torch.distributed.run … spec.json``.
 
-argv: spec.json. For each kind (a TokenDataset, a Blend) and micro-batch size in
+For each kind (a TokenDataset, a Blend) and micro-batch size in
 ``micros`` builds this rank's shardwise loader, keeps it in a ``Stateful`` wrapper under
 ``"dataloader"`` (as torchtitan does) and reads ``steps`` optimizer steps, recording every
 micro-batch's ``input_ids`` and the final state. Without
@@ -69,17 +70,18 @@ def run(spec: dict[str, Any], kind: str, micro: int, rank: int, world: int) -> N
     Path(f"{out}.state.r{rank}.json").write_text(json.dumps(dl.state_dict()))
 
 
-def main() -> None:
-    spec = json.loads(Path(sys.argv[1]).read_text())
+def job(spec: dict[str, Any]) -> None:
+    """This rank's runs (the launch's process group kept, or made)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo")
-    try:
-        for kind in spec["kinds"]:
-            for micro in spec["micros"]:
-                run(spec, kind, micro, rank, world)
-    finally:
-        dist.destroy_process_group()
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    for kind in spec["kinds"]:
+        for micro in spec["micros"]:
+            run(spec, kind, micro, rank, world)
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        job(json.loads(Path(sys.argv[1]).read_text()))
+    finally:
+        dist.destroy_process_group()

@@ -1,6 +1,7 @@
-"""One rank of a ShardwiseTrainer run under torchrun (gloo, CPU), for test_hf_trainer.py.
+"""One rank of a ShardwiseTrainer run (gloo, CPU), for test_hf_trainer.py: ``job(spec)`` in
+the shared launch (_launch_run.py), or ``python -m torch.distributed.run … spec.json``.
 
-argv: spec.json. Trains a 2-layer GPT-2 from a config and records, per micro-step, the
+Trains a 2-layer GPT-2 from a config and records, per micro-step, the
 ``input_ids`` it received, the Trainer's loss and a hand-computed next-token
 cross-entropy over the same logits; then the final parameters (rank 0). With
 ``"misuse": true`` it instead checks that accelerate's wrappers are refused.
@@ -128,7 +129,10 @@ def _leave_the_group() -> None:
         torch.distributed.destroy_process_group()
 
 
-if __name__ == "__main__":
-    spec = json.loads(Path(sys.argv[1]).read_text())
+def job(spec: dict[str, Any]) -> None:
     misuse(spec) if spec.get("misuse") else train(spec)
+
+
+if __name__ == "__main__":
+    job(json.loads(Path(sys.argv[1]).read_text()))
     _leave_the_group()

@@ -1,6 +1,7 @@
-"""One rank of a Lightning run under torchrun (DDP, gloo, CPU), for test_lightning.py.
+"""One rank of a Lightning run (DDP, gloo, CPU), for test_lightning.py: ``job(spec)`` in the
+shared launch (_launch_run.py), or ``python -m torch.distributed.run … spec.json``.
 
-argv: spec.json. For each run ``<loader>-<sampler>`` (loader "shardwise":
+For each run ``<loader>-<sampler>`` (loader "shardwise":
 ``shardwise.torch.loader``; "torchdata": a ``StatefulDataLoader`` over
 ``shardwise.torchdata.batch_sampler``; sampler "cyclic": Lightning epochs of a known
 length, "single": endless, so Lightning prefetches a micro-batch to know the last) it
@@ -100,12 +101,11 @@ def run(spec: dict[str, Any], kind: str, world: int) -> None:
         np.save(Path(spec["record"]) / f"{kind}.params.npy", params.numpy())
 
 
-def main() -> None:
-    spec = json.loads(Path(sys.argv[1]).read_text())
+def job(spec: dict[str, Any]) -> None:
     world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
     for kind in spec["kinds"]:
         run(spec, kind, world)
 
 
 if __name__ == "__main__":
-    main()
+    job(json.loads(Path(sys.argv[1]).read_text()))

@@ -1,6 +1,5 @@
-"""litgpt 0.5.13 and Lightning Fabric over shardwise, for test_litgpt.py (CPU).
-
-argv: spec.json. ``spec["mode"]``:
+"""litgpt 0.5.13 and Lightning Fabric over shardwise, for test_litgpt.py (CPU): ``job(spec)``
+in the shared launch (_launch_run.py), or ``python … spec.json``. ``spec["mode"]``:
 
 - ``"ddp"`` (under torchrun, 2 processes): a Fabric DDP on CPU. First a plain Fabric loop:
   ``fabric.setup_dataloaders(shardwise.torch.loader(ds, ...))`` reads ``READ`` micro-batches,
@@ -8,7 +7,8 @@ argv: spec.json. ``spec["mode"]``:
   loader ``fabric.load`` s the checkpoint and reads again (``resumed``). Then litgpt's own
   ``pretrain.main`` with that Fabric and ``shardwise.litgpt.ShardwiseData``: a run of
   ``STEPS`` optimizer steps saving after each, and a run resumed from step 1.
-- ``"single"`` (one process): litgpt's ``pretrain.setup`` on one device, the same two runs.
+- ``"single"`` (one process, without torchrun's rank variables): litgpt's
+  ``pretrain.setup`` on one device, the same two runs.
 
 Every micro-batch litgpt trains on is recorded where the model sees it (``GPT.forward`` in
 training mode): ``litgpt.<run>.r<rank>.npy``.
@@ -109,6 +109,19 @@ def fabric_loop(spec: dict[str, Any], fabric: Any, rank: int) -> None:
     resumed = [next(it)["input_ids"].numpy() for _ in range(READ)]
     np.savez(Path(spec["record"]) / f"fabric.r{rank}.npz", first=np.stack(first),
              run=np.stack(run), resumed=np.stack(resumed))
+
+
+def job(spec: dict[str, Any]) -> None:
+    """``main``; a single-device run hides torchrun's rank variables from Lightning, as a
+    process of its own would not have them."""
+    if spec["mode"] != "single":
+        return main(spec)
+    hidden = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+              if k in os.environ}
+    try:
+        main(spec)
+    finally:
+        os.environ.update(hidden)
 
 
 def main(spec: dict[str, Any]) -> None:

@@ -1,5 +1,6 @@
-"""One rank of OLMo-core's data-loader protocol over shardwise (torchrun, gloo, CPU), for
-test_olmo.py: the calls OLMo's ``Trainer`` makes, in its order.
+"""One rank of OLMo-core's data-loader protocol over shardwise (gloo, CPU), for test_olmo.py
+(``job(spec)`` in the shared launch, _launch_run.py, or under torchrun): the calls OLMo's
+``Trainer`` makes, in its order.
 
 ``Trainer._fit_epoch``: ``reshuffle(epoch)``, iterate (OLMo's ``__iter__`` counts
 ``batches_processed`` and checks each batch's size), ``reset()`` at the epoch's end;
@@ -68,8 +69,13 @@ def main(spec: dict[str, Any]) -> None:
     (record / f"state.r{rank}.json").write_text(json.dumps(saved["data_loader"]))
 
 
+def job(spec: dict[str, Any]) -> None:
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    main(spec)
+
+
 if __name__ == "__main__":
-    dist.init_process_group("gloo")
-    main(json.loads(Path(sys.argv[1]).read_text()))
+    job(json.loads(Path(sys.argv[1]).read_text()))
     dist.barrier()
     dist.destroy_process_group()

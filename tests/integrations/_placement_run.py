@@ -1,6 +1,7 @@
-"""One rank of the placement matrix under torchrun (gloo, CPU), for test_placement_matrix.py.
+"""One rank of the placement matrix (gloo, CPU), for test_placement_matrix.py: ``job(spec)``
+in the shared launch (_launch_run.py), or under torchrun with argv spec.json.
 
-argv: spec.json, naming the integrations (all of them run in this one launch). Every
+The spec names the integrations (all of them run in this one job). Every
 reader of ``_placement.READERS`` is read through each as a user would, ``world=`` left
 out; the rank records the ``input_ids`` of each micro-batch it trained on
 (``<integration>/<reader>.r<rank>.npy``: micro-steps × micro batch × seq_len). Under the
@@ -317,6 +318,9 @@ def main(spec: dict[str, Any]) -> None:
             continue
         for key, rows in seen.items():
             np.save(record / f"{key}.r{rank}.npy", rows)
+
+
+job = main
 
 
 if __name__ == "__main__":

@@ -1,6 +1,5 @@
-"""One rank of a torchtitan run under torchrun (gloo, CPU), for test_torchtitan.py.
-
-argv: spec.json. The rank:
+"""One rank of a torchtitan run (gloo, CPU), for test_torchtitan.py: ``job(spec)`` in the
+shared launch (_launch_run.py), or ``python -m torch.distributed.run … spec.json``. The rank:
 
 1. walks a TokenDataset with titan's own ``ParallelAwareDataloader`` (as a titan user
    would hand it one: ``dp_rank``/``dp_world_size`` given, its sampler the default, one
@@ -86,7 +85,8 @@ def refusals(spec: dict[str, Any], rank: int, world: int) -> None:
 
 
 def main(spec: dict[str, Any]) -> None:
-    dist.init_process_group("gloo")
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     refusals(spec, rank, world)
     dl, ckpt = titan_parts(spec, world, rank)
@@ -103,12 +103,16 @@ def main(spec: dict[str, Any]) -> None:
     ckpt.close()
 
 
-if __name__ == "__main__":
+def job(spec: dict[str, Any]) -> None:
     try:
-        main(json.loads(Path(sys.argv[1]).read_text()))
+        main(spec)
     except Exception:
-        Path(json.loads(Path(sys.argv[1]).read_text())["record"],
-             f"error.r{os.environ['RANK']}.txt").write_text(traceback.format_exc())
+        Path(spec["record"], f"error.r{os.environ['RANK']}.txt").write_text(
+            traceback.format_exc())
         raise
+
+
+if __name__ == "__main__":
+    job(json.loads(Path(sys.argv[1]).read_text()))
     dist.barrier()
     dist.destroy_process_group()

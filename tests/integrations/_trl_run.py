@@ -1,5 +1,6 @@
-"""One rank of TRL's SFTTrainer with ShardwiseTrainerMixin under torchrun (gloo, CPU), for
-test_trl.py. argv: spec.json. One launch trains three times:
+"""One rank of TRL's SFTTrainer with ShardwiseTrainerMixin (gloo, CPU), for test_trl.py:
+``job(spec)`` in the shared launch (_launch_run.py), or under torchrun with argv spec.json.
+One launch trains three times:
 
 * ``sft``: a PackedSFT of ChatProcessor records (assistant turns trained). Per micro-step:
   the ``input_ids`` and ``position_ids`` the model got, TRL's loss, the Trainer's token
@@ -111,6 +112,9 @@ def _leave_the_group() -> None:
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+
+
+job = main
 
 
 if __name__ == "__main__":

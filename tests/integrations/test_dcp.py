@@ -3,21 +3,21 @@ a ``Stateful`` under ``"dataloader"``, is saved with ``torch.distributed.checkpo
 step k on 2 ranks, loaded on 2 and on 1 rank (global batch kept: the 1-rank run takes
 micro-batches of 2 × 4 accumulation and of 4 × 2), and the continuation's global batches
 equal the uninterrupted run's, which are the dataset's global order — a TokenDataset and a
-Blend. One launch per run."""
+Blend. Each run is a job of the session's shared launches (tests/integrations/_launches.py)."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import pytest
+from tests.integrations._launches import FIRST, ONE, RESUME, Job, Launches
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _dcp_run import dataset  # noqa: E402
-from test_hf_trainer import torchrun  # noqa: E402
 
 from cachefactory import make_cache, sample_docs  # noqa: E402
 
@@ -26,11 +26,27 @@ SEQ_LEN, MICRO, GLOBAL, SEED = 9, 2, 8, 7
 KINDS = ["tokens", "blend"]
 
 
-@pytest.fixture(scope="module")
-def caches(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    root = tmp_path_factory.mktemp("dcp")
+def _caches(root: Path) -> list[str]:
     return [str(make_cache(root / f"c{i}", [sample_docs(8, seed=3 + i, vocab_size=500)],
                            chunk_docs=3, eod_id=0)) for i in range(2)]
+
+
+def _base(caches: list[str], checkpoints: Path) -> dict[str, Any]:
+    base = {"caches": caches, "seq_len": SEQ_LEN, "seed": SEED, "global": GLOBAL,
+            "kinds": KINDS, "checkpoints": str(checkpoints)}
+    per_epoch = len(dataset(base, "tokens")) // GLOBAL
+    save, steps = per_epoch + 1, 2 * per_epoch + 2  # saved inside the second epoch
+    return {**base, "steps": steps, "save": save}
+
+
+def launch_jobs(root: Path) -> list[Job]:
+    """The uninterrupted run on 2 ranks; resumed on 2 and on 1 rank."""
+    base = _base(_caches(root), root / "ckpt")
+    return [Job("full", FIRST, RUN, {**base, "micros": [MICRO], "record": str(root / "full")}),
+            Job("on2", RESUME, RUN, {**base, "micros": [MICRO], "resume": True,
+                                      "record": str(root / "on2")}),
+            Job("on1", ONE, RUN, {**base, "micros": [MICRO, 2 * MICRO], "resume": True,
+                                   "record": str(root / "on1")})]
 
 
 def _steps(record: Path, kind: str, micro: int, world: int) -> list[np.ndarray]:
@@ -47,19 +63,13 @@ def _states(record: Path, kind: str, micro: int, world: int) -> list[dict]:
             for r in range(world)]
 
 
-def test_dcp_resume_on_2_and_1_ranks_is_the_uninterrupted_run(caches: list[str],
-                                                                tmp_path: Path) -> None:
-    base = {"caches": caches, "seq_len": SEQ_LEN, "seed": SEED, "global": GLOBAL,
-            "kinds": KINDS, "checkpoints": str(tmp_path / "ckpt")}
+def test_dcp_resume_on_2_and_1_ranks_is_the_uninterrupted_run(launches: Launches) -> None:
+    base = launches.jobs["test_dcp"]["full"].spec
     per_epoch = len(dataset(base, "tokens")) // GLOBAL
     assert per_epoch >= 2, per_epoch
     save, steps = per_epoch + 1, 2 * per_epoch + 2  # saved inside the second epoch
-    base.update(steps=steps, save=save)
-    full = torchrun(tmp_path, "full", 2, {**base, "micros": [MICRO]}, script=RUN)
-    on2 = torchrun(tmp_path, "on2", 2, {**base, "micros": [MICRO], "resume": True},
-                   script=RUN)
-    on1 = torchrun(tmp_path, "on1", 1, {**base, "micros": [MICRO, 2 * MICRO],
-                                        "resume": True}, script=RUN)
+    assert (base["save"], base["steps"]) == (save, steps)
+    full, on2, on1 = (launches.record("test_dcp", name) for name in ("full", "on2", "on1"))
     for kind in KINDS:
         ds, want = dataset(base, kind), _steps(full, kind, MICRO, 2)
         assert len(want) == steps

@@ -1,8 +1,8 @@
 """ShardwiseTrainer under torchrun (2 ranks, gloo, CPU, a tiny GPT-2 from a config):
 every optimizer step's global batch is shardwise's, the loss is a hand-computed next-token
 cross-entropy, and resuming (2 → 2 and 2 → 1 processes) continues bit-identically. And
-accelerate's wrappers are refused over shardwise readers. One launch per run, several
-assertions each."""
+accelerate's wrappers are refused over shardwise readers. Each run is a job of the
+session's shared launches (tests/integrations/_launches.py), several assertions each."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from tests.integrations._launches import FIRST, ONE, RESUME, Job, Launches
 from tokenizers import Tokenizer
 
 import shardwise as sw
@@ -57,13 +58,47 @@ def torchrun(tmp: Path, name: str, nproc: int, spec: dict[str, Any], *,
     return record
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _cache(root: Path) -> Path:
     """About 3 global batches of 8 windows per epoch and a remainder, in 4 chunks: a few
     steps cross an epoch (with its reshuffle) and chunk edges."""
-    root = tmp_path_factory.mktemp("hf") / "cache"
-    return make_cache(root, [sample_docs(12, seed=5, vocab_size=500)], chunk_docs=3,
+    return make_cache(root / "cache", [sample_docs(12, seed=5, vocab_size=500)], chunk_docs=3,
                       eod_id=0)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _cache(tmp_path_factory.mktemp("hf"))
+
+
+def _plan(cache: Path) -> tuple[sw.TokenDataset, int, int, int]:
+    """The dataset, global batch, steps (crossing into the second, reshuffled epoch) and
+    the step of the checkpoint (inside the first epoch)."""
+    ds = sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=7, reset_position_ids=True)
+    B = MICRO * 2 * 2
+    per_epoch = len(ds) // B
+    return ds, B, per_epoch + 2, per_epoch - 1
+
+
+def launch_jobs(root: Path) -> list[Job]:
+    """One full run (2 ranks, accumulation 2), resumed from a mid-epoch checkpoint on 2
+    ranks and on 1 rank (accumulation 4: the same global batch); the misuse checks."""
+    cache = _cache(root)
+    tokenizer = REPO / "sample" / "tokenizer.json"
+    vocab = Tokenizer.from_file(str(tokenizer)).get_vocab_size()
+    _, _, steps, save = _plan(cache)
+    base = {"cache": str(cache), "seq_len": SEQ_LEN, "vocab": vocab, "micro": MICRO,
+            "max_steps": steps, "save_steps": save}
+    ckpt = str(root / "out" / f"checkpoint-{save}")
+    return [Job("full", FIRST, RUN, {**base, "accumulation": 2, "output_dir": str(root / "out"),
+                                     "record": str(root / "full")}),
+            Job("misuse", FIRST, RUN, {"cache": str(cache), "seq_len": SEQ_LEN, "misuse": True,
+                                       "record": str(root / "misuse")}),
+            Job("resume2", RESUME, RUN, {**base, "accumulation": 2, "resume": ckpt,
+                                         "output_dir": str(root / "r2"),
+                                         "record": str(root / "resume2")}),
+            Job("resume1", ONE, RUN, {**base, "accumulation": 4, "resume": ckpt,
+                                      "output_dir": str(root / "r1"),
+                                      "record": str(root / "resume1")})]
 
 
 def _global_batches(seen: list[np.ndarray], accumulation: int) -> list[np.ndarray]:
@@ -74,20 +109,15 @@ def _global_batches(seen: list[np.ndarray], accumulation: int) -> list[np.ndarra
                             for r in range(len(seen))]) for s in range(steps)]
 
 
-def test_trainer_order_loss_and_resume(cache: Path, tokenizer_path: Path,
-                                       tmp_path: Path) -> None:
+def test_trainer_order_loss_and_resume(launches: Launches, tokenizer_path: Path) -> None:
     """One full run (2 ranks, accumulation 2), resumed from a mid-epoch checkpoint on 2
     ranks and on 1 rank (accumulation 4: the same global batch)."""
+    jobs = launches.jobs["test_hf_trainer"]
     vocab = Tokenizer.from_file(str(tokenizer_path)).get_vocab_size()
-    ds = sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=7, reset_position_ids=True)
-    B = MICRO * 2 * 2
-    per_epoch = len(ds) // B
-    steps = per_epoch + 2  # crosses into the second (reshuffled) epoch
-    save = per_epoch - 1  # a checkpoint inside the first epoch
-    base = {"cache": str(cache), "seq_len": SEQ_LEN, "vocab": vocab, "micro": MICRO,
-            "max_steps": steps, "save_steps": save}
-    out = tmp_path / "run"
-    full = torchrun(tmp_path, "full", 2, {**base, "accumulation": 2, "output_dir": str(out)})
+    assert jobs["full"].spec["vocab"] == vocab
+    ds, B, steps, save = _plan(Path(jobs["full"].spec["cache"]))
+    out = Path(jobs["full"].spec["output_dir"])
+    full = launches.record("test_hf_trainer", "full")
 
     seen = [np.load(full / f"seen.r{r}.npy") for r in range(2)]
     got = _global_batches(list(seen), 2)
@@ -102,9 +132,8 @@ def test_trainer_order_loss_and_resume(cache: Path, tokenizer_path: Path,
     state = json.loads((ckpt / "shardwise_loader.json").read_text())
     assert state["consumed"] == save * B
 
-    again = torchrun(tmp_path, "resume2", 2, {**base, "accumulation": 2,
-                                              "output_dir": str(tmp_path / "r2"),
-                                              "resume": str(ckpt)})
+    assert jobs["resume2"].spec["resume"] == jobs["resume1"].spec["resume"] == str(ckpt)
+    again = launches.record("test_hf_trainer", "resume2")
     tail = _global_batches([np.load(again / f"seen.r{r}.npy") for r in range(2)], 2)
     assert len(tail) == steps - save  # no step replayed, none skipped twice
     for j, rows in enumerate(tail):
@@ -113,9 +142,7 @@ def test_trainer_order_loss_and_resume(cache: Path, tokenizer_path: Path,
         for k in a.files:
             assert np.array_equal(a[k], b[k]), f"2 → 2: parameter {k} differs"
 
-    one = torchrun(tmp_path, "resume1", 1, {**base, "accumulation": 4,
-                                            "output_dir": str(tmp_path / "r1"),
-                                            "resume": str(ckpt)})
+    one = launches.record("test_hf_trainer", "resume1")
     tail1 = _global_batches([np.load(one / "seen.r0.npy")], 4)
     assert len(tail1) == steps - save
     for j, rows in enumerate(tail1):
@@ -125,9 +152,8 @@ def test_trainer_order_loss_and_resume(cache: Path, tokenizer_path: Path,
             np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-6)
 
 
-def test_accelerate_wrappers_are_refused(cache: Path, tmp_path: Path) -> None:
-    rec = torchrun(tmp_path, "misuse", 2, {"cache": str(cache), "seq_len": SEQ_LEN,
-                                           "misuse": True})
+def test_accelerate_wrappers_are_refused(launches: Launches) -> None:
+    rec = launches.record("test_hf_trainer", "misuse")
     for r in range(2):
         result = json.loads((rec / f"misuse.r{r}.json").read_text())
         assert set(result) >= {"prepare(loader)", "prepare(stream) no dispatch"}

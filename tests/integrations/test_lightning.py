@@ -4,20 +4,17 @@ reshuffled epoch of the order, and resuming from ``step=k.ckpt`` (mid-epoch, on 
 process) continues with exactly the uninterrupted run's batches — although Lightning's
 fetcher pulls one micro-batch ahead of the one it trains. Both loaders: ``shardwise.torch
 .loader`` and torchdata's ``StatefulDataLoader``, through ``shardwise.lightning.loader``,
-with Lightning's default ``use_distributed_sampler=True``."""
+with Lightning's default ``use_distributed_sampler=True``. Each run is a job of the
+session's shared launches (tests/integrations/_launches.py)."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+from tests.integrations._launches import FIRST, ONE, RESUME, Job, Launches
 
 import shardwise as sw
 
@@ -25,32 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cachefactory import make_cache, sample_docs  # noqa: E402
 
 RUN = Path(__file__).resolve().with_name("_lightning_run.py")
-REPO = Path(__file__).resolve().parents[2]
 SEQ_LEN, MICRO, GLOBAL, VOCAB = 9, 2, 8, 500
 KINDS = ["shardwise-single", "torchdata-single", "shardwise-cyclic", "torchdata-cyclic"]
 pytest.importorskip("lightning")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def torchrun(tmp: Path, name: str, nproc: int, spec: dict[str, Any]) -> Path:
-    record = tmp / name
-    record.mkdir()
-    (record / "spec.json").write_text(json.dumps({**spec, "record": str(record)}))
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(OMP_NUM_THREADS="1", PYTHONHASHSEED="0",
-               PYTHONPATH=os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-           "--master-addr=127.0.0.1", f"--master-port={_port()}", str(RUN),
-           str(record / "spec.json")]
-    done = subprocess.run(cmd, env=env, capture_output=True, timeout=300)
-    assert done.returncode == 0, done.stdout.decode()[-3000:] + done.stderr.decode()[-6000:]
-    return record
 
 
 def _steps(record: Path, kind: str, world: int) -> list[np.ndarray]:
@@ -62,23 +36,30 @@ def _steps(record: Path, kind: str, world: int) -> list[np.ndarray]:
             for s in range(len(seen[0]) // acc)]
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("lightning") / "cache"
-    return make_cache(root, [sample_docs(10, seed=2, vocab_size=VOCAB)], chunk_docs=3,
-                      eod_id=0)
-
-
-def test_lightning_resume_is_the_uninterrupted_run(cache: Path, tmp_path: Path) -> None:
-    ds = sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=7)
-    per_epoch = len(ds) // GLOBAL
-    assert per_epoch >= 3, len(ds)
+def launch_jobs(root: Path) -> list[Job]:
+    """The full run on 2 processes, resumed from ``step=k.ckpt`` on 2 and on 1."""
+    cache = make_cache(root / "cache", [sample_docs(10, seed=2, vocab_size=VOCAB)],
+                       chunk_docs=3, eod_id=0)
+    per_epoch = len(sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=7)) // GLOBAL
     base = {"cache": str(cache), "seq_len": SEQ_LEN, "vocab": VOCAB, "micro": MICRO,
             "global": GLOBAL, "epochs": 2, "steps": 2 * per_epoch, "kinds": KINDS}
-    full = torchrun(tmp_path, "full", 2, base)
+    full = str(root / "full")
     k = per_epoch + 1  # a checkpoint inside the second epoch
-    on2 = torchrun(tmp_path, "on2", 2, {**base, "resume": str(full), "step": k})
-    on1 = torchrun(tmp_path, "on1", 1, {**base, "resume": str(full), "step": k})
+    return [Job("full", FIRST, RUN, {**base, "record": full}),
+            Job("on2", RESUME, RUN, {**base, "resume": full, "step": k,
+                                      "record": str(root / "on2")}),
+            Job("on1", ONE, RUN, {**base, "resume": full, "step": k,
+                                   "record": str(root / "on1")})]
+
+
+def test_lightning_resume_is_the_uninterrupted_run(launches: Launches) -> None:
+    jobs = launches.jobs["test_lightning"]
+    ds = sw.TokenDataset(jobs["full"].spec["cache"], seq_len=SEQ_LEN, seed=7)
+    per_epoch = len(ds) // GLOBAL
+    assert per_epoch >= 3, len(ds)
+    k = per_epoch + 1  # a checkpoint inside the second epoch
+    assert jobs["on2"].spec["step"] == jobs["on1"].spec["step"] == k
+    full, on2, on1 = (launches.record("test_lightning", n) for n in ("full", "on2", "on1"))
     order = [ds[i]["input_ids"] for i in range(len(ds))]
     for kind in KINDS:
         steps = _steps(full, kind, 2)

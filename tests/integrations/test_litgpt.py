@@ -8,26 +8,24 @@
   windows, each rank its slice, and a run resumed from litgpt's step-1 checkpoint trains on
   exactly what the uninterrupted run did after it.
 
-One torchrun launch (2 processes) and, beside it, one single-device process.
+Two jobs of the session's shared launches (tests/integrations/_launches.py): the 2-process
+DDP run, and the single-device run in the one-process launch.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.integrations._launches import FIRST, ONE, Job, Launches
 
 import shardwise as sw
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _litgpt_run import GLOBAL, MICRO, READ, SEED, SEQ_LEN, STEPS  # noqa: E402
-from test_hf_trainer import REPO, TIMEOUT, torchrun  # noqa: E402
 
 from cachefactory import make_cache, sample_docs  # noqa: E402
 
@@ -36,35 +34,26 @@ WORLD = 2
 ENV = {"TORCHDYNAMO_DISABLE": "1"}  # litgpt compiles its model: eager on CPU, same math
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("litgpt") / "cache"
-    return make_cache(root, [[d[:30] or [1] for d in sample_docs(40, seed=9, vocab_size=500)]],
-                      chunk_docs=4, vocab_size=500, eod_id=0)
+def launch_jobs(root: Path) -> list[Job]:
+    """The 2-process DDP run and the single-device run (a process without torchrun's rank
+    variables: the job hides them)."""
+    cache = str(make_cache(root / "cache",
+                           [[d[:30] or [1] for d in sample_docs(40, seed=9, vocab_size=500)]],
+                           chunk_docs=4, vocab_size=500, eod_id=0))
+    return [Job("ddp", FIRST, RUN, {"mode": "ddp", "cache": cache, "record": str(root / "ddp")},
+                env=ENV),
+            Job("single", ONE, RUN, {"mode": "single", "cache": cache,
+                                     "record": str(root / "single")}, env=ENV)]
 
 
 @pytest.fixture(scope="module")
-def records(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The single-device run (a process of its own) beside the 2-process DDP launch."""
-    single = tmp_path_factory.mktemp("litgpt-single")
-    (single / "spec.json").write_text(json.dumps({"mode": "single", "cache": str(cache),
-                                                   "record": str(single)}))
-    env = {**os.environ, **ENV, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(k, None)
-    one = subprocess.Popen([sys.executable, str(RUN), str(single / "spec.json")], env=env,
-                           cwd=single, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    os.environ.update(ENV)
-    try:
-        ddp = torchrun(tmp_path_factory.mktemp("litgpt-ddp"), "run", WORLD,
-                       {"mode": "ddp", "cache": str(cache)}, script=RUN)
-    finally:
-        for k in ENV:
-            os.environ.pop(k)
-        out, _ = one.communicate(timeout=TIMEOUT)
-    assert one.returncode == 0, out.decode()[-6000:]
-    return {"single": single, "ddp": ddp}
+def cache(launches: Launches) -> Path:
+    return Path(launches.jobs["test_litgpt"]["ddp"].spec["cache"])
+
+
+@pytest.fixture(scope="module")
+def records(launches: Launches) -> dict[str, Path]:
+    return {name: launches.record("test_litgpt", name) for name in ("single", "ddp")}
 
 
 def _order(cache: Path, n: int) -> np.ndarray:

@@ -1,8 +1,8 @@
 """OLMo-core 3.0.0 over shardwise (issue 29, item 4b): ``shardwise.olmo.ShardwiseDataLoader``
 is an OLMo ``TextDataLoaderBase``; driven as OLMo's Trainer drives it (reshuffle, iterate,
 state_dict saved per rank, load_state_dict into a new loader, reshuffle) on 2 real ranks
-(torchrun, gloo), each rank reads its slice of every global batch, and a resumed run
-continues exactly, across an OLMo epoch boundary."""
+(torchrun, gloo; a job of the session's shared launches), each rank reads its slice of
+every global batch, and a resumed run continues exactly, across an OLMo epoch boundary."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.integrations._launches import FIRST, Job, Launches
 
 import shardwise as sw
 from shardwise.errors import ConfigError, StateError
@@ -19,7 +20,6 @@ from shardwise.olmo import ShardwiseDataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_hf_trainer import torchrun  # noqa: E402
 
 from cachefactory import make_cache, sample_docs  # noqa: E402
 
@@ -27,20 +27,24 @@ RUN = Path(__file__).resolve().with_name("_olmo_loader_run.py")
 SEQ, MICRO, WORLD, GLOBAL, STEPS, SEED = 16, 2, 2, 8, 8, 3  # accumulation 2
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def launch_jobs(root: Path) -> list[Job]:
     """3 global batches per OLMo epoch: 8 steps cross two epoch boundaries, and the
     resumed half starts mid-epoch (step 4 of 8)."""
     docs = [d or [1] for d in sample_docs(14, seed=5, vocab_size=256)]
-    return make_cache(tmp_path_factory.mktemp("olmo") / "cache", [docs], chunk_docs=4,
-                      vocab_size=256, eod_id=0)
+    cache = make_cache(root / "cache", [docs], chunk_docs=4, vocab_size=256, eod_id=0)
+    spec = {"cache": str(cache), "seq_len": SEQ, "micro": MICRO, "global": GLOBAL,
+            "steps": STEPS, "seed": SEED, "record": str(root / "runs")}
+    return [Job("runs", FIRST, RUN, spec)]
 
 
 @pytest.fixture(scope="module")
-def runs(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    spec = {"cache": str(cache), "seq_len": SEQ, "micro": MICRO, "global": GLOBAL,
-            "steps": STEPS, "seed": SEED}
-    return torchrun(tmp_path_factory.mktemp("olmo-run"), "runs", WORLD, spec, script=RUN)
+def cache(launches: Launches) -> Path:
+    return Path(launches.jobs["test_olmo"]["runs"].spec["cache"])
+
+
+@pytest.fixture(scope="module")
+def runs(launches: Launches) -> Path:
+    return launches.record("test_olmo", "runs")
 
 
 def test_each_rank_reads_its_slice_of_the_global_order(cache: Path, runs: Path) -> None:

@@ -1,7 +1,8 @@
 """Every reader is placed, in every integration (issue 20, items 1 and 6).
 
 A matrix of readers (``_placement.READERS``) × integrations (``INTEGRATIONS``), in real
-2-process runs (torchrun, gloo, CPU): ONE launch runs every integration in turn, each
+2-process runs (torchrun, gloo, CPU): ONE job of the session's shared launches
+(tests/integrations/_launches.py) runs every integration in turn, each
 reading every reader, ``world=`` left out as a user would. For each optimizer step, the
 rows every rank trained on, micro-step by micro-step, must be the examples ``shardwise
 trace`` names for that rank and micro-step: no row is read on two ranks, none is missing.
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.integrations._launches import FIRST, Job, Launches
 
 import shardwise
 from shardwise.checkpoint import Configured
@@ -41,7 +43,6 @@ from _placement import (  # noqa: E402
     make_data,
     reference,
 )
-from test_hf_trainer import torchrun  # noqa: E402
 
 RUN = Path(__file__).resolve().with_name("_placement_run.py")
 
@@ -121,9 +122,16 @@ def test_every_reader_and_integration_has_a_row() -> None:
     assert not missing, f"add a row to INTEGRATIONS for {sorted(missing)}"
 
 
+def launch_jobs(root: Path) -> list[Job]:
+    """ONE 2-process job running every integration (imports paid once)."""
+    spec = {"integrations": sorted(INTEGRATIONS), "data": make_data(root),
+            "record": str(root / "runs")}
+    return [Job("runs", FIRST, RUN, spec)]
+
+
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Data:
-    return make_data(tmp_path_factory.mktemp("placement"))
+def data(launches: Launches) -> Data:
+    return launches.jobs["test_placement_matrix"]["runs"].spec["data"]  # type: ignore[no-any-return]
 
 
 def _check_against_trace(record: Path, name: str, data: Data) -> None:
@@ -172,10 +180,8 @@ def _check_eval(record: Path, name: str, data: Data) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(data: Data, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """ONE 2-process launch running every integration (imports paid once)."""
-    return torchrun(tmp_path_factory.mktemp("matrix"), "runs", WORLD,
-                    {"integrations": sorted(INTEGRATIONS), "data": data}, script=RUN)
+def runs(launches: Launches) -> Path:
+    return launches.record("test_placement_matrix", "runs")
 
 
 @pytest.mark.parametrize("integration", sorted(INTEGRATIONS))

@@ -1,4 +1,5 @@
-"""torchtitan 0.3.0 with its own code on 2 real ranks (torchrun, gloo, CPU; one launch):
+"""torchtitan 0.3.0 with its own code on 2 real ranks (torchrun, gloo, CPU; a job of the
+session's shared launches, tests/integrations/_launches.py):
 
 - titan's ``ParallelAwareDataloader`` (and a plain DataLoader) over a TokenDataset would
   give both ranks the same batches: refused, naming the fix (issue 29, item 1);
@@ -16,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.integrations._launches import FIRST, Job, Launches
 
 import shardwise as sw
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _titan_run import ACCUMULATION, AFTER, MICRO, SAVE, SEED, SEQ_LEN, titan_parts  # noqa: E402
-from test_hf_trainer import torchrun  # noqa: E402
 
 from cachefactory import make_cache, sample_docs  # noqa: E402
 
@@ -31,18 +32,22 @@ WORLD = 2
 GLOBAL = MICRO * WORLD * ACCUMULATION
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def launch_jobs(root: Path) -> list[Job]:
     """About 5 global batches of 8 windows: the run crosses an epoch's reshuffle."""
-    root = tmp_path_factory.mktemp("titan") / "cache"
-    return make_cache(root, [[d[:30] or [1] for d in sample_docs(30, seed=9, vocab_size=500)]],
-                      chunk_docs=4, vocab_size=500, eod_id=0)
+    cache = make_cache(root / "cache",
+                       [[d[:30] or [1] for d in sample_docs(30, seed=9, vocab_size=500)]],
+                       chunk_docs=4, vocab_size=500, eod_id=0)
+    return [Job("run", FIRST, RUN, {"cache": str(cache), "record": str(root / "run")})]
 
 
 @pytest.fixture(scope="module")
-def record(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return torchrun(tmp_path_factory.mktemp("titan-run"), "run", WORLD, {"cache": str(cache)},
-                    script=RUN)
+def cache(launches: Launches) -> Path:
+    return Path(launches.jobs["test_torchtitan"]["run"].spec["cache"])
+
+
+@pytest.fixture(scope="module")
+def record(launches: Launches) -> Path:
+    return launches.record("test_torchtitan", "run")
 
 
 def _order(cache: Path, start: int, stop: int) -> np.ndarray:

@@ -3,7 +3,8 @@ GPT-2 from a config: ``class T(ShardwiseTrainerMixin, SFTTrainer)`` constructs a
 with every reader; on 2 ranks (one torchrun launch) the assistant-only loss is the masked
 next-token cross-entropy computed here by hand from the records, packed rows carry their
 ``position_ids``, each step is shardwise's global batch, and a resume continues exactly on
-2 ranks and on 1. A stock SFTTrainer given a shardwise reader names the mixin."""
+2 ranks and on 1 (the 2-rank runs: a job of the session's shared launches,
+tests/integrations/_launches.py). A stock SFTTrainer given a shardwise reader names the mixin."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests.integrations._launches import FIRST, Job, Launches
 
 import shardwise as sw
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_hf_trainer import _global_batches, torchrun  # noqa: E402
+from test_hf_trainer import _global_batches  # noqa: E402
 
 from cachefactory import make_cache, sample_docs  # noqa: E402
 
@@ -28,11 +30,9 @@ SEQ_LEN, SFT_LEN, MICRO, WORLD = 16, 96, 2, 2
 IGNORE = -100
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> dict[str, Any]:
+def _data(root: Path, tokenizer_path: Path) -> dict[str, Any]:
     """A token cache (as in test_hf_trainer) and 40 distinct conversations processed by
     ChatProcessor: ``labels`` are the token ids on assistant turns, -100 elsewhere."""
-    root = tmp_path_factory.mktemp("trl")
     cache = make_cache(root / "cache", [sample_docs(12, seed=5, vocab_size=500)],
                        chunk_docs=3, eod_id=0)
     chat = sw.ChatProcessor(str(tokenizer_path))
@@ -51,6 +51,35 @@ def data(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> dict
     return {"cache": str(cache), "records": str(path), "tokenizer": str(tokenizer_path),
             "vocab": vocab, "n_positions": SFT_LEN, "seq_len": SEQ_LEN, "sft_len": SFT_LEN,
             "micro": MICRO, "recs": records}
+
+
+def _tokens(data: dict[str, Any]) -> sw.TokenDataset:
+    return sw.TokenDataset(data["cache"], seq_len=SEQ_LEN, seed=7, reset_position_ids=True)
+
+
+def _steps(data: dict[str, Any]) -> tuple[int, int, int]:
+    """The global batch, the steps of the token run and its checkpoint's step."""
+    B = MICRO * WORLD * 2
+    per_epoch = len(_tokens(data)) // B
+    return B, per_epoch + 2, per_epoch - 1
+
+
+def launch_jobs(root: Path) -> list[Job]:
+    """PackedSFT's loss and position_ids; TokenDataset's order, a checkpoint and its
+    resume on the same 2 ranks."""
+    data = _data(root, Path(__file__).resolve().parents[2] / "sample" / "tokenizer.json")
+    _, steps, save = _steps(data)
+    return [Job("run", FIRST, RUN, _spec(data, accumulation=2, steps=steps, save=save,
+                                         sft_steps=3, record=str(root / "run")))]
+
+
+@pytest.fixture(scope="module")
+def data(launches: Launches) -> dict[str, Any]:
+    spec = launches.jobs["test_trl"]["run"].spec
+    records = [json.loads(line) for line in Path(spec["records"]).read_text().splitlines()]
+    return {**{k: v for k, v in spec.items()
+               if k not in ("accumulation", "steps", "save", "sft_steps", "record")},
+            "recs": records}
 
 
 def _spec(data: dict[str, Any], **kw: Any) -> dict[str, Any]:
@@ -164,15 +193,12 @@ def _check_sft(rec: Path, data: dict[str, Any], accumulation: int) -> None:
                                            err_msg=f"rank {r} micro-step {k}")
 
 
-def test_trl_two_ranks(data: dict[str, Any], tmp_path: Path) -> None:
+def test_trl_two_ranks(data: dict[str, Any], launches: Launches, tmp_path: Path) -> None:
     """One launch: PackedSFT's loss and position_ids; TokenDataset's order, a checkpoint
     and its resume on the same 2 ranks. Then the resume on 1 rank, in this process."""
-    tokens = sw.TokenDataset(data["cache"], seq_len=SEQ_LEN, seed=7, reset_position_ids=True)
-    B = MICRO * WORLD * 2
-    per_epoch = len(tokens) // B
-    steps, save = per_epoch + 2, per_epoch - 1
-    rec = torchrun(tmp_path, "run", WORLD, _spec(data, accumulation=2, steps=steps, save=save,
-                                                 sft_steps=3), script=RUN)
+    tokens = _tokens(data)
+    B, steps, save = _steps(data)
+    rec = launches.record("test_trl", "run")
     _check_sft(rec, data, 2)
 
     seen = [np.load(rec / f"tokens.r{r}.npz")["input_ids"] for r in range(WORLD)]
