@@ -25,6 +25,7 @@ from shardwise.format.checksum import bytes_checksum
 from shardwise.format.files import LocalFiles
 from shardwise.format.ledger import JOURNAL_DIR, LEDGER_NAME, Ledger, read_view
 from shardwise.format.ledger_index import INDEX_NAME, LedgerView
+from shardwise.storage.summary import summarize
 from shardwise.storage.verify import verify_cache
 
 Edit = Callable[[Path], None]
@@ -204,3 +205,15 @@ def test_an_index_from_before_lines_were_kept_still_opens(clean: Path, tmp_path:
     assert from_index and [s.lines for s in view.sources] == [None, None]
     assert examples(root) == examples(clean)
     assert verify_cache(root).ok, verify_cache(root).problems
+
+
+def test_inspect_names_a_missing_idx(clean: Path, tmp_path: Path) -> None:
+    """A chunk's .idx missing (a journal record naming a stem with no files, in the long
+    fuzz run): ``inspect``'s summary raised a raw FileNotFoundError (CLI exit 4)."""
+    root = Path(shutil.copytree(clean, tmp_path / "c"))
+    idx = root / "chunks/00001/00000-00001.idx"
+    idx.unlink()
+    cache = sw.open_cache(root, verify=False)
+    with pytest.raises(CorruptChunkError, match=re.escape(f"{idx}: named by the ledger")):
+        summarize(cache)
+    cache.close()
