@@ -7,6 +7,7 @@ read the journal). The same cases through a bucket: tests/remote/test_hostile_re
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 from collections.abc import Callable
@@ -22,8 +23,9 @@ import shardwise as sw
 from shardwise.errors import CorruptChunkError, ManifestError
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.files import LocalFiles
-from shardwise.format.ledger import JOURNAL_DIR, LEDGER_NAME, Ledger
+from shardwise.format.ledger import JOURNAL_DIR, LEDGER_NAME, Ledger, read_view
 from shardwise.format.ledger_index import INDEX_NAME, LedgerView
+from shardwise.storage.summary import summarize
 from shardwise.storage.verify import verify_cache
 
 Edit = Callable[[Path], None]
@@ -85,7 +87,19 @@ def nul_in_stem(root: Path) -> None:
     journal_record(root, lambda seg: _first(seg, stem=seg[0]["stem"] + "\x00x"))
 
 
+def chunk_left_out(root: Path) -> None:
+    edit_snapshot(root, lambda d: d["sources"][0]["segments"][0]["chunks"].pop(1))
+
+
+def record_of_no_chunks(root: Path) -> None:
+    journal_record(root, lambda seg: [])
+
+
+MISSING = r"source 0 segment 0: its chunks hold {} documents and it skipped 0 records, " \
+          r"but it read 24 lines \(rows\): a chunk is missing"
 HOSTILE: dict[str, tuple[Edit, str]] = {
+    "a chunk entry left out of a finished segment": (chunk_left_out, MISSING.format(20)),
+    "a record whose segment has no chunks": (record_of_no_chunks, MISSING.format(0)),
     "a record naming ../../evil": (outside, r"names '../../evil', not a relative path"),
     "a record listing chunk 0 forty times": (forty_times, r"already named by source 0 "
                                              r"segment 0 chunk 0"),
@@ -139,3 +153,67 @@ def test_a_hostile_index_is_ignored_for_the_ledger(clean: Path, tmp_path: Path) 
         (root / INDEX_NAME).write_bytes(bad.to_bytes(ledger_xxh3))
         assert examples(root) == examples(clean)
         assert [p.path for p in verify_cache(root).problems] == [str(root / INDEX_NAME)]
+
+
+def reindex(root: Path) -> None:
+    """The index made again from the edited ledger, as a hostile author's tooling would:
+    readers then use it without parsing the ledger."""
+    data = (root / LEDGER_NAME).read_bytes()
+    view = LedgerView.from_ledger(Ledger.parse(data, check=False))
+    (root / INDEX_NAME).write_bytes(view.to_bytes(bytes_checksum(data)))
+
+
+def source_left_out(root: Path) -> None:
+    edit_snapshot(root, lambda d: d["sources"].pop(1))
+
+
+@pytest.mark.parametrize("edit", [chunk_left_out, source_left_out])
+def test_a_ledger_that_left_chunks_out_is_refused_even_through_its_index(
+        clean: Path, tmp_path: Path, cli, edit: Edit) -> None:
+    """Issue 27, fuzz findings: a finished segment's chunk entry left out made readers
+    serve 44 of 54 examples, a whole source left out 24 of 54 (StreamDataset 28 of 58),
+    silently, and so did the same ledger with its index made again from it. Refused now by
+    every reader, naming the ledger; ``inspect`` exits 2, ``verify`` reports it (1)."""
+    root = Path(shutil.copytree(clean, tmp_path / "c"))
+    edit(root)
+    reindex(root)
+    message = (MISSING.format(20) if edit is chunk_left_out
+               else r"1 sources, .*manifest.json lists 2")
+    with pytest.raises(ManifestError, match=message) as refused:
+        examples(root)
+    assert str(root / LEDGER_NAME) in str(refused.value)
+    code, _, err = cli("inspect", root)
+    assert code == 2 and str(root / LEDGER_NAME) in err, err
+    code, out, _ = cli("verify", root)
+    assert code == 1 and f"BAD {root / LEDGER_NAME}" in out, out
+
+
+def test_an_index_from_before_lines_were_kept_still_opens(clean: Path, tmp_path: Path
+                                                         ) -> None:
+    """An index written before ``lines`` (its source totals lack it) is not checked by it,
+    used, and passes ``verify``: old caches open as before."""
+    root = Path(shutil.copytree(clean, tmp_path / "c"))
+    data = (root / LEDGER_NAME).read_bytes()
+    view = LedgerView.from_ledger(Ledger.parse(data))
+    old = [dataclasses.replace(s, lines=None) for s in view.sources]
+    index = dataclasses.replace(view, sources=old).to_bytes(bytes_checksum(data))
+    gone = b'"lines":null,'  # as an older index: no such key (blanks keep its layout)
+    assert index.count(gone) == len(old)
+    (root / INDEX_NAME).write_bytes(index.replace(gone, b" " * len(gone)))
+    assert b'"lines"' not in (root / INDEX_NAME).read_bytes()
+    view, from_index = read_view(LocalFiles(root))
+    assert from_index and [s.lines for s in view.sources] == [None, None]
+    assert examples(root) == examples(clean)
+    assert verify_cache(root).ok, verify_cache(root).problems
+
+
+def test_inspect_names_a_missing_idx(clean: Path, tmp_path: Path) -> None:
+    """A chunk's .idx missing (a journal record naming a stem with no files, in the long
+    fuzz run): ``inspect``'s summary raised a raw FileNotFoundError (CLI exit 4)."""
+    root = Path(shutil.copytree(clean, tmp_path / "c"))
+    idx = root / "chunks/00001/00000-00001.idx"
+    idx.unlink()
+    cache = sw.open_cache(root, verify=False)
+    with pytest.raises(CorruptChunkError, match=re.escape(f"{idx}: named by the ledger")):
+        summarize(cache)
+    cache.close()

@@ -18,12 +18,14 @@ from tests.fuzz.conftest import examples
 from tests.fuzz.harness import CASE_SECONDS, Case, Clean, check_reads, check_verify, within
 from tests.fuzz.mutations import any_edit, byte_edit, json_edit
 
+from shardwise.errors import ShardwiseError
 from shardwise.format.checksum import bytes_checksum
 from shardwise.format.ledger import JOURNAL_DIR, LEDGER_NAME, Ledger
 from shardwise.format.ledger_index import COLUMNS, INDEX_NAME, LedgerView, _header
 from shardwise.format.manifest import MANIFEST_NAME
 from shardwise.format.megatron import HEADER_SIZE
 from shardwise.format.paths import READER_DIR
+from shardwise.storage.verify import verify_cache
 
 CHUNK_META = ["chunks/00000/00000-00000.json", "chunks/00001/00000-00002.json"]
 CHUNK_IDX = ["chunks/00000/00000-00001.idx", "chunks/00001/00000-00000.idx"]
@@ -156,5 +158,46 @@ def test_a_damaged_journal_record_is_read_clean_or_named(journaled: Clean,
             check_verify(case.cache, what, reads)
         within(CASE_SECONDS, body)
         case.assert_nothing_written_outside()
+    finally:
+        case.close()
+
+
+def _ledger_edit(change):  # type: ignore[no-untyped-def]
+    def edit(data: bytes) -> bytes:
+        ledger = orjson.loads(data)
+        change(ledger)
+        return orjson.dumps(ledger, option=orjson.OPT_SORT_KEYS)
+    return edit
+
+
+LEFT_OUT = {
+    "a finished segment's chunk": lambda d: d["sources"][0]["segments"][0]["chunks"].pop(1),
+    "a whole source": lambda d: d["sources"].pop(1),
+}
+
+
+@pytest.mark.parametrize("seal", [False, True])
+@pytest.mark.parametrize("left_out", sorted(LEFT_OUT))
+def test_a_ledger_that_left_chunks_out_is_named(finished: Clean, left_out: str, seal: bool
+                                                ) -> None:
+    """Found by the long run (issue 27): readers served 44 (a chunk left out) or 29 (a
+    source) of 54 examples, silently; with the index made again from the edited ledger too."""
+    run_case(finished, LEDGER_NAME, _ledger_edit(LEFT_OUT[left_out]), seal)
+
+
+def test_a_journal_record_of_no_chunks_is_named(journaled: Clean) -> None:
+    """Found by the long run (issue 27): a record whose segment has ``"chunks": []`` (the
+    segment finished) made readers serve 38 of 54 examples, silently, every time."""
+    case = Case.of(journaled.root)
+    try:
+        [record] = (case.cache / JOURNAL_DIR).iterdir()
+        data = orjson.loads(record.read_bytes())
+        assert data["segments"][0]["finished"] and data["segments"][0]["chunks"]
+        data["segments"][0]["chunks"] = []
+        record.write_bytes(orjson.dumps(data))
+        reads = check_reads(journaled, case.cache, str(case.cache), "no chunks")
+        assert all(isinstance(v, ShardwiseError) for v in reads.values()), reads
+        check_verify(case.cache, "no chunks", reads)
+        assert not verify_cache(case.cache).ok
     finally:
         case.close()

@@ -104,7 +104,8 @@ def _source(root: Path, s: int, chunks: range, docs: int, tokens: int,
             os.link(root / "chunks" / f"shared{suffix}", f"{base}{suffix}")
         Path(f"{base}.json").write_bytes(meta)
         segments.append(Segment(pos, pos + 100 * lines, pos + 100 * lines, lines, True,
-                                [ChunkEntry(stem, docs, tokens, bytes_checksum(meta))]))
+                                [ChunkEntry(stem, docs, tokens, bytes_checksum(meta))],
+                                {"invalid_json": 1} if skip else {}))
         pos += 100 * lines
     return SourceProgress(segments)
 

@@ -24,14 +24,15 @@ Layout (little-endian)::
               ["documents", "<i8"], ["tokens", "<i8"], ["meta_xxh3", "|S16"]],
               "manifest_xxh3": …, "finished": …, "errors": {…},
               "sources": [{"chunks", "documents", "tokens", "empty", "finished",
-                           "errors"}, …]}      (per source: every chunk the ledger names)
+                           "errors", "lines"}, …]}  (per source: every chunk the ledger
+                                                     names; the lines its segments read)
 """
 
 from __future__ import annotations
 
 import re
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -63,6 +64,10 @@ class SourceTotals:
     empty: int
     finished: bool
     errors: dict[str, int] = field(default_factory=dict)
+    lines: int | None = None
+    """The lines (rows) its segments read (their ``line``s): every one became a document
+    or a skipped record (:func:`~.ledger_check.lines_problem`). None in an index written
+    before it was kept (not checked; the ledger itself still is, when parsed)."""
 
 
 @dataclass(frozen=True)
@@ -119,13 +124,16 @@ class LedgerView:
         totals = [SourceTotals(sum(len(g.chunks) for g in src.segments),
                                sum(e.documents for g in src.segments for e in g.chunks),
                                sum(e.tokens for g in src.segments for e in g.chunks),
-                               src.empty_documents(), src.finished, src.errors())
+                               src.empty_documents(), src.finished, src.errors(),
+                               sum(g.line for g in src.segments))
                   for src in ledger.sources]
         return cls(ledger.manifest_xxh3, ledger.finished, ledger.errors(), totals,
                    ChunkColumns.from_order(ledger.global_order()))
 
     def differences(self, other: LedgerView) -> list[str]:
         """What differs from ``other`` (the view parsed from the ledger), one line each."""
+        if any(s.lines is None for s in self.sources):  # an index from before ``lines``
+            other = replace(other, sources=[replace(s, lines=None) for s in other.sources])
         out = [f"{k} {getattr(self, k)!r}, the ledger's is {getattr(other, k)!r}"
                for k in ("manifest_xxh3", "finished", "errors", "sources")
                if getattr(self, k) != getattr(other, k)]
@@ -225,11 +233,18 @@ def check_totals(chunks: ChunkColumns, sources: list[SourceTotals], *, finished:
             if int(got[s]) != want if finished else int(got[s]) > want:
                 raise ValueError(f"source {s}'s visible chunks hold {int(got[s])} {k}, its "
                                  f"totals say {want}")
+    for s, total in enumerate(sources):
+        if total.lines is not None and total.documents + sum(total.errors.values()) < \
+                total.lines:
+            raise ValueError(f"source {s}'s chunks hold {total.documents} documents and it "
+                             f"skipped {sum(total.errors.values())} records, but it read "
+                             f"{total.lines} lines (rows): a chunk is missing from the ledger")
 
 
 def _totals(s: dict[str, Any]) -> SourceTotals:
     totals = SourceTotals(**s)
-    counts = (totals.chunks, totals.documents, totals.tokens, totals.empty)
+    counts = (totals.chunks, totals.documents, totals.tokens, totals.empty,
+              0 if totals.lines is None else totals.lines)
     if not all(is_count(v) for v in counts) or not isinstance(totals.errors, dict) or not all(
             is_count(v) for v in totals.errors.values()):
         raise ValueError(f"source totals {s!r:.100}, expected counts")

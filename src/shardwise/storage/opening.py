@@ -53,7 +53,14 @@ def open_store(path: str | os.PathLike[str],
 
 def _cache_of(store: ChunkStore, manifest: Manifest, view: LedgerView, *,
               verify: bool) -> Cache:
-    """An open cache of ``view``'s visible chunks, read through ``store``."""
+    """An open cache of ``view``'s visible chunks, read through ``store``. A ledger with
+    another number of sources than the manifest lists is refused: one that left a source
+    out made readers serve 29 of 54 examples, silently (``verify`` reported it)."""
+    if len(view.sources) != len(manifest.sources):
+        raise ManifestError(f"{store.name(LEDGER_NAME)}: {len(view.sources)} sources, "
+                            f"{store.name(MANIFEST_NAME)} lists {len(manifest.sources)}; the "
+                            "ledger is damaged or was edited: rebuild the cache, or run "
+                            "'shardwise verify' on it")
     table = ChunkTable(store.root, ChunkKind(manifest.chunk_kind), view.chunks,
                        where=store.name(LEDGER_NAME))
     return Cache(store, manifest=manifest, chunks=table, dtype=np.dtype(manifest.dtype),

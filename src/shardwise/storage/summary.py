@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.errors import CorruptChunkError
 from shardwise.format.chunk import ChunkKind
 from shardwise.format.megatron import read_idx
 from shardwise.storage.cache import Cache
@@ -151,10 +152,16 @@ def _chunk_lengths(cache: Cache, i: int, stride: int) -> npt.NDArray[np.int64]:
     """Every ``stride``-th document length; only those are copied out of the index map
     (a chunk of a cache on an object store is read through its download directory)."""
     info = cache.chunks[i]
-    if info.kind is ChunkKind.TOKENS:
-        return cache.with_chunk_file(i, ".idx", lambda p: np.asarray(
-            read_idx(p).sequence_lengths[::stride], dtype=np.int64))
-    return cache.with_chunk_file(i, ".parquet", lambda p: _parquet_lengths(p, stride))
+    suffix = ".idx" if info.kind is ChunkKind.TOKENS else ".parquet"
+    try:
+        if info.kind is ChunkKind.TOKENS:
+            return cache.with_chunk_file(i, suffix, lambda p: np.asarray(
+                read_idx(p).sequence_lengths[::stride], dtype=np.int64))
+        return cache.with_chunk_file(i, suffix, lambda p: _parquet_lengths(p, stride))
+    except FileNotFoundError:  # a raw crash of inspect before (issue 27, fuzz long run)
+        raise CorruptChunkError(f"{cache.store.name(info.stem + suffix)}: named by the "
+                                "ledger but missing; run 'shardwise verify' on the cache"
+                                ) from None
 
 
 def _parquet_lengths(path: Path, stride: int) -> npt.NDArray[np.int64]:
