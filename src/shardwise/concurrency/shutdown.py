@@ -52,7 +52,7 @@ _live: weakref.WeakSet[Stoppable] = weakref.WeakSet()
 _threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 _lock = threading.Lock()
 _exiting: list[bool] = []  # [True] once the exit hook ran (a list: no global statement)
-_held: dict[str, object] = {}  # key -> what this process's exit hook drops
+_held: dict[tuple[int, str], object] = {}  # (pid, key) -> what the exit hook drops
 
 
 def register(owner: Stoppable) -> None:
@@ -68,8 +68,8 @@ def hold_until_exit(key: str, obj: object) -> None:
     drops what its parent held, not even as it finalises (:func:`_keep_inherited`): that
     object's threads are not in the child, and joining them there would never end."""
     with _lock:
-        old = _held.pop(key, None)
-        _held[key] = obj
+        old = _held.pop((os.getpid(), key), None)
+        _held[os.getpid(), key] = obj
     del old  # outside the lock: its destructor may block (it releases the GIL first)
 
 
@@ -108,20 +108,18 @@ def _stop_all() -> None:
 
 def _keep_inherited() -> None:
     """In a forked child: what the parent held is kept for good (one reference that is
-    never dropped) and forgotten, so neither the child's exit hook nor its finalisation
-    runs its destructor; what the child holds itself is its own."""
+    never dropped), so the child's finalisation does not run its destructor either."""
     if _held:
         import ctypes
 
         for obj in _held.values():
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
-        _held.clear()
 
 
 def _drop_held() -> None:
     with _lock:
-        dropped = list(_held.values())
-        _held.clear()
+        mine = [k for k in _held if k[0] == os.getpid()]
+        dropped = [_held.pop(k) for k in mine]
     dropped.clear()  # the last references, if nobody else holds them, end here
 
 
