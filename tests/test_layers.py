@@ -3,10 +3,12 @@
 ::
 
     errors  _version
-    format  world  checkpoint  choice  concurrency   (bytes; the world; the protocol; option enums;
-    chart                                             background threads, processes, polling;
+    format  checkpoint  choice  concurrency  chart   (bytes; the protocol; option enums;
+                                                      background threads, processes, polling;
                                                       text and SVG charts)
-    remote                                           (the object-store client, its fault policy)
+    remote  world                                    (the object-store client, its fault policy;
+                                                      the world, which keeps torch's groups
+                                                      until the exit hook)
     storage  sources  plan                           (where caches live; source files; pure plans)
     writer   read                                    (sources -> cache; cache -> examples)
     integrations  compat  testing                    (frameworks; seed systems' names; contracts)
@@ -33,8 +35,8 @@ import shardwise
 
 LAYERS = [
     {"errors", "_version"},
-    {"format", "world", "checkpoint", "choice", "concurrency", "chart"},
-    {"remote"},
+    {"format", "checkpoint", "choice", "concurrency", "chart"},
+    {"remote", "world"},
     {"storage", "sources", "plan"},
     {"writer", "read"},
     {"integrations", "compat", "testing"},

@@ -4,6 +4,8 @@ rules every reader shares."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -106,3 +108,31 @@ def test_contiguous_slices_report_the_dropped_tail() -> None:
     assert {d for _, d in slices} == {1}
     with pytest.raises(ConfigError, match="2 items cannot give each of 3 ranks"):
         World(0, 3).contiguous(2)
+
+
+KEEPS_GROUPS = """
+import tempfile
+import torch.distributed as dist
+from shardwise.concurrency import shutdown
+from shardwise.world import World
+
+def kept():
+    return any(dist.group.WORLD in held for held in shutdown._held.values())
+
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0,
+                        world_size=1)
+print(kept())
+print(World.detect())
+print(kept())
+"""
+
+
+def test_detecting_a_torch_world_keeps_its_groups_until_the_exit_hook() -> None:
+    """Every reader resolves its world through World.detect: in a torch.distributed job it
+    keeps torch's groups until shardwise's exit hook, so that freeing a DDP model (a
+    Megatron loop's, an HF Trainer's, not only shardwise.torch.loader's) never destroys the
+    group with the GIL held (a hang, or an abort at exit: docs/DESIGN.md, contract 12)."""
+    done = subprocess.run([sys.executable, "-c", KEEPS_GROUPS], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["False", "rank 0 of 1", "True"], done.stdout

@@ -24,6 +24,11 @@ same way and fails with the same messages:
 
 A reader made before the data-parallel layout is known (slime's data source) takes its
 World later with ``RecordStream.bind(world)``, before its first read.
+
+Detecting a torch.distributed world also keeps torch's process groups until shardwise's exit
+hook (:func:`_keep_groups`): a job that reads through shardwise then frees them before the
+interpreter finalises, with the GIL released, never from a garbage-collected model during
+finalisation (contract 12).
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
+from shardwise.concurrency import shutdown
 from shardwise.errors import ConfigError
 
 
@@ -70,6 +77,7 @@ class World:
         local_rank, local_size = _env_int("LOCAL_RANK"), _env_int("LOCAL_WORLD_SIZE")
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
+            _keep_groups(dist)
             return cls(dist.get_rank(), dist.get_world_size(), local_rank, local_size)
         rank, size = _env_int("RANK"), _env_int("WORLD_SIZE")
         if rank is not None and size is not None:
@@ -230,6 +238,41 @@ class StreamShare:
         """This reader's ``j``-th example as ``(stream, example of the stream)``."""
         i = j * self.readers + self.reader
         return i % self.n_streams, i // self.n_streams
+
+
+def keep_torch_groups() -> None:
+    """:func:`_keep_groups` if torch.distributed is initialised (a loader calls it again as
+    it starts: its world may have been resolved before ``init_process_group``)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        _keep_groups(dist)
+
+
+def _keep_groups(dist: Any) -> None:
+    """Keep torch.distributed's process groups (the default one and every group torch knows
+    now) until shardwise's exit hook drops them (:func:`shutdown.hold_until_exit`): there,
+    on the main thread before the interpreter finalises, after a garbage collection has
+    freed the models that hold them, so each group is freed by that drop, with the GIL
+    released.
+
+    Why (contract 12; torch's, seen with gdb and faulthandler in 2-rank gloo DDP jobs, with a
+    plain generator as often as with shardwise): DDP's gradient all-reduces run inside
+    ``backward``, whose thread-local state then holds a Python object (autograd's
+    ``contextvars`` copy); each gloo work keeps that state and frees it on a
+    ``pt_gloo_runloop`` thread, which takes the GIL for it. The DDP ``Reducer`` holds its
+    group from C++, and a DDP model is in a reference cycle: it is freed by a garbage
+    collection, often the interpreter's last one, during finalisation. Its group is then
+    destroyed with the GIL held and joins the run-loop threads: a deadlock if one is still
+    dropping a work, and during finalisation a thread that takes the GIL is ended inside a
+    ``noexcept`` destructor: SIGABRT, "terminate called without an active exception". A
+    group whose last reference is a Python one is destroyed with the GIL released (torch's
+    holder for ``ProcessGroup``), so its threads finish first. Groups made later are not
+    kept; a group torch replaced is dropped when the world is next detected."""
+    world = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
+    groups = tuple(getattr(world, "pg_map", ()))  # torch's registry: every live group
+    default = dist.group.WORLD
+    shutdown.hold_until_exit("torch.distributed groups",
+                             groups if default in groups else (default, *groups))
 
 
 def _env_int(name: str) -> int | None:

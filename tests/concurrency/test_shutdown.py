@@ -114,3 +114,53 @@ def test_what_is_held_until_exit_is_dropped_by_the_exit_hook_only_in_its_process
     # the child exits first (the parent waits for it): its exit handlers run, nothing dropped
     assert done.stdout.splitlines() == ["DROPPED first True", "REPLACED", "AFTER THE HOOK",
                                         "DROPPED second True", "AFTER THE HOOK"], done.stdout
+
+
+NATIVE = textwrap.dedent("""
+    import ctypes, sys, threading, time
+    from shardwise.concurrency import shutdown
+
+    libc = ctypes.CDLL(None)
+    quiet_at = []
+
+    def run_loop(busy, park):  # stands for torch's run loop: named as /proc shows it
+        libc.prctl(15, b"pt_gloo_runloop", 0, 0, 0)  # PR_SET_NAME: this thread's name
+        end = time.monotonic() + busy
+        while time.monotonic() < end:  # waking often, as a thread waiting for the GIL
+            time.sleep(0.001)
+        quiet_at.append(time.monotonic())
+        park.wait()  # asleep without a timeout, as an idle run loop
+
+    park = threading.Event()
+    busy = float(sys.argv[1])
+    threading.Thread(target=run_loop, args=(busy, park), daemon=True).start()
+    time.sleep(0.05)
+    started = time.monotonic()
+    idle = shutdown._let_native_threads_finish(timeout=float(sys.argv[2]))
+    ended = time.monotonic()
+    print(idle, bool(quiet_at) and quiet_at[0] <= ended, round(ended - started, 2))
+    park.set()
+""")
+
+
+def _native(busy: float, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", NATIVE, str(busy), str(timeout)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_exit_hook_waits_for_torchs_run_loops_to_go_idle() -> None:
+    """A torch run-loop thread still busy (or waiting for the GIL) as exit begins is let
+    finish, the GIL released, before the interpreter finalises (where taking the GIL ends
+    it inside a noexcept destructor: SIGABRT): the hook returns once it is asleep."""
+    done = _native(busy=0.6, timeout=30)
+    assert done.returncode == 0, done.stderr
+    idle, after_quiet, waited = done.stdout.split()
+    assert (idle, after_quiet) == ("True", "True"), done.stdout
+    assert float(waited) >= 0.4, done.stdout  # it waited the thread's busy time out
+
+
+def test_a_run_loop_that_never_goes_idle_is_named_and_the_exit_goes_on() -> None:
+    done = _native(busy=60, timeout=0.5)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[:2] == ["False", "False"], done.stdout
+    assert "torch threads ['pt_gloo_runloop'] were not idle 0.5 s" in done.stderr

@@ -69,9 +69,11 @@ def _free_port() -> int:
 def torchrun(script: Path, *args: str, timeout: float = 300.0
              ) -> subprocess.CompletedProcess[str]:
     """``script args`` under ``torchrun --nproc-per-node 2`` (one node, a free port on
-    127.0.0.1, one thread per rank; the checkout importable as ``tests``)."""
+    127.0.0.1, one thread per rank; the checkout importable as ``tests``). A rank that
+    dies of a signal prints every thread's Python stack (``PYTHONFAULTHANDLER``): an abort
+    at exit names where each thread was (:func:`said`)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    env.update(OMP_NUM_THREADS="1",
+    env.update(OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1",
                PYTHONPATH=os.pathsep.join([str(Path.cwd()), env.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
            "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
@@ -88,6 +90,12 @@ def torchrun(script: Path, *args: str, timeout: float = 300.0
                     os.killpg(pid, signal.SIGKILL)
             raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def said(done: subprocess.CompletedProcess[str], chars: int = 12000) -> str:
+    """What a failed torchrun printed, for an assertion message: the ends of its stdout and
+    of its stderr, long enough to hold a rank's stacks beside torchrun's own traceback."""
+    return f"{done.stdout[-chars // 4:]}\n{done.stderr[-chars:]}"
 
 
 def _children(pid: int) -> list[int]:

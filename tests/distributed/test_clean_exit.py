@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.distributed.harness import torchrun
+from tests.distributed.harness import said, torchrun
 
 SCRIPT = Path(__file__).resolve().with_name("_exit_job.py")
 RUNS = 2  # per rank: a forked child and the rank process itself
@@ -34,9 +34,9 @@ def test_a_ddp_job_on_the_loader_exits_0_on_every_rank_every_time(
         load.kill()
         load.wait()
     logs = "".join(f"{p}:\n{p.read_text()[-3000:]}\n" for p in sorted(tmp_path.glob("run*/log.r*")))
-    said = done.stdout[-3000:] + done.stderr[-3000:] + logs
-    assert done.returncode == 0, said
-    assert "terminate called" not in done.stderr + logs, said
-    assert "Timeout (" not in done.stderr + logs, said  # the job's watchdog: a hang
+    told = said(done) + logs
+    assert done.returncode == 0, told
+    assert "terminate called" not in done.stderr + logs, told
+    assert "Timeout (" not in done.stderr + logs, told  # the job's watchdog: a hang
     exits = [json.loads((tmp_path / f"exits.r{r}.json").read_text()) for r in range(2)]
-    assert exits == [[0] * (RUNS - 1)] * 2, said
+    assert exits == [[0] * (RUNS - 1)] * 2, told

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.distributed.harness import torchrun
+from tests.distributed.harness import said, torchrun
 
 from shardwise.megatron import build_train_valid_test_datasets
 
@@ -24,7 +24,7 @@ RAMPUP = [4, 4, 24]  # global batch 4 for the first 24 samples, then 8
 def _torchrun(spec: dict[str, Any], path: Path) -> list[dict[str, Any]]:
     path.write_text(json.dumps(spec))
     done = torchrun(SCRIPT, str(path))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, said(done)
     tag = "resumed" if spec["resume"] else "full"
     return [json.loads((Path(spec["out"]) / f"{tag}.r{r}.json").read_text())
             for r in range(2)]

@@ -5,28 +5,19 @@ one-rank world inside the job is refused instead of duplicating it on every rank
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 import pytest
+from tests.distributed.harness import said, torchrun
 
 import shardwise as sw
 from shardwise.read.external.producer_dir import publish_chunk, write_expected
 from shardwise.torch import loader
 
 SCRIPT = Path(__file__).resolve().with_name("_world_default.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +37,8 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory, small_chunk_cache: Path
     spec = {"cache": str(small_chunk_cache), "jsonl": jsonl, "producer": str(producer),
             "out": str(d)}
     (d / "spec.json").write_text(json.dumps(spec))
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    env.update(OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(Path.cwd()), env.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-           "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), str(SCRIPT), str(d / "spec.json")]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = torchrun(SCRIPT, str(d / "spec.json"), timeout=240)
+    assert done.returncode == 0, said(done)
     ranks = [json.loads((d / f"_world_default.r{r}.json").read_text()) for r in range(2)]
     for r in ranks:
         assert "error" not in r, r["error"]

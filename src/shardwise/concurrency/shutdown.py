@@ -21,23 +21,39 @@ here. At exit:
    one registered, and also after one whose close raised;
 3. a thread still alive then is named on stderr with its Python stack, so that an abort
    that follows names its cause;
-4. the objects :func:`hold_until_exit` kept are dropped, here, on the main thread, before
-   the interpreter finalises (an object whose destructor blocks, e.g. a process group
-   joining its threads, must not run that destructor where it can deadlock or abort).
+3b. torch's native threads that take the GIL after their work is done (gloo's run loops
+   drop each work's thread-local state, which holds a Python object when the work was
+   launched inside ``backward``: every DDP all-reduce) are let finish, the GIL released,
+   until each is idle (:func:`_let_native_threads_finish`): one still waiting for the GIL
+   when the interpreter finalises is ended inside a ``noexcept`` destructor, a SIGABRT
+   ("terminate called without an active exception") after the run's last step — under
+   CPU load, a run-loop thread descheduled between finishing the last all-reduce and
+   taking the GIL outlives the few milliseconds the main thread needs to reach that point;
+4. if this process holds objects (:func:`hold_until_exit`), a garbage collection first
+   frees the reference cycles that hold them too (a DDP model is one, and holds its process
+   group from C++), then the held objects are dropped, here, on the main thread, before the
+   interpreter finalises: an object whose destructor blocks (a process group joining its
+   threads) must not run that destructor during finalisation, where it can abort.
 """
 
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import sys
 import threading
+import time
 import traceback
 import weakref
 from collections.abc import Callable
 from typing import Protocol
 
 JOIN_SECONDS = 10.0
+IDLE_SECONDS = 5.0  # the longest the exit hook waits for torch's threads to go idle
+# native threads (names as /proc shows them) that take the GIL for the thread-local state
+# of the work they ran: gloo's run loops, autograd's device threads
+NATIVE_THREADS = ("pt_gloo_runloop", "pt_autograd")
 
 
 class Stoppable(Protocol):
@@ -103,6 +119,7 @@ def _stop_all() -> None:
             except Exception as e:  # noqa: BLE001 - the others are stopped all the same
                 print(f"shardwise: stopping {owner!r} at exit failed: {e!r}", file=sys.stderr)
     _name_survivors()
+    _let_native_threads_finish()
     _drop_held()
 
 
@@ -119,8 +136,65 @@ def _keep_inherited() -> None:
 def _drop_held() -> None:
     with _lock:
         mine = [k for k in _held if k[0] == os.getpid()]
-        dropped = [_held.pop(k) for k in mine]
+    if not mine:
+        return
+    gc.collect()  # cycles that hold them go now, while this hook still keeps them alive
+    with _lock:
+        dropped = [_held.pop(k) for k in mine if k in _held]
     dropped.clear()  # the last references, if nobody else holds them, end here
+
+
+def _let_native_threads_finish(timeout: float = IDLE_SECONDS,
+                                names: tuple[str, ...] = NATIVE_THREADS) -> bool:
+    """Sleep (the GIL released) until each native thread named ``names`` is idle: asleep
+    (state S) with the same count of context switches over one :data:`_IDLE_TICK`. A thread
+    waiting for the GIL wakes every switch interval (5 ms) and one waiting for a CPU is
+    runnable (R): neither is idle. An idle run loop sleeps on its queue without a timeout.
+    True when all are idle (at once where there are none: no /proc, no torch); after
+    ``timeout``, False, naming the others on stderr."""
+    before = _native_threads(names)
+    if not before:
+        return True
+    deadline = time.monotonic() + timeout
+    while True:
+        time.sleep(_IDLE_TICK)
+        now = _native_threads(names)
+        busy = {t: v for t, v in now.items() if v[1] != "S" or before.get(t) != v}
+        if not busy:
+            return True
+        if time.monotonic() >= deadline:
+            print(f"shardwise: torch threads {sorted(v[0] for v in busy.values())} were not "
+                  f"idle {timeout:g} s after exit began; the process may abort as it "
+                  "finalises", file=sys.stderr, flush=True)
+            return False
+        before = now
+
+
+_IDLE_TICK = 0.012  # longer than the interpreter's switch interval (5 ms)
+
+
+def _native_threads(names: tuple[str, ...]) -> dict[int, tuple[str, str, int]]:
+    """{thread id: (name, state, context switches)} of this process's threads whose name
+    starts with one of ``names`` (Linux's /proc; elsewhere none)."""
+    out: dict[int, tuple[str, str, int]] = {}
+    try:
+        tasks = list(os.scandir("/proc/self/task"))
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            with open(f"{task.path}/comm") as f:
+                name = f.read().strip()
+            if not name.startswith(names):
+                continue
+            with open(f"{task.path}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"{task.path}/status") as f:
+                switches = sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
+        except (OSError, ValueError, IndexError):
+            continue  # it ended meanwhile
+        out[int(task.name)] = (name, state, switches)
+    return out
 
 
 def _name_survivors() -> None:

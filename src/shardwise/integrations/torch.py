@@ -37,12 +37,10 @@ State keys: ``kind``, ``version``, ``fingerprint``, ``consumed``, ``config``, ``
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from shardwise.checkpoint import LoaderState, Resumable
-from shardwise.concurrency import shutdown
 from shardwise.errors import MissingExtraError
 from shardwise.integrations.guards import refuse_bare_lightning
 from shardwise.integrations.torch_batches import arrays, collate, pin
@@ -50,7 +48,7 @@ from shardwise.integrations.torch_indices import PlacedLoader, PlacedSampler
 from shardwise.read.examples import Output, with_output
 from shardwise.read.loader import Loader, ahead_count, describe_line, plan_sampler
 from shardwise.read.sampler import BatchSampler
-from shardwise.world import World
+from shardwise.world import World, keep_torch_groups
 
 try:
     import torch
@@ -106,7 +104,7 @@ class ShardwiseLoader(PlacedLoader, Resumable, DataLoader):  # type: ignore[type
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         refuse_bare_lightning("a shardwise loader")
-        _hold_process_group()
+        keep_torch_groups()  # a world resolved before init_process_group did not
         pos = self._core.begin()
         batches = self._direct() if self._is_direct() else super().__iter__()
         if self._here is not None:
@@ -176,28 +174,6 @@ class ShardwiseLoader(PlacedLoader, Resumable, DataLoader):  # type: ignore[type
 
     def __repr__(self) -> str:
         return describe_line(type(self).__name__, self.dataset, self.describe())
-
-
-def _hold_process_group() -> None:
-    """Keep torch.distributed's default group alive until shardwise's exit hook, which
-    drops it before the interpreter finalises (:func:`shutdown.hold_until_exit`).
-
-    Why (contract 12; torch's, seen with gdb and faulthandler in a 2-rank gloo DDP job, with
-    a plain generator as often as with this loader): DDP's gradient all-reduces run inside
-    ``backward``, whose thread-local state then holds a Python object (autograd's
-    ``contextvars`` copy); each gloo work keeps that state and frees it on a
-    ``pt_gloo_runloop`` thread, which takes the GIL to drop the object while holding the
-    group's work mutex. The DDP ``Reducer`` holds the group from C++: freeing the model (a
-    ``main()`` returning, a garbage collection) then destroys the group with the GIL held,
-    and its destructor joins the run-loop threads: a deadlock if one is still dropping a
-    work, and during finalisation that thread is ended inside a ``noexcept`` destructor: a
-    SIGABRT ("terminate called without an active exception"). A group whose last
-    reference is a Python one is destroyed with the GIL released (torch's holder for
-    ``ProcessGroup``), so the run-loop threads finish first. Only the latest group is
-    kept; one replaced by a new ``init_process_group`` is dropped then."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        shutdown.hold_until_exit("torch.distributed default group", dist.group.WORLD)
 
 
 def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
