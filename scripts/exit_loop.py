@@ -13,8 +13,8 @@ K jobs for one start of torch. Prints one line per torchrun and a summary; exits
 run failed.
 
 The cause this loop found, torch's (gdb and faulthandler on hung runs, as often with a
-plain generator as with the loader; see ``shardwise.integrations.torch``
-``_hold_process_group``): freeing the DDP model frees its Reducer's ProcessGroupGloo with
+plain generator as with the loader; see ``shardwise.world``
+``keep_torch_groups``): freeing the DDP model frees its Reducer's ProcessGroupGloo with
 the GIL held, whose destructor joins the ``pt_gloo_runloop`` threads while one of them,
 dropping a finished all-reduce whose thread-local state holds autograd's context object,
 waits for the GIL: a deadlock; during finalisation, a SIGABRT. The loader keeps the group

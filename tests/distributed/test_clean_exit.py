@@ -5,8 +5,8 @@ while a busy loop takes a core; a hang is a failed run with its stack (the job's
 watchdog), not a timeout here.
 
 What it guards: torch frees a DDP model's gloo group with the GIL held while a run-loop
-thread waits for the GIL to drop a finished all-reduce (``shardwise.integrations.torch``,
-``_hold_process_group``): before the loader kept the group until shardwise's exit hook,
+thread waits for the GIL to drop a finished all-reduce (``shardwise.world``,
+``keep_torch_groups``): before the loader kept the group until shardwise's exit hook,
 the same job hung at that point in 6 of 20 rank runs on the 2-core machine under a load of
 ~18 (a plain generator: 6 of 20 too), and this test failed 2 of 3 times (a rank's
 watchdog: exit 1); after, 0 of 200 jobs, 400 rank exits
