@@ -148,8 +148,9 @@ def test_data_is_reused(tiny: tuple[dict[str, Any], Path]) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None,
                     reason=f"megatron-core is not installed ({MEGATRON_INSTALL})")
-def test_megatron_baseline(tmp_path: Path) -> None:
-    code, report = run_bench(*TINY, "--dir", tmp_path)
+def test_megatron_baseline(tiny: tuple[dict[str, Any], Path]) -> None:
+    work = tiny[1]  # its corpora and caches, made once (this run adds Megatron's files)
+    code, report = run_bench(*TINY, "--dir", work)
     assert code == 0
     assert report["megatron"]["available"] is True, report["megatron"]
     assert report["throughput"]["megatron"]["examples_per_s"] > 0
@@ -161,7 +162,7 @@ def test_megatron_baseline(tmp_path: Path) -> None:
             assert st[f"megatron_{plan}_{name}"]["seconds"] > 0
         assert rss[f"megatron_{name}"]["peak_mb"] > 0
     # Megatron's index files: left by the cached runs only
-    assert {p.parent.name for p in tmp_path.glob("megatron-index-*/*/*")} == {"cached"}
+    assert {p.parent.name for p in work.glob("megatron-index-*/*/*")} == {"cached"}
     compared = [r for r in report["rows"] if r["baseline_what"].startswith("Megatron")]
     assert len(compared) == 1 + 1 + 4 + 2 and all(r["ratio"] is not None for r in compared)
 
