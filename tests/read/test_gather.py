@@ -134,3 +134,51 @@ def test_a_document_range_raises_the_damage_its_parent_verification_found(
     part.wait_for_verify()
     with pytest.raises(CorruptChunkError, match=rf"{stem}.bin: .*xxh3_64"):
         part.raise_if_damaged()
+
+
+def test_a_few_runs_in_several_chunks_are_checked_before_any_byte_is_returned(
+        cache_dir: Path) -> None:
+    """A micro-batch's runs in several chunks are checked by their lists' bounds and the
+    length joined (no numpy scalar per run): a run past its chunk's end is refused by name
+    even where a negative length elsewhere would make the total come out right, and so
+    are a negative offset and a chunk the cache does not have."""
+    cache = sw.open_cache(cache_dir)
+    held = cache.chunks.columns.tokens
+    end = int(held[1])
+    with pytest.raises(ConfigError, match=rf"run 1 asks for tokens \[{end - 2}, {end + 3}\) "
+                                          rf"of chunk 1;.*holds {end} tokens"):
+        cache.gather(([0, 1, 2], [0, end - 2, 4], [4, 5, 4]))
+    with pytest.raises(ConfigError, match=r"run 2 asks for tokens \[4, 1\) of chunk 2"):
+        cache.gather(([0, 1, 2], [0, end - 2, 4], [4, 5, -3]))  # 4 + 2 + 0 = 9 - 3
+    with pytest.raises(ConfigError, match=r"run 1 asks for tokens \[-4, 0\) of chunk 1"):
+        cache.gather(([0, 1], [0, -4], [3, 4]))
+    with pytest.raises(ConfigError, match=r"run 1 asks for tokens \[0, 2\) of chunk -1"):
+        cache.gather(([0, -1], [0, 0], [3, 2]))
+
+
+def test_a_few_runs_in_several_chunks_open_only_the_chunks_they_read(cache_dir: Path) -> None:
+    cache = sw.open_cache(cache_dir)
+    runs = Runs.of(([3, 7, 3, 1], [5, 0, 0, 2], [4, 0, 6, 3]))  # chunk 7: nothing
+    np.testing.assert_array_equal(cache.gather(runs), _expected(cache, runs))
+    assert set(cache.opened) == {cache.chunks[c].stem for c in (1, 3)}
+
+
+@pytest.mark.parametrize("shuffle", ["window", "none", "block"])
+def test_micro_batches_of_windows_are_the_stored_stream_cut_into_windows(
+        cache_dir: Path, shuffle: str) -> None:
+    """Every micro-batch of a window order, read through ``gather``, against the stored
+    stream read straight: windows inside one chunk, in several chunks (one length), across
+    a chunk's end (two runs), and the stream's short last window (``drop_last=False``)."""
+    cache = sw.open_cache(cache_dir)
+    stream = cache.read_tokens(0, cache.num_tokens).astype(np.int64)
+    L, m = 7, 7
+    ds = sw.TokenDataset(cache, seq_len=L, shuffle=shuffle, seed=3, drop_last=False,
+                         world=sw.World.single())
+    assert len(ds) % m  # the last micro-batch is short too
+    for lo in range(0, len(ds), m):
+        idx = list(range(lo, min(lo + m, len(ds))))
+        batch = ds.get_batch(idx)
+        for r, w in enumerate(ds.windows(np.asarray(idx)).tolist()):
+            want = stream[w * L: w * L + L + 1]
+            np.testing.assert_array_equal(batch["input_ids"][r, :len(want) - 1], want[:-1])
+            np.testing.assert_array_equal(batch["labels"][r, :len(want) - 1], want[1:])

@@ -95,7 +95,7 @@ class RangedGather(ChunkStore):
         chunk[rows], offset[rows] = -1 - rows, 0  # row r: pieces[r]
         out = gather_runs(lambda c: Mapped(pieces[-1 - c]) if c < 0 else self._mapped(c),
                           Runs(chunk, offset, runs.length), view.dtype)
-        self._checks().batch_ids(out, runs.stream_offset(view.cum_tokens))
+        self._checks().batch_ids(out, runs)
         return out
 
     def _plan(self, runs: Runs, early: bool = False, skip: set[int] | frozenset[int] = frozenset()

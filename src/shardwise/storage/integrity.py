@@ -46,6 +46,7 @@ from shardwise.format.megatron import MegatronIndex, check_index, first_bad_id
 from shardwise.format.paths import READER_DIR, user_cache_dir
 from shardwise.storage.chunk_check import ChunkExpect, check_chunk
 from shardwise.storage.chunk_table import ChunkInfo, View
+from shardwise.storage.runs import Runs
 from shardwise.storage.verifier import ChunkVerifier, VerifiedLog
 
 
@@ -117,13 +118,14 @@ class CacheChecks:
         if self.verifier is not None:
             self.verifier.want(c, suffixes)
 
-    def batch_ids(self, ids: npt.NDArray[Any], offset_of: Callable[[int], int]) -> None:
-        """:meth:`ids` for a batch read from memory-mapped chunks (:meth:`Cache.tokens`),
-        skipped once every chunk this process opened is verified: the background check
-        has then seen every id such a batch can hold."""
+    def batch_ids(self, ids: npt.NDArray[Any], runs: Runs) -> None:
+        """:meth:`ids` for a batch gathered from ``runs`` of memory-mapped chunks
+        (:meth:`Cache.tokens`), skipped once every chunk this process opened is verified:
+        the background check has then seen every id such a batch can hold. (The runs, not
+        a function of them: nothing is made per batch for the bad id that is not there.)"""
         if self.verifier is not None and self.verifier.settled:
             return
-        self.ids(ids, offset_of)
+        self.ids(ids, runs.stream_offset(self.view.cum_tokens))
 
     def ids(self, ids: npt.NDArray[Any], offset_of: Callable[[int], int]) -> None:
         """Refuse ids outside ``[0, vocab_size)`` (one vectorised check per batch);

@@ -20,7 +20,6 @@ of a chunk still arriving) is the :class:`~shardwise.storage.store.ChunkStore`'s
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import add
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -36,6 +35,7 @@ LONG_RUN = 16
 # up to SMALL runs (a micro-batch of windows) are checked and dispatched in Python: a few
 # list operations cost less than the fixed cost of the whole-array calls they replace
 SMALL = 32
+_INT64 = np.dtype(np.int64)  # numpy's one int64 dtype: ``is`` costs less than ``==``
 
 
 def _column(a: Any) -> npt.NDArray[np.int64]:
@@ -57,14 +57,14 @@ class Runs(NamedTuple):
         as int64 columns of one length."""
         chunk, offset, length = runs
         if not (type(chunk) is type(offset) is type(length) is np.ndarray
-                and chunk.dtype == offset.dtype == length.dtype == np.int64
-                and chunk.ndim == offset.ndim == length.ndim == 1):
+                and chunk.dtype is offset.dtype is length.dtype is _INT64
+                and chunk.ndim == offset.ndim == length.ndim == 1):  # else: made so
             chunk, offset, length = _column(chunk), _column(offset), _column(length)
         if not len(chunk) == len(offset) == len(length):
             raise ConfigError(f"runs: columns of {len(chunk)}, {len(offset)} and "
                               f"{len(length)} rows; chunk, offset and length must be "
                               "equal-length columns")
-        return cls(chunk, offset, length)
+        return tuple.__new__(cls, (chunk, offset, length))  # a C call: hot
 
     @property
     def total(self) -> int:
@@ -104,24 +104,19 @@ class Runs(NamedTuple):
 
 
 class Mapped:
-    """A chunk's tokens (its map) and the views :func:`gather_runs` reads them by, made on
-    first use and kept with the map in the store's one entry for the chunk, so a view never
-    outlives its map's place in the budget (:class:`~shardwise.storage.store.ChunkStore`)."""
+    """A chunk's tokens (its map) and the views :func:`gather_runs` reads them by, kept
+    with the map in the store's one entry for the chunk, so a view never outlives its
+    map's place in the budget (:class:`~shardwise.storage.store.ChunkStore`): ``mem``, the
+    tokens as a memoryview (slicing one costs a third of slicing an array, and
+    ``bytearray().join`` copies many slices in one call; made with the entry, a plain
+    attribute: a batch looks it up per chunk), and ``rows(n)`` made on first use."""
 
-    __slots__ = ("_mem", "_rows", "tokens")
+    __slots__ = ("_rows", "mem", "tokens")
 
     def __init__(self, tokens: npt.NDArray[Any]) -> None:
         self.tokens = tokens
-        self._mem: memoryview | None = None
+        self.mem: memoryview = np.ascontiguousarray(tokens).data  # a map: no copy
         self._rows: dict[int, npt.NDArray[Any]] = {}
-
-    @property
-    def mem(self) -> memoryview:
-        """The tokens as a memoryview (slicing one costs a third of slicing an array, and
-        ``bytearray().join`` copies many slices in one call)."""
-        if self._mem is None:
-            self._mem = np.ascontiguousarray(self.tokens).data
-        return self._mem
 
     def rows(self, n: int) -> npt.NDArray[Any]:
         """``[len - n + 1, n]``: row ``o`` is tokens ``[o, o + n)`` (a strided view, rows
@@ -182,24 +177,27 @@ def gather_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype,
 def _few_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype,
               held: npt.NDArray[np.int64] | None, where: Callable[[], str]
               ) -> npt.NDArray[Any]:
-    """:func:`gather_runs` of up to ``FEW_RUNS`` runs, checked and dispatched on lists."""
-    n = len(runs.chunk)
+    """:func:`gather_runs` of up to ``FEW_RUNS`` runs, checked and dispatched on lists
+    (a numpy call, or a numpy scalar per run, costs more than the list operations).
+
+    Checked by ``min``/``max`` of the lists, and each run's end by the length of what was
+    joined: a slice ``[a, a + k)`` (``a, k >= 0``) of a chunk's map, which holds exactly
+    the ledger's tokens (checked when mapped), is ``k`` tokens exactly when the run lies
+    inside the chunk."""
     chunk, offset, length = runs.chunk.tolist(), runs.offset.tolist(), runs.length.tolist()
-    c, k = chunk[0], length[0]
-    if chunk.count(c) == n:  # one chunk: a one-file dataset, a span, a block's windows
-        if held is not None and not (0 <= c < len(held) and min(offset) >= 0
-                                     and min(length) >= 0
-                                     and max(map(add, offset, length)) <= held[c]):
-            runs.check(held, where())  # raises, naming the run
-        if n > 1 and k and length.count(k) == n:
-            return mapped(c).rows(k)[runs.offset].reshape(-1)
-        return _join_runs(mapped, chunk, offset, length, dtype)
-    if held is not None:
-        count = len(held)
-        for c, a, k in zip(chunk, offset, length, strict=True):
-            if not (0 <= c < count and a >= 0 and k >= 0 and a + k <= held[c]):
-                runs.check(held, where())
-    return _join_runs(mapped, chunk, offset, length, dtype)
+    if held is not None and not (min(chunk) >= 0 and max(chunk) < len(held)
+                                 and min(offset) >= 0 and min(length) >= 0):
+        runs.check(held, where())  # raises, naming the run
+    n, c, k = len(chunk), chunk[0], length[0]
+    if n > 1 and k and chunk.count(c) == n and length.count(k) == n:
+        # a block's windows (one chunk, one length): one fancy index of its rows view
+        if held is not None and max(offset) + k > held[c]:
+            runs.check(held, where())
+        return mapped(c).rows(k)[runs.offset].reshape(-1)
+    out = _join_runs(mapped, chunk, offset, length, dtype)
+    if held is not None and len(out) != sum(length):  # a run past its chunk's end
+        runs.check(held, where())
+    return out
 
 
 def _equal_runs(mapped: Callable[[int], Mapped], runs: Runs, k: int, dtype: np.dtype
@@ -219,19 +217,18 @@ def _equal_runs(mapped: Callable[[int], Mapped], runs: Runs, k: int, dtype: np.d
 
 def _join_runs(mapped: Callable[[int], Mapped], chunk: list[int], offset: list[int],
                length: list[int], dtype: np.dtype) -> npt.NDArray[Any]:
-    """A few runs (columns as lists): each chunk's memoryview looked up once, the slices
-    joined in one copy (writable: a bytearray)."""
-    if chunk.count(chunk[0]) == len(chunk):  # one chunk (a one-file dataset)
-        if not any(length):
-            return np.zeros(0, dtype=dtype)  # asked for nothing: not opened
-        one = mapped(chunk[0]).mem
-        parts = [one[a:a + k] for a, k in zip(offset, length, strict=True)]
-        return np.frombuffer(bytearray().join(parts), dtype=dtype)
-    # each chunk once; a chunk asked for nothing is not opened
-    used = set(chunk) if 0 not in length else {c for c, k in zip(chunk, length,
-                                                                strict=True) if k}
-    mem = {c: mapped(c).mem for c in used}
-    parts = [mem[c][a:a + k] for c, a, k in zip(chunk, offset, length, strict=True) if k]
+    """Runs (columns as lists) sliced from each chunk's memoryview, looked up once per
+    chunk, and joined in one copy (writable: a bytearray). A chunk asked for nothing is
+    not opened."""
+    mems: dict[int, memoryview] = {}
+    parts = []
+    for c, a, k in zip(chunk, offset, length, strict=True):
+        mem = mems.get(c)
+        if mem is None:
+            if not k:
+                continue
+            mem = mems[c] = mapped(c).mem
+        parts.append(mem[a:a + k])
     return np.frombuffer(bytearray().join(parts), dtype=dtype)
 
 

@@ -272,7 +272,7 @@ class ChunkStore(ABC):
         view = self.view
         out = gather_runs(self._mapped, runs, view.dtype, view.chunks.columns.tokens,
                           lambda: view.location)
-        (self.checks or self._checks()).batch_ids(out, runs.stream_offset(view.cum_tokens))
+        (self.checks or self._checks()).batch_ids(out, runs)
         return out
 
     def _checks(self) -> CacheChecks:

@@ -175,7 +175,7 @@ class WindowOrder(Order):
                 return None
             zeros, full = self._columns(k, L)
             return Runs(zeros, np.array(windows, dtype=np.int64) * L, full, full)
-        chunk, offset = [], []
+        chunk, offset = [], []  # one array of both: a numpy call costs more than a slice
         for w in windows:
             start = w * L
             c = bisect_right(bounds, start) - 1
@@ -183,9 +183,8 @@ class WindowOrder(Order):
                 return None
             chunk.append(c)
             offset.append(start - bounds[c])
-        full = self._columns(k, L)[1]
-        return Runs(np.array(chunk, dtype=np.int64), np.array(offset, dtype=np.int64),
-                    full, full)
+        both, full = np.array(chunk + offset, dtype=np.int64), self._columns(k, L)[1]
+        return tuple.__new__(Runs, (both[:k], both[k:], full, full, 0))  # C: hot
 
     def _span(self, w0: int, k: int, bounds: list[int], L: int) -> Runs:
         """Windows ``w0 … w0 + k - 1`` as their span of the stored stream, cut where
