@@ -126,8 +126,8 @@ NATIVE = textwrap.dedent("""
     def run_loop(busy, park):  # stands for torch's run loop: named as /proc shows it
         libc.prctl(15, b"pt_gloo_runloop", 0, 0, 0)  # PR_SET_NAME: this thread's name
         end = time.monotonic() + busy
-        while time.monotonic() < end:  # waking often, as a thread waiting for the GIL
-            time.sleep(0.001)
+        while time.monotonic() < end and not park.is_set():  # waking often, as a thread
+            time.sleep(0.001)                                 # waiting for the GIL does
         quiet_at.append(time.monotonic())
         park.wait()  # asleep without a timeout, as an idle run loop
 
