@@ -223,7 +223,7 @@ def test_an_epoch_beyond_the_order_cache_is_computed_per_position(
                             **_block(shuffle, block_size=4))
     assert fresh.order.window_list(idx[::3]) == want[::3]  # scattered: one by one
     assert fresh.order.window_list([idx[0]]) == want[:1]
-    assert not fresh.order._blocks  # no order block was computed
+    assert not fresh.order.derived.get()["blocks"]  # no order block was computed
     batch = fresh.get_batch(idx)
     assert batch["input_ids"].tolist() == ds.get_batch(idx)["input_ids"].tolist()
 

@@ -33,6 +33,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from shardwise.concurrency.local import ProcessLocal
 from shardwise.errors import ConfigError
 from shardwise.read.orders.layout import TokenLayout
 
@@ -104,14 +105,14 @@ class Order:
                               f"got {opts!r}")
         self.layout, self.seed, self.options = layout, seed, opts
         self.n: int = layout.num_windows
-
-    def __getstate__(self) -> dict[str, Any]:
-        """A copy for another process keeps no derived arrays (a memory-mapped plan would
-        pickle as a copy): it rebuilds what it uses."""
-        return {**self.__dict__, **self.fresh()}
+        # what the order derives as it is read (cached blocks, permutations, mapped plans):
+        # per process, never pickled (a memory-mapped plan would travel as a copy), made
+        # again where a copy is used (concurrency.local: the one lifecycle)
+        self.derived: ProcessLocal[dict[str, Any]] = ProcessLocal(
+            self.fresh, name=f"the {self.name} order's derived state")
 
     def fresh(self) -> dict[str, Any]:
-        """The derived attributes as a new order starts them (what is not pickled)."""
+        """The derived state as a process starts it (:attr:`derived`)."""
         return {}
 
     def locate(self, indices: npt.ArrayLike) -> Runs:

@@ -39,10 +39,10 @@ class BlockOrder(WindowOrder):
     options: BlockOptions
 
     def fresh(self) -> dict[str, Any]:
-        return {**super().fresh(), "_shuffles": {}}
+        return {**super().fresh(), "shuffles": {}}
 
     def window_block(self, epoch: int, positions: IntArray) -> IntArray:
-        shuffles: dict[int, BlockShuffle] = self.__dict__["_shuffles"]
+        shuffles: dict[int, BlockShuffle] = self.derived.get()["shuffles"]
         hit = shuffles.get(epoch)
         if hit is None:
             if len(shuffles) >= EPOCHS_KEPT:

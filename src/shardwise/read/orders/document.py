@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shardwise.concurrency.bounded import Bounded
 from shardwise.plan.doc_shuffle import DocShuffleIndex
 from shardwise.read.orders.base import PAD, IntArray, Order, OrderOptions, Runs, check_indices
 from shardwise.read.orders.layout import TokenLayout
@@ -110,31 +109,31 @@ class DocumentShuffle(Order):
     def __init__(self, layout: TokenLayout, *, seed: int = 0,
                  options: OrderOptions | None = None) -> None:
         super().__init__(layout, seed=seed, options=options)
-        self._plans: Bounded[int, DocShuffleIndex]
-        self._starts: IntArray | None
-        self.__dict__.update(self.fresh())
 
     def fresh(self) -> dict[str, Any]:
         # plans are memory maps: counted by the process's map budget
-        return {"_plans": open_maps.bounded(EPOCHS_KEPT), "_starts": None}
+        return {"plans": open_maps.bounded(EPOCHS_KEPT), "starts": None}
 
     # -- the plan ----------------------------------------------------------------------
     def plan(self, epoch: int) -> DocShuffleIndex:
         """Epoch ``epoch``'s document-shuffle plan, as the layout's documents give it
         (a reader's: memory-mapped from its plan directory, built once per node)."""
-        hit = self._plans.get(epoch)
+        plans = self.derived.get()["plans"]
+        hit = plans.get(epoch)
         if hit is None:
             hit = self.layout.doc_shuffle(self.seed, epoch)
-            self._plans.put(epoch, hit)
-            open_maps.kept(self._plans, epoch)
+            plans.put(epoch, hit)
+            open_maps.kept(plans, epoch)
         return hit
 
     def doc_starts(self) -> IntArray:
         """Where each stored document starts in the stream, as a plain array (a memory
         map's subclass costs microseconds per fancy index on the read path)."""
-        if self._starts is None:
-            self._starts = np.asarray(self.layout.doc_starts()).view(np.ndarray)
-        return self._starts
+        derived = self.derived.get()
+        if derived["starts"] is None:
+            derived["starts"] = np.asarray(self.layout.doc_starts()).view(np.ndarray)
+        starts: IntArray = derived["starts"]
+        return starts
 
     # -- the questions -----------------------------------------------------------------
     def locate(self, indices: npt.ArrayLike) -> Runs:

@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from shardwise.checkpoint import as_count
 from shardwise.concurrency.bounded import Bounded
+from shardwise.concurrency.local import ProcessLocal
 from shardwise.errors import ConfigError
 from shardwise.plan.stream import block_read_order, window_order
 from shardwise.read.orders.base import (
@@ -108,19 +109,22 @@ class StreamOrder:
 
     def __init__(self, config: StreamConfig, cache: Any) -> None:
         self.config, self.cache = config, cache
-        self._layouts: dict[int, StreamLayout] = {}
         self._padded = (-1, 0)  # (chunk count, examples per stream of a finite run)
-        self._blocks: Bounded[tuple[int, int, int], tuple[IntArray, IntArray, IntArray]] = (
-            Bounded(BLOCKS_KEPT))
+        # the streams' layouts and the blocks read: per process, never pickled
+        # (concurrency.local: the one lifecycle)
+        self.derived: ProcessLocal[dict[str, Any]] = ProcessLocal(
+            self.fresh, name="the stream order's derived state")
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_layouts": {}, "_blocks": Bounded(BLOCKS_KEPT)}
+    def fresh(self) -> dict[str, Any]:
+        """The derived state as a process starts it (:attr:`derived`)."""
+        return {"layouts": {}, "blocks": Bounded(BLOCKS_KEPT)}
 
     def layout(self, s: int) -> StreamLayout:
         """Stream ``s``'s layout as of the cache's current view (it grows in follow mode)."""
-        sl = self._layouts.get(s)
+        layouts: dict[int, StreamLayout] = self.derived.get()["layouts"]
+        sl = layouts.get(s)
         if sl is None:
-            sl = self._layouts[s] = StreamLayout(s, self.config)
+            sl = layouts[s] = StreamLayout(s, self.config)
         sl.update(self.cache)
         return sl
 
@@ -160,14 +164,15 @@ class StreamOrder:
         layout of the stream; ``sl``: the caller's own, else this order's): its chunks in
         read order, their token counts, and its window order."""
         key = (s, epoch, b)
-        hit = self._blocks.get(key)
+        blocks = self.derived.get()["blocks"]
+        hit: tuple[IntArray, IntArray, IntArray] | None = blocks.get(key)
         if hit is None:
             c, cum = self.config, self.cache.cum_tokens
             sl = sl if sl is not None else self.layout(s)
             chunks = block_read_order(s, b, sl.block_size(b), n_streams=c.streams,
                                       block_chunks=c.block_chunks, seed=c.seed, epoch=epoch)
             order = self.window_order(s, b, int(sl.cum[b + 1] - sl.cum[b]), epoch)
-            hit = self._blocks.put(key, (chunks, cum[chunks + 1] - cum[chunks], order))
+            hit = blocks.put(key, (chunks, cum[chunks + 1] - cum[chunks], order))
         return hit
 
     def window_order(self, s: int, b: int, n: int, epoch: int) -> IntArray:

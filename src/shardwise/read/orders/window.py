@@ -19,10 +19,10 @@ class WindowShuffle(WindowOrder):
     name = "window"
 
     def fresh(self) -> dict[str, Any]:
-        return {**super().fresh(), "_perms": {}}
+        return {**super().fresh(), "perms": {}}
 
     def _perm(self, epoch: int) -> Permutation:
-        perms: dict[int, Permutation] = self.__dict__["_perms"]
+        perms: dict[int, Permutation] = self.derived.get()["perms"]
         hit = perms.get(epoch)
         if hit is None:
             if len(perms) >= EPOCHS_KEPT:

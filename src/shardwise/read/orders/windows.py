@@ -74,17 +74,14 @@ class WindowOrder(Order):
     def __init__(self, layout: TokenLayout, *, seed: int = 0,
                  options: OrderOptions | None = None) -> None:
         super().__init__(layout, seed=seed, options=options)
-        self._blocks: Bounded[tuple[int, int], npt.NDArray[np.integer]]
-        # the block last used as a list, per caller (the reader, and a look-ahead thread
-        # some blocks further on, would otherwise evict each other's)
-        self._lists: dict[str, tuple[int, list[int]]]
-        self._cum: tuple[int, list[int]]  # the chunks' token prefix sums, as a list
-        self._full: dict[int, tuple[IntArray, IntArray]]  # [0] * n, [L + 1] * n, per n
-        self.__dict__.update(self.fresh())
 
     def fresh(self) -> dict[str, Any]:
-        return {"_blocks": Bounded(weight=max(CACHE_WINDOWS, _MIN_KEPT), weigh=len),
-                "_lists": {}, "_cum": (-1, []), "_full": {}}
+        # blocks: the cache of order blocks; lists: the block last used as a list, per
+        # caller (the reader, and a look-ahead thread some blocks further on, would
+        # otherwise evict each other's); cum: the chunks' token prefix sums as a list;
+        # full: [0] * n and [L + 1] * n, per n
+        return {"blocks": Bounded(weight=max(CACHE_WINDOWS, _MIN_KEPT), weigh=len),
+                "lists": {}, "cum": (-1, []), "full": {}}
 
     def window_block(self, epoch: int, positions: IntArray) -> IntArray:
         """The windows at ``positions`` (consecutive, inside one epoch) of ``epoch``."""
@@ -97,14 +94,15 @@ class WindowOrder(Order):
     # -- the cache of order blocks -------------------------------------------------------
     def _block(self, epoch: int, b: int) -> npt.NDArray[np.integer]:
         key = (epoch, b)
-        hit = self._blocks.get(key)
+        blocks = self.derived.get()["blocks"]
+        hit = blocks.get(key)
         if hit is not None:
             return hit
         start = b * ORDER_BLOCK
         pos = np.arange(start, min(start + ORDER_BLOCK, self.n), dtype=np.int64)
         hit = np.asarray(self.window_block(epoch, pos))
         hit = hit.astype(np.int32 if self.n < 2**31 else np.int64)
-        return self._blocks.put(key, hit)
+        return blocks.put(key, hit)
 
     def _window_of(self, i: int) -> int:
         """One example's window (:data:`PAD` stays ``PAD``): from its cached block, else
@@ -116,7 +114,7 @@ class WindowOrder(Order):
             return PAD
         epoch, p = divmod(i, self.n)
         b, j = divmod(p, ORDER_BLOCK)
-        hit = self._blocks.get((epoch, b))
+        hit = self.derived.get()["blocks"].get((epoch, b))
         if hit is None:
             if self.n > CACHE_WINDOWS:
                 return self.window_at(epoch, p)
@@ -136,10 +134,11 @@ class WindowOrder(Order):
             b = p // ORDER_BLOCK
             base = epoch * self.n + b * ORDER_BLOCK
             if hi < base + ORDER_BLOCK and hi < (epoch + 1) * self.n:
-                key, block = self._lists.get(slot, (-1, []))
+                lists = self.derived.get()["lists"]
+                key, block = lists.get(slot, (-1, []))
                 if key != base:
                     block = self._block(epoch, b).tolist()
-                    self._lists[slot] = base, block
+                    lists[slot] = base, block
                 return [block[i - base] for i in indices]
         return [self._window_of(int(i)) for i in indices]
 
@@ -163,9 +162,10 @@ class WindowOrder(Order):
         a chunk edge or short). The ``chunk``/``tokens`` columns of one chunk's whole
         windows are shared between batches, read-only."""
         cum = self.layout.cum_tokens
-        if self._cum[0] != len(cum):
-            self._cum = (len(cum), cum.tolist())
-        bounds, L, k = self._cum[1], self.layout.seq_len, len(windows)
+        derived = self.derived.get()
+        if derived["cum"][0] != len(cum):
+            derived["cum"] = (len(cum), cum.tolist())
+        bounds, L, k = derived["cum"][1], self.layout.seq_len, len(windows)
         w0 = windows[0]
         if k > 1 and w0 >= 0 and windows[-1] == w0 + k - 1 and windows == list(
                 range(w0, w0 + k)):
@@ -209,11 +209,12 @@ class WindowOrder(Order):
 
     def _columns(self, k: int, L: int) -> tuple[IntArray, IntArray]:
         """``[0] * k`` and ``[L + 1] * k``, read-only, kept per ``k``."""
-        hit = self._full.get(k)
+        kept = self.derived.get()["full"]
+        hit = kept.get(k)
         if hit is None:
             zeros, full = np.zeros(k, dtype=np.int64), np.full(k, L + 1, dtype=np.int64)
             zeros.flags.writeable = full.flags.writeable = False
-            hit = self._full[k] = zeros, full
+            hit = kept[k] = zeros, full
         return hit
 
     def locate(self, indices: npt.ArrayLike) -> Runs:

@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib import format as npy
 
+from shardwise.concurrency.local import ProcessLocal
 from shardwise.concurrency.once import build_once
 from shardwise.errors import CorruptChunkError
 from shardwise.format.atomic import TMP_PREFIX, atomic_write_bytes, npy_blocks
@@ -234,7 +235,10 @@ class CacheDocuments:
 
     def __init__(self, cache: Any, plan_dir: Path | None = None) -> None:
         self.cache, self.plan_dir = cache, plan_dir
-        self._starts: npt.NDArray[np.int64] | None = None
+        # a map: mapped again in each process that uses it (concurrency.local; mapped
+        # outside its lock: the first process on a node builds the file, others wait)
+        self._starts: ProcessLocal[dict[str, Any]] = ProcessLocal(
+            dict, name="the cache's document starts")
 
     @property
     def root(self) -> Path:
@@ -242,13 +246,12 @@ class CacheDocuments:
         looks at it)."""
         return Path(self.plan_dir) if self.plan_dir is not None else reader_dir(self.cache.root)
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_starts": None}  # a map: mapped again where it is used
-
     def starts(self) -> npt.NDArray[np.int64]:
-        if self._starts is None:
-            self._starts = stored_doc_starts(self.cache, self.root)
-        return self._starts
+        kept = self._starts.get()
+        if "starts" not in kept:
+            kept["starts"] = stored_doc_starts(self.cache, self.root)
+        starts: npt.NDArray[np.int64] = kept["starts"]
+        return starts
 
     def shuffle(self, *, seed: int, epoch: int, seq_len: int, drop_last: bool
                 ) -> DocShuffleIndex:
