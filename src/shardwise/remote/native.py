@@ -129,13 +129,6 @@ class NativeGets:
             _STARTED_AT.add(generation())
         return self._store
 
-    def close_at_exit(self, timeout: float) -> None:
-        """At interpreter exit (:mod:`shardwise.concurrency.shutdown`): drop the client
-        here, on the main thread of a whole interpreter, not in its finalisation, where
-        a Rust object dropped late may abort the process (exit -6 seen in an opening
-        child). ``timeout``: unused (nothing to join)."""
-        self._store = None
-
     def get_range(self, key: str, start: int, stop: int, raw: bool = False) -> Any:
         """Bytes ``[start, stop)`` of ``key`` (fewer at its end; an error from past it);
         ``raw``: obstore's own buffer (a ``memoryview`` of it), not a copy."""
