@@ -3,12 +3,10 @@ body run without the GIL), for the reader's hot path.
 
 Why: through s3fs a GET costs the reader's process 6–8.6 ms of Python per 4 MiB (aiohttp,
 botocore's signing, the event loop), all of it under the GIL that the reader's own thread
-needs; obstore does the same work in Rust threads and hands back the bytes; and fsspec's
-client costs a process 0.4–0.9 s of set-up on its first call, which was most of opening a
-cache. Only ranged GETs go this way (a chunk's blocks, a batch's ranges, and small objects
-the caller checks itself: a whole object's checksum is botocore's to check), and the LIST
-of a directory (a cache's journal, read at open): everything else a store does (PUT,
-HEAD, DELETE, a recursive LIST) stays on fsspec, which remains the whole client when obstore is
+needs; obstore does the same work in Rust threads and hands back the bytes. Only ranged GETs go
+this way (a chunk's blocks, a batch's ranges, and small objects the caller checks
+itself: a whole object's checksum is botocore's to check): everything else a store does
+(PUT, LIST, HEAD, DELETE) stays on fsspec, which remains the whole client when obstore is
 not installed, for other schemes than ``s3://``, and for options obstore does not take
 (:func:`native_options`).
 
@@ -138,16 +136,6 @@ class NativeGets:
             return b""
         got = obstore.get_range(self.store, key, start=start, end=stop)
         return memoryview(got) if raw else bytes(got)
-
-    def list_dir(self, prefix: str) -> list[str]:
-        """The names of the objects directly under ``prefix/`` (one LIST request; not a
-        store's marker of the directory itself, which obstore names ``prefix``)."""
-        import obstore
-
-        head = prefix.rstrip("/") + "/"
-        got = obstore.list_with_delimiter(self.store, head)
-        paths = (str(o["path"]) for o in got["objects"])
-        return [p[len(head):] for p in paths if p.startswith(head) and len(p) > len(head)]
 
     def get_ranges(self, ranges: list[tuple[str, int, int]], raw: bool = False) -> list[Any]:
         """Each ``(key, start, stop)`` at once (one round trip for all), each its bytes (a

@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import os
 import time
-from functools import partial
 from pathlib import Path
 
 import orjson
 
 from shardwise.concurrency.once import build_once
-from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import CacheError
 from shardwise.format.atomic import atomic_write_bytes
 from shardwise.format.checksum import bytes_checksum
@@ -106,7 +104,7 @@ class NodeHeads:
         listed records at once, published as one file (a record the build's compaction
         deleted meanwhile is simply absent: the ledger fetched after it folds it in)."""
         records = [f"{JOURNAL_DIR}/{n}" for n in self.remote.list_dir(JOURNAL_DIR)]
-        got = self._get_at_once([[n] for n in HEAD_NAMES] + ([records] if records else []))
+        got = self.remote.get_many([*HEAD_NAMES, *records])
         files: dict[str, bytes] = {}
         for name, data in got.items():
             if isinstance(data, FileNotFoundError):
@@ -117,25 +115,6 @@ class NodeHeads:
             files[name] = data if len(data) < SMALL_END else self.remote.get(name)
         atomic_write_bytes(self.dir / SNAPSHOT_NAME, _pack(files))
         self.fetched += 1
-
-    def _get_at_once(self, groups: list[list[str]]) -> dict[str, bytes | Exception]:
-        """Each group of objects in one call, the groups at once (the first on this
-        thread, the others on threads of their own): a head file alone is one
-        synchronous GET through obstore, whose calls of several at once go through
-        asyncio, and its hand-back from a Tokio thread can abort a process that exits
-        right after (an opening child: exit -6, seen under load). Checked: the manifest
-        and index by the ledger's checksums, the ledger by the index's record of it (or
-        parsed whole), the records by their parse; so the GIL-free client may fetch them."""
-        get = partial(self.remote.get_many, checked=True)
-        others = [ReadAhead.call(get, g, name="shardwise-heads") for g in groups[1:]]
-        try:
-            got = get(groups[0])
-            for other in others:
-                got.update(other.get())
-        finally:
-            for other in others:
-                other.close(None)
-        return got
 
 
 def _pack(files: dict[str, bytes]) -> bytes:
