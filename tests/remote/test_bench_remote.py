@@ -59,6 +59,8 @@ def test_side_by_side_with_litdata_on_a_tiny_cache(tmp_path: Path,
     for name, r in side["readers"].items():
         assert r["requests"] > 0 and r["max_connections"] >= 1, name
         assert r["received"] >= 800_000 and r["rate"] > 0 and r["cpu_s_per_gib"] > 0, name
+        # the download's share: the CPU off the reader's own thread (which makes batches)
+        assert 0 <= r["off_main_s_per_gib"] <= r["cpu_s_per_gib"], name
         assert 0.02 < r["first_s"] <= r["to_n_s"] <= r["epoch_s"], name
         assert r["waits_10"] is not None and r["longest"] is not None, name
         assert r["tokens"] > 0.9 * 400_000, name  # a whole epoch, each in its own windows

@@ -10,7 +10,9 @@ Each reader (this checkout's shardwise, each ``--baseline-src`` tree's, LitData'
   end of the epoch; the proxy's counters (:class:`~shardwise.bench.proxy.Counters`) give
   the requests, the most connections open at once, the bytes and the download rate, for
   every client alike; CPU seconds of the reader's process per GiB the proxy answered
-  (the clients' imports done before the clock starts, for every reader);
+  (the clients' imports done before the clock starts, for every reader), and the part of
+  it spent off the reader's own thread (``off_main``: the download's threads, obstore's
+  included; the reader's thread makes the batches, a bare client makes none);
 * stepped: ``--step-ms`` of "training" after every batch, for ``--step-batches`` batches:
   waits over 10 and 50 ms after the first batch, the longest, and the steady stall (time
   in ``next()`` after the first batch over the time since it: the batches' own reading
@@ -71,7 +73,7 @@ after = waits[1:]
 spent = end - t0 - first_s
 print(json.dumps({"first_s": first_s, "to_n_s": to_n, "epoch_s": None if step else end - t0,
                   "batches": len(waits), "tokens": tokens,
-                  "cpu_s": time.process_time() - cpu0,
+                  "cpu_s": time.process_time() - cpu0, "main_cpu_s": time.thread_time() - main0,
                   "waits_10": sum(w > 0.01 for w in after),
                   "waits_50": sum(w > 0.05 for w in after), "longest": max(after, default=0.0),
                   "stall": sum(after) / spent if spent else 0.0,
@@ -94,7 +96,7 @@ except ImportError:
 opts = {"endpoint_url": endpoint, "key": "testing", "secret": "testing",
         "skip_instance_cache": True}
 shutil.rmtree(node, ignore_errors=True)
-cpu0, t0 = time.process_time(), time.perf_counter()
+cpu0, main0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
 more = {"local_bytes": local_bytes} if local_bytes else {}
 cache = sw.open_cache(url, local_dir=node, storage_options=opts, **more)
 ds = sw.TokenDataset(cache, seq_len=seq_len, seed=1, shuffle=shuffle)
@@ -120,7 +122,7 @@ if hasattr(dl, "_OBSTORE_CLIENT_OPTIONS"):
 opts = {"endpoint_url": endpoint, "aws_access_key_id": "testing",
         "aws_secret_access_key": "testing", "region_name": "us-east-1"}
 shutil.rmtree(node, ignore_errors=True)
-cpu0, t0 = time.process_time(), time.perf_counter()
+cpu0, main0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
 ds = litdata_peer.dataset(url, seq_len=seq_len, seed=1, shuffle=shuffle != "none",
                           cache_dir=node, storage_options=opts)
 batches = litdata_peer.loader(ds, batch_size=micro)
@@ -191,7 +193,9 @@ def _one(code: str, env: dict[str, str], url: str, proxy: ProxyProcess, node: Pa
                     args.shuffle, local, env=env, what=f"bench remote's {label} reader")
     c = proxy.counters()
     got.update(requests=c.requests, max_connections=c.max_connections, received=c.bytes_out,
-               rate=c.rate(), cpu_s_per_gib=got["cpu_s"] / max(c.bytes_out / (1 << 30), 1e-9))
+               rate=c.rate(), cpu_s_per_gib=got["cpu_s"] / max(c.bytes_out / (1 << 30), 1e-9),
+               off_main_s_per_gib=(got["cpu_s"] - got["main_cpu_s"])
+               / max(c.bytes_out / (1 << 30), 1e-9))
     shutil.rmtree(node, ignore_errors=True)
     print(f"  {label}{' stepped' if step else ''}: {time.perf_counter() - started:.1f} s",
           file=sys.stderr, flush=True)
@@ -241,12 +245,14 @@ def summarize_peer(got: dict[str, Any]) -> dict[str, Any]:
     for name, rounds in got["flat"].items():
         row = {k: _median(rounds, k) for k in ("first_s", "to_n_s", "epoch_s", "requests",
                                                "max_connections", "rate", "cpu_s_per_gib",
-                                               "received", "tokens")}
+                                               "received", "tokens",
+                                               "off_main_s_per_gib")}
         steps = got["stepped"].get(name) or []
         row.update({k: _median(steps, k) for k in ("waits_10", "waits_50", "stall")})
         row["longest"] = max((s["longest"] for s in steps), default=None)
         row["rate_vs_ceiling"] = row["rate"] / ceiling["bytes_per_s"]
         row["cpu_vs_bare"] = row["cpu_s_per_gib"] / bare_cpu
+        row["off_main_vs_bare"] = row["off_main_s_per_gib"] / bare_cpu
         row["rounds"] = rounds
         out[name] = row
     return {"readers": out, "ceilings": got["ceilings"], "ceiling": ceiling,
@@ -275,6 +281,11 @@ def print_peer(s: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"ceiling: bare ranged GETs of {c['piece'] >> 20} MiB, {c['threads']} at once "
               f"(shardwise's most connections): {c['bytes_per_s'] / mb:,.0f} MB/s; "
               f"{c['cpu_s_per_gib']:.2f} CPU s/GiB (a bare obstore client)")
+    print("CPU s/GiB: all the reader process's CPU (its batches made too) per GiB the proxy "
+          "sent; off the reader's thread (the download's share: every other thread, "
+          "obstore's included): " + ", ".join(
+              f"{name} {r['off_main_s_per_gib']:.2f} ({r['off_main_vs_bare']:.2f}x bare)"
+              for name, r in s["readers"].items()))
 
 
 def write_peer_copy(local: Path, out: Path, url: str, options: dict[str, Any]) -> str:
