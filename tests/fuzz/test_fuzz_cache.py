@@ -141,14 +141,18 @@ def test_a_damaged_plan_file_is_read_clean_or_named(finished: Clean, plan_files:
 
 
 @settings(**examples(30))  # type: ignore[arg-type]
-@given(data=st.data(), rename=st.sampled_from([None, "²", "00000002", "00000000", "x1"]))
-def test_a_damaged_journal_record_is_read_clean_or_named(journaled: Clean,
-                                                         data: st.DataObject,
+@given(edit=st.one_of(json_edit(), byte_edit()),
+       rename=st.sampled_from([None, "²", "00000002", "00000000", "x1"]))
+def test_a_damaged_journal_record_is_read_clean_or_named(journaled: Clean, edit,  # type: ignore[no-untyped-def]
                                                          rename: str | None) -> None:
+    """Everything is drawn before the case touches a file (the edit was drawn after the
+    copy and its listing): a replay that fails there (a file of the copy, an open-file
+    limit) then stopped drawing before the first run did, which hypothesis reports as
+    ``FlakyStrategyDefinition`` in place of the failure."""
     case = Case.of(journaled.root)
     try:
         [record] = (case.cache / JOURNAL_DIR).iterdir()
-        record.write_bytes(data.draw(st.one_of(json_edit(), byte_edit()))(record.read_bytes()))
+        record.write_bytes(edit(record.read_bytes()))
         if rename is not None:
             record.rename(record.with_name(f"{rename}.json"))
         what = f"{record.name} damaged, renamed {rename}"
