@@ -145,8 +145,13 @@ class RemoteStore:
     def _limit(self, seconds: float) -> dict[str, float]:
         """fsspec's ``timeout=`` for one try: an async filesystem (s3fs, gcsfs, adlfs)
         cancels the call after it; a synchronous one (``memory://``) takes no such
-        argument and is not cancelled."""
-        return {"timeout": seconds} if getattr(self.fs, "async_impl", False) else {}
+        argument and is not cancelled. s3fs makes its client at its first request
+        (botocore's models loaded: 0.2–0.8 s, 5 s on a loaded machine), which the try's
+        limit would count as the store's silence; it is made here first, before the try."""
+        fs = self.fs
+        if getattr(fs, "_s3", False) is None:  # an s3fs filesystem without its client yet
+            fs.connect()
+        return {"timeout": seconds} if getattr(fs, "async_impl", False) else {}
 
     def key(self, relative: str) -> str:
         """The filesystem path of ``relative`` (validated, never outside the prefix)."""
