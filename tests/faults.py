@@ -42,6 +42,7 @@ import re
 import socket
 import struct
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -95,6 +96,7 @@ class FaultProxy(LatencyProxy):
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.hits: Counter[str] = Counter()
+        self.first_hit: dict[str, float] = {}  # mode -> time.monotonic() it first applied
         self.requests = 0  # every request read from a client
         self.seen: list[tuple[str, str]] = []  # each as (method, path)
         self._held: list[tuple[str, asyncio.Event]] = []  # (until, set when it comes)
@@ -108,6 +110,7 @@ class FaultProxy(LatencyProxy):
         with self._lock:
             self._rules = [[f, 0] for f in faults]  # each with the requests it chose
             self.hits.clear()
+            self.first_hit.clear()
 
     def clear(self) -> None:
         """No more faults (connections already stalled stay stalled)."""
@@ -132,6 +135,7 @@ class FaultProxy(LatencyProxy):
     def _hit(self, fault: Fault) -> None:
         with self._lock:
             self.hits[fault.mode] += 1
+            self.first_hit.setdefault(fault.mode, time.monotonic())
 
     async def _hold(self, fault: Fault) -> None:
         """Until a request matching ``fault.until`` comes, or ``HOLD_SECONDS``."""
