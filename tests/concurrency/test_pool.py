@@ -36,6 +36,27 @@ def test_results_come_back_from_every_task() -> None:
         assert sorted(pool.get() for _ in range(5)) == [(t, t * t) for t in range(5)]
 
 
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_every_start_method_brings_the_results_back(method: str) -> None:
+    """A worker started by the fork server has the server, not the pool's owner, for its
+    parent: it once took that for its owner's death and ended before its first task, and
+    the pool waited for ever (a worker that ends with exit code 0 is no crash)."""
+    import threading
+
+    got: list[object] = []
+
+    def run() -> None:
+        with ProcessPool(_square, 2, name="test", start_method=method) as pool:
+            for t in range(3):
+                pool.submit(t)
+            got.extend(sorted(pool.get() for _ in range(3)))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(120)  # a loaded machine starts a spawned interpreter in seconds; a hang never ends
+    assert got == [(t, t * t) for t in range(3)], f"{method}: no results within 120 s"
+
+
 def test_a_worker_error_is_raised_with_its_traceback() -> None:
     with ProcessPool(_explode_in_the_worker, 1, name="test") as pool:
         pool.submit(4)

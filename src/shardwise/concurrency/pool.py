@@ -87,9 +87,12 @@ def exit_status(exitcode: int | None) -> str:
 
 
 def _worker_main(work: Callable[[Any, Callable[[Any], None]], None], tasks: Any,
-                 results: Any, parent: int) -> None:
+                 results: Any, parent: int | None) -> None:
     """One worker: one thread of work (tokenizers and rayon kept to one thread each),
-    tasks until the sentinel ``None``; an error is reported, then this worker stops."""
+    tasks until the sentinel ``None``; an error is reported, then this worker stops.
+    ``parent``: the pid of the process that started it (the pool's owner), or None where
+    that is the fork server (``forkserver``), its parent from its start then."""
+    parent = os.getppid() if parent is None else parent
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"
     # a forked worker inherits the parent's Python SIGTERM handler (Lightning's signal
@@ -129,8 +132,10 @@ class ProcessPool:
         self.name, self.hint = name, hint
         ctx: Any = mp.get_context(start_method or default_start_method())
         self._tasks, self._results = ctx.Queue(), ctx.Queue()
+        # a forkserver worker's parent is the fork server, which ends with this process
+        parent = None if ctx.get_start_method() == "forkserver" else os.getpid()
         procs = [ctx.Process(target=_worker_main, daemon=True,
-                             args=(work, self._tasks, self._results, os.getpid()),
+                             args=(work, self._tasks, self._results, parent),
                              name=f"shardwise-{name}-{i}") for i in range(workers)]
         for p in procs:
             p.start()
