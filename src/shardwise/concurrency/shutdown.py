@@ -52,8 +52,9 @@ from typing import Protocol
 
 JOIN_SECONDS = 10.0
 IDLE_SECONDS = 5.0  # the longest the exit hook waits for torch's threads to go idle
-# native threads (names as /proc shows them) that take the GIL for the thread-local state
-# of the work they ran: gloo's run loops, autograd's device threads
+# native threads (names as /proc shows them) that take the GIL after their work is done,
+# to free Python objects it held (a finished all-reduce's tensors, its thread-local state):
+# gloo's run loops, autograd's device threads
 NATIVE_THREADS = ("pt_gloo_runloop", "pt_autograd")
 
 
