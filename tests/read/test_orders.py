@@ -262,16 +262,8 @@ def test_stream_locate_gives_the_tokens_of_each_example(cache_dir: Path, shuffle
 def test_a_new_order_orders_the_windows_of_each_stream_block(cache_dir: Path) -> None:
     """``shuffle="reversed"`` serves each block's windows last to first: the examples of
     every block are those of the stored order (``"none"``), reversed."""
-    def blocks(shuffle: str) -> dict[tuple[int, ...], list[list[int]]]:
-        ds = _stream_ds(cache_dir, shuffle, epochs=1)
-        out: dict[tuple[int, ...], list[list[int]]] = {}
-        for i, example in enumerate(ds):
-            where = ds.order.where(i)
-            if not isinstance(where, str):
-                out.setdefault(where[:3], []).append(_window_of(example))
-        return out
-
-    stored, rev = blocks("none"), blocks("reversed")
+    stored, rev = (_by_block(_stream_ds(cache_dir, shuffle, epochs=1))
+                   for shuffle in ("none", "reversed"))
     assert stored.keys() == rev.keys() and any(len(v) > 1 for v in stored.values())
     assert all(rev[k] == stored[k][::-1] for k in stored)
     assert _stream_ds(cache_dir, "reversed").state_config()["shuffle"] == "reversed"
@@ -287,9 +279,8 @@ def test_the_block_order_with_its_own_options_orders_stream_blocks(cache_dir: Pa
     ``block_size``): each block's windows in the block order of that block, over the
     options given, which the stream's state holds (and resumes by)."""
     opts = {"block_size": 2, "blocks_per_group": 1}
-    stored, shuffled = ({where[:3]: w for where, w in _by_block(_stream_ds(
-        cache_dir, shuffle, epochs=1, **kw)).items()}
-        for shuffle, kw in (("none", {}), ("block", opts)))
+    stored, shuffled = (_by_block(_stream_ds(cache_dir, shuffle, epochs=1, **kw))
+                        for shuffle, kw in (("none", {}), ("block", opts)))
     assert stored.keys() == shuffled.keys()
     moved = 0
     for key, windows in stored.items():
