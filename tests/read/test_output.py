@@ -35,7 +35,8 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> None:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
-TOKEN_OPTIONS = [{}, {"shuffle": "document"}, {"reset_position_ids": True, "cu_seqlens": True},
+TOKEN_OPTIONS = [{}, {"shuffle": "document"}, {"shuffle": "block"}, {"shuffle": "none"},
+                 {"reset_position_ids": True, "cu_seqlens": True},
                  {"eod_mask_loss": True}, {"drop_last": False, "shuffle": "none"}]
 
 
@@ -46,7 +47,7 @@ def test_token_dataset_compact_expands_to_the_full_batch(cache_dir: Path,
     small = sw.TokenDataset(cache_dir, seq_len=16, seed=3, output=COMPACT, **options)
     assert small.fingerprint == full.fingerprint  # the form is not the order
     n = len(full)
-    for idx in ([0, 5, 9, 2], [n - 1, sw.PAD, 3], [1]):
+    for idx in ([0, 5, 9, 2], [n - 1, sw.PAD, 3], [1], [4, 5, 6, 7]):  # last: one span
         got = small.get_batch(idx)
         assert got["tokens"].dtype == np.uint16 and got["tokens"].shape == (len(idx), 17)
         same(expand(got), full.get_batch(idx))

@@ -10,7 +10,8 @@ rounds in rotating order, medians; each figure is a ratio to LitData's::
     null              numpy slicing of shardwise's shuffled windows from the corpus in memory
                       (one process: the limit)
     shardwise loader  shardwise.torch.loader(num_workers=N), default batches
-    … compact         the same, Output(dtype="stored", compact=True) (with workers)
+    … compact         the same, Output(dtype="stored", compact=True): one uint16 ``tokens``
+                      row per window, as the null line and LitData hand over
     __getitems__      TokenDataset.__getitems__ per micro-batch (workers: a torch DataLoader
                       with shardwise's collate, which calls it)
     LitData           StreamingDataset + TokensLoader(seq_len + 1) + StreamingDataLoader
@@ -41,10 +42,9 @@ def lines_to_run(args: argparse.Namespace) -> list[tuple[str, dict[str, Any], st
     out: list[tuple[str, dict[str, Any], str | None]] = [
         ("null", {"path": "null", "workers": 0}, None),
         ("shardwise loader", {"path": "loader"}, None),
+        ("shardwise loader compact", {"path": "loader", "compact": True}, None),
         ("shardwise __getitems__", {"path": "getitems"}, None),
         ("LitData", {"path": "litdata"}, None)]
-    if args.workers:
-        out.insert(2, ("shardwise loader compact", {"path": "loader", "compact": True}, None))
     for spec in args.baseline_src:
         label, _, src = spec.rpartition("=")
         out += [(f"{label or 'before'} loader", {"path": "loader"}, src),

@@ -242,7 +242,13 @@ class TokenDataset(GuardedReader, PlacedByLoader, EpochView, Configured):
         self.check_placed(indices)
         idx = list(self.positions(indices.tolist() if isinstance(indices, np.ndarray)
                                   else indices))
-        out = self._assembly.from_runs(self.order.locate(idx))
+        runs = self.order.locate(idx)
+        if self.output.compact:
+            got = self._assembly.compact_from_runs(
+                runs, self.output.token_dtype(self.cache.dtype))
+            if got is not None:
+                return got
+        out = self._assembly.from_runs(runs)
         return out if self.output.is_default else self.output.shape(out, self.cache.dtype)
 
     def prefetch(self, indices: list[int]) -> bool:
