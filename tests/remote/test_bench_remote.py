@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from shardwise.bench import remote as bench_remote
-from shardwise.errors import MissingExtraError
+from shardwise.errors import ConfigError, MissingExtraError
 
 
 def _parse(*argv: str) -> argparse.Namespace:
@@ -67,6 +67,25 @@ def test_side_by_side_with_litdata_on_a_tiny_cache(tmp_path: Path,
     assert [c["bytes"] for c in side["ceilings"]] == [800_000, 800_000]
     assert side["bare_cpu_s_per_gib"] > 0 and side["concurrency"] >= 1
     assert not list((tmp_path / "shardwise-bench-remote").glob("peer-node-*"))  # removed
+
+
+def test_side_by_side_through_dataloader_workers(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``--workers 1 --compact``: both readers through one DataLoader worker (shardwise's
+    batches compact, uint16 tokens as LitData's), each a whole epoch of the same tokens; the
+    CPU per GiB is left out (a worker's CPU is not the reader process's), not misreported."""
+    args = _parse("--tokens", "200000", "--chunk-mb", "0.1", "--seq-len", "64",
+                  "--batches", "10", "--step-batches", "0", "--latency", "0.01",
+                  "--workers", "1", "--compact", "--compare-only", "--peer", "litdata",
+                  "--json", "--tmp-dir", str(tmp_path))
+    assert bench_remote.run(args) == 0
+    side = json.loads(capsys.readouterr().out)["side_by_side"]
+    for name, r in side["readers"].items():
+        assert r["received"] >= 400_000 and r["rate"] > 0, name
+        assert r["cpu_s_per_gib"] is None and r["cpu_vs_bare"] is None, name
+        assert r["tokens"] > 0.9 * 200_000, name
+    with pytest.raises(ConfigError, match="--workers must be 0 or more"):
+        bench_remote.run(_parse("--workers", "-1", "--tmp-dir", str(tmp_path)))
 
 
 def test_a_missing_peer_is_named_before_anything_starts(tmp_path: Path,

@@ -115,6 +115,11 @@ def add_subparser(which: Any) -> argparse.ArgumentParser:
     p.add_argument("--step-batches", type=int, default=None,
                    help="batches of the stepped side-by-side read (default --batches; "
                         "0: none)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="DataLoader workers of every side-by-side reader (default 0)")
+    p.add_argument("--compact", action="store_true",
+                   help="side-by-side shardwise readers hand over compact batches "
+                        "(Output(dtype='stored', compact=True): uint16 tokens, as LitData's)")
     p.add_argument("--compare-only", action="store_true",
                    help="only the side-by-side readers (not the paths of the levers)")
     add_common(p, repeat=1, repeat_help="rounds of every path")
@@ -274,6 +279,8 @@ def _check_args(args: argparse.Namespace) -> bool:
             setattr(args, k, v)
     if args.tokens < 1 or not args.chunk_mb > 0 or args.batches < 2 or args.repeat < 1:
         raise ConfigError("--tokens, --chunk-mb, --repeat must be positive, --batches >= 2")
+    if args.workers < 0:
+        raise ConfigError(f"--workers must be 0 or more, got {args.workers}")
     if args.peer:
         check_peer(args.peer)
     if args.step_batches is None:

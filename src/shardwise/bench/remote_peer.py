@@ -83,8 +83,9 @@ print(json.dumps({"first_s": first_s, "to_n_s": to_n, "epoch_s": None if step el
 SHARDWISE_CODE = r'''
 import json, shutil, sys, time
 import numpy as np
-url, endpoint, node, seq_len, micro, n, step, shuffle, local_bytes = sys.argv[1:10]
-seq_len, micro, n, step = int(seq_len), int(micro), int(n), float(step)
+url, endpoint, node, seq_len, micro, n, step, shuffle, local_bytes, workers, compact = (
+    sys.argv[1:12])
+seq_len, micro, n, step, workers = int(seq_len), int(micro), int(n), float(step), int(workers)
 local_bytes = int(local_bytes)
 import shardwise as sw
 from shardwise.torch import loader
@@ -99,9 +100,11 @@ shutil.rmtree(node, ignore_errors=True)
 cpu0, main0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
 more = {"local_bytes": local_bytes} if local_bytes else {}
 cache = sw.open_cache(url, local_dir=node, storage_options=opts, **more)
-ds = sw.TokenDataset(cache, seq_len=seq_len, seed=1, shuffle=shuffle)
-batches = loader(ds, global_batch_size=micro, micro_batch_size=micro, world=sw.World.single())
-ids = lambda b: b["input_ids"]
+form = {"output": sw.Output(dtype="stored", compact=True)} if compact == "1" else {}
+ds = sw.TokenDataset(cache, seq_len=seq_len, seed=1, shuffle=shuffle, **form)
+batches = loader(ds, global_batch_size=micro, micro_batch_size=micro, world=sw.World.single(),
+                 num_workers=workers)
+ids = lambda b: b["tokens" if form else "input_ids"]
 stats = cache.prefetch_stats
 total = len(ds) // micro
 ''' + _LOOP + r'''
@@ -112,8 +115,8 @@ shutil.rmtree(node, ignore_errors=True)
 LITDATA_CODE = r'''
 import json, shutil, sys, time
 import numpy as np
-url, endpoint, node, seq_len, micro, n, step, shuffle, local_bytes = sys.argv[1:10]
-seq_len, micro, n, step = int(seq_len), int(micro), int(n), float(step)
+url, endpoint, node, seq_len, micro, n, step, shuffle, local_bytes, workers, _ = sys.argv[1:12]
+seq_len, micro, n, step, workers = int(seq_len), int(micro), int(n), float(step), int(workers)
 from shardwise.bench import litdata_peer
 import litdata, boto3, obstore  # the clients' imports are not the reader's time
 import litdata.streaming.downloader as dl  # its obstore client, as on https: http allowed
@@ -125,7 +128,7 @@ shutil.rmtree(node, ignore_errors=True)
 cpu0, main0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
 ds = litdata_peer.dataset(url, seq_len=seq_len, seed=1, shuffle=shuffle != "none",
                           cache_dir=node, storage_options=opts)
-batches = litdata_peer.loader(ds, batch_size=micro)
+batches = litdata_peer.loader(ds, batch_size=micro, num_workers=workers)
 ids = lambda b: b
 stats = lambda: {}
 total = None
@@ -190,12 +193,15 @@ def _one(code: str, env: dict[str, str], url: str, proxy: ProxyProcess, node: Pa
     proxy.reset()
     started = time.perf_counter()
     got = run_child(code, url, endpoint, node, args.seq_len, args.micro_batch, n, step,
-                    args.shuffle, local, env=env, what=f"bench remote's {label} reader")
+                    args.shuffle, local, args.workers, int(args.compact), env=env,
+                    what=f"bench remote's {label} reader")
     c = proxy.counters()
+    gib = max(c.bytes_out / (1 << 30), 1e-9)
     got.update(requests=c.requests, max_connections=c.max_connections, received=c.bytes_out,
-               rate=c.rate(), cpu_s_per_gib=got["cpu_s"] / max(c.bytes_out / (1 << 30), 1e-9),
-               off_main_s_per_gib=(got["cpu_s"] - got["main_cpu_s"])
-               / max(c.bytes_out / (1 << 30), 1e-9))
+               rate=c.rate(), cpu_s_per_gib=got["cpu_s"] / gib,
+               off_main_s_per_gib=(got["cpu_s"] - got["main_cpu_s"]) / gib)
+    if args.workers:  # the workers' CPU is not counted in the reader process's
+        got["cpu_s_per_gib"] = got["off_main_s_per_gib"] = None
     shutil.rmtree(node, ignore_errors=True)
     print(f"  {label}{' stepped' if step else ''}: {time.perf_counter() - started:.1f} s",
           file=sys.stderr, flush=True)
@@ -251,8 +257,9 @@ def summarize_peer(got: dict[str, Any]) -> dict[str, Any]:
         row.update({k: _median(steps, k) for k in ("waits_10", "waits_50", "stall")})
         row["longest"] = max((s["longest"] for s in steps), default=None)
         row["rate_vs_ceiling"] = row["rate"] / ceiling["bytes_per_s"]
-        row["cpu_vs_bare"] = row["cpu_s_per_gib"] / bare_cpu
-        row["off_main_vs_bare"] = row["off_main_s_per_gib"] / bare_cpu
+        for key, ratio in (("cpu_s_per_gib", "cpu_vs_bare"),
+                           ("off_main_s_per_gib", "off_main_vs_bare")):
+            row[ratio] = None if row[key] is None else row[key] / bare_cpu
         row["rounds"] = rounds
         out[name] = row
     return {"readers": out, "ceilings": got["ceilings"], "ceiling": ceiling,
@@ -273,14 +280,20 @@ def print_peer(s: dict[str, Any], args: argparse.Namespace) -> None:
         longest = f"{r['longest'] * 1e3:.0f} ms" if r["longest"] is not None else "-"
         stall = f"{r['stall'] * 100:.1f}%" if r["stall"] is not None else "-"
         epoch = f"{r['epoch_s']:.2f} s" if r["epoch_s"] is not None else "-"
+        cpu = (f"{r['cpu_s_per_gib']:>10.2f}{r['cpu_vs_bare']:>7.2f}x"
+               if r["cpu_s_per_gib"] is not None else f"{'-':>10}{'-':>8}")
         print(f"{name:<11}{r['first_s']:>5.2f} s{r['to_n_s']:>7.2f} s{epoch:>8}"
               f"{r['requests']:>10.0f} / {r['max_connections']:<3.0f}{r['rate'] / mb:>7.0f}"
-              f"{r['rate_vs_ceiling']:>7.2f}x{r['cpu_s_per_gib']:>10.2f}{r['cpu_vs_bare']:>7.2f}x"
-              f"{waits:>15}{longest:>9}{stall:>7}")
+              f"{r['rate_vs_ceiling']:>7.2f}x{cpu}{waits:>15}{longest:>9}{stall:>7}")
     for c in s["ceilings"]:
         print(f"ceiling: bare ranged GETs of {c['piece'] >> 20} MiB, {c['threads']} at once "
               f"(shardwise's most connections): {c['bytes_per_s'] / mb:,.0f} MB/s; "
               f"{c['cpu_s_per_gib']:.2f} CPU s/GiB (a bare obstore client)")
+    if args.workers:
+        print(f"{args.workers} DataLoader workers per reader"
+              f"{' (shardwise: compact batches)' if args.compact else ''}: CPU per GiB not "
+              "shown (the workers' CPU is not the reader process's)")
+        return
     print("CPU s/GiB: all the reader process's CPU (its batches made too) per GiB the proxy "
           "sent; off the reader's thread (the download's share: every other thread, "
           "obstore's included): " + ", ".join(
