@@ -80,6 +80,8 @@ def test_stream_dataset_compact(cache_dir: Path, batch_size: int | None) -> None
     assert len(full) == len(small) > 2
     if batch_size is None:  # single examples keep the same keys, so they collate
         assert {tuple(e) for e in small} == {("tokens", "loss_mask")}
+    assert all(e["tokens"].dtype == np.uint16 for e in small)
+    assert all(e["loss_mask"].dtype == np.uint8 for e in small if "loss_mask" in e)
     for a, b in zip(full, small, strict=True):
         same(expand(b), a)
 

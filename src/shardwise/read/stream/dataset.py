@@ -97,6 +97,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from shardwise.checkpoint import (
     SKIP_KEY,
@@ -380,7 +381,7 @@ class StreamDataset(GuardedReader, Resumable):
                     j += 1
                 if n == 0:
                     return
-                batch = self._shaped(finish_examples(rows[:n], valid[:n], L))
+                batch = self._shaped(rows[:n], valid[:n], L)
                 self._received += n
                 yield batch if self.batch_size else {key: v[0] for key, v in batch.items()}
                 if n < size:
@@ -390,11 +391,20 @@ class StreamDataset(GuardedReader, Resumable):
                 here.run = None
             self._stop_run(run)
 
-    def _shaped(self, batch: Example) -> Example:
+    def _shaped(self, rows: npt.NDArray[np.int64], valid: npt.NDArray[np.int64], L: int
+                ) -> Example:
+        """The examples of ``rows`` (``valid`` tokens each) in the output's form: a compact
+        batch of whole windows straight from the rows (made full and shrunk, it would cost
+        more than the full form)."""
         if self.output.is_default:
-            return batch
+            return finish_examples(rows, valid, L)
         keep = () if self.batch_size else ("loss_mask",)
-        return self.output.shape(batch, self.cache.dtype, keep=keep)
+        if self.output.compact and (valid == L + 1).all():
+            out = {"tokens": rows.astype(self.output.token_dtype(self.cache.dtype))}
+            if keep:
+                out["loss_mask"] = np.ones((len(rows), L), dtype=np.uint8)
+            return out
+        return self.output.shape(finish_examples(rows, valid, L), self.cache.dtype, keep=keep)
 
 
 __all__ = ["STREAM_ORDER_VERSION", "StreamDataset"]
