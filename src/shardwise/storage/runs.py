@@ -180,20 +180,26 @@ def _few_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype,
     """:func:`gather_runs` of up to ``FEW_RUNS`` runs, checked and dispatched on lists
     (a numpy call, or a numpy scalar per run, costs more than the list operations).
 
-    Checked by ``min``/``max`` of the lists, and each run's end by the length of what was
-    joined: a slice ``[a, a + k)`` (``a, k >= 0``) of a chunk's map, which holds exactly
-    the ledger's tokens (checked when mapped), is ``k`` tokens exactly when the run lies
-    inside the chunk."""
+    Checked by ``min``/``max`` of the lists, and each run's end by what was copied: a
+    slice ``[a, a + k)`` (``a, k >= 0``) of a chunk's map, which holds exactly the
+    ledger's tokens (checked when mapped), is ``k`` tokens exactly when the run lies
+    inside the chunk; and row ``a`` of its ``rows(k)`` view exists exactly then (numpy
+    raises IndexError past the last)."""
     chunk, offset, length = runs.chunk.tolist(), runs.offset.tolist(), runs.length.tolist()
+    n, c, k = len(chunk), chunk[0], length[0]
+    if n > 1 and k > 0 and chunk.count(c) == n and length.count(k) == n:
+        # a block's windows (one chunk, one length): one fancy index of its rows view
+        if held is not None and not (0 <= c < len(held) and min(offset) >= 0):
+            runs.check(held, where())  # raises, naming the run
+        try:
+            return mapped(c).rows(k)[runs.offset].reshape(-1)
+        except IndexError:  # a run past its chunk's end
+            if held is not None:
+                runs.check(held, where())
+            raise
     if held is not None and not (min(chunk) >= 0 and max(chunk) < len(held)
                                  and min(offset) >= 0 and min(length) >= 0):
         runs.check(held, where())  # raises, naming the run
-    n, c, k = len(chunk), chunk[0], length[0]
-    if n > 1 and k and chunk.count(c) == n and length.count(k) == n:
-        # a block's windows (one chunk, one length): one fancy index of its rows view
-        if held is not None and max(offset) + k > held[c]:
-            runs.check(held, where())
-        return mapped(c).rows(k)[runs.offset].reshape(-1)
     out = _join_runs(mapped, chunk, offset, length, dtype)
     if held is not None and len(out) != sum(length):  # a run past its chunk's end
         runs.check(held, where())
