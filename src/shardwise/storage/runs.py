@@ -226,6 +226,10 @@ def _join_runs(mapped: Callable[[int], Mapped], chunk: list[int], offset: list[i
     """Runs (columns as lists) sliced from each chunk's memoryview, looked up once per
     chunk, and joined in one copy (writable: a bytearray). A chunk asked for nothing is
     not opened."""
+    if len(chunk) == 1:  # one run (a span of consecutive windows): one copy, no join
+        k = length[0]
+        one = mapped(chunk[0]).mem[offset[0]:offset[0] + k] if k else b""
+        return np.frombuffer(bytearray(one), dtype=dtype)
     mems: dict[int, memoryview] = {}
     parts = []
     for c, a, k in zip(chunk, offset, length, strict=True):

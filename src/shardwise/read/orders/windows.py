@@ -130,6 +130,8 @@ class WindowOrder(Order):
 
     def _window_list(self, indices: list[int], slot: str, derived: dict[str, Any]
                      ) -> list[int]:
+        """:meth:`window_list` with this process's :attr:`derived` state looked up by the
+        caller (once per batch); the method an order with a faster rule overrides."""
         if not indices:
             return []
         lo, hi = min(indices), max(indices)
@@ -210,8 +212,9 @@ class WindowOrder(Order):
         tokens = self._columns(k, L, derived)[1]
         if stop - w0 * L < k * L + 1:  # the stream's short last window
             tokens = np.minimum(tokens, stop - (w0 + np.arange(k)) * L)
-        return Runs(np.array(chunk, dtype=np.int64), np.array(offset, dtype=np.int64),
-                    np.array(length, dtype=np.int64), tokens, L)
+        m = len(chunk)  # one array of the three: a numpy call costs more than a slice
+        cols = np.array(chunk + offset + length, dtype=np.int64)
+        return tuple.__new__(Runs, (cols[:m], cols[m:2 * m], cols[2 * m:], tokens, L))
 
     def _columns(self, k: int, L: int, derived: dict[str, Any]
                  ) -> tuple[IntArray, IntArray]:
