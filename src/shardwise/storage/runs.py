@@ -187,7 +187,8 @@ def _few_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype,
     raises IndexError past the last)."""
     chunk, offset, length = runs.chunk.tolist(), runs.offset.tolist(), runs.length.tolist()
     n, c, k = len(chunk), chunk[0], length[0]
-    if n > 1 and k > 0 and chunk.count(c) == n and length.count(k) == n:
+    one = chunk.count(c) == n  # one chunk: a sampler's batch of a one-file cache, a span
+    if one and n > 1 and k > 0 and length.count(k) == n:
         # a block's windows (one chunk, one length): one fancy index of its rows view
         if held is not None and not (0 <= c < len(held) and min(offset) >= 0):
             runs.check(held, where())  # raises, naming the run
@@ -197,11 +198,20 @@ def _few_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype,
             if held is not None:
                 runs.check(held, where())
             raise
-    if held is not None and not (min(chunk) >= 0 and max(chunk) < len(held)
+    if held is not None and not ((0 <= c < len(held) if one else
+                                  min(chunk) >= 0 and max(chunk) < len(held))
                                  and min(offset) >= 0 and min(length) >= 0):
         runs.check(held, where())  # raises, naming the run
-    out = _join_runs(mapped, chunk, offset, length, dtype)
-    if held is not None and len(out) != sum(length):  # a run past its chunk's end
+    total = sum(length)
+    if not one or n == 1:
+        out = _join_runs(mapped, chunk, offset, length, dtype)
+    elif not total:  # a chunk asked for nothing is not opened
+        out = np.zeros(0, dtype=dtype)
+    else:  # one chunk's pieces (a document span's): sliced from one memoryview, joined
+        mem = mapped(c).mem
+        parts = [mem[a:a + m] for a, m in zip(offset, length, strict=True)]
+        out = np.frombuffer(bytearray().join(parts), dtype=dtype)
+    if held is not None and len(out) != total:  # a run past its chunk's end
         runs.check(held, where())
     return out
 

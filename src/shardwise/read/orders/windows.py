@@ -180,8 +180,8 @@ class WindowOrder(Order):
             if min(windows) < 0 or max(windows) * L + L + 1 > bounds[1]:
                 return None
             zeros, full = self._columns(k, L, derived)
-            offset = np.array([w * L for w in windows], dtype=np.int64)
-            return tuple.__new__(Runs, (zeros, offset, full, full, 0))  # C: hot
+            starts = np.array([w * L for w in windows], dtype=np.int64)
+            return tuple.__new__(Runs, (zeros, starts, full, full, 0))  # C: hot
         chunk, offset = [], []  # one array of both: a numpy call costs more than a slice
         for w in windows:
             start = w * L
