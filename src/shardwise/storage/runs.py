@@ -187,13 +187,26 @@ def _few_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype,
     raises IndexError past the last)."""
     chunk, offset, length = runs.chunk.tolist(), runs.offset.tolist(), runs.length.tolist()
     n, c, k = len(chunk), chunk[0], length[0]
+    if n == 1:  # one run (ds[i], a span of consecutive windows): one slice, one copy
+        a = offset[0]
+        if held is not None and not (0 <= c < len(held) and a >= 0 and k >= 0):
+            runs.check(held, where())  # raises, naming the run
+        out = (np.frombuffer(bytearray(mapped(c).mem[a:a + k]), dtype=dtype) if k
+               else np.zeros(0, dtype=dtype))  # a chunk asked for nothing is not opened
+        if held is not None and len(out) != k:  # a run past its chunk's end
+            runs.check(held, where())
+        return out
     one = chunk.count(c) == n  # one chunk: a sampler's batch of a one-file cache, a span
-    if one and n > 1 and k > 0 and length.count(k) == n:
+    if one and k > 0 and length[1] == k and length.count(k) == n:  # (n > 1 here)
         # a block's windows (one chunk, one length): one fancy index of its rows view
         if held is not None and not (0 <= c < len(held) and min(offset) >= 0):
             runs.check(held, where())  # raises, naming the run
+        entry = mapped(c)
+        view = entry._rows.get(k)  # Mapped.rows(k) without its call: a batch's hot path
+        if view is None:
+            view = entry.rows(k)
         try:
-            return mapped(c).rows(k)[runs.offset].reshape(-1)
+            return view[runs.offset].reshape(-1)
         except IndexError:  # a run past its chunk's end
             if held is not None:
                 runs.check(held, where())
@@ -203,7 +216,7 @@ def _few_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype,
                                  and min(offset) >= 0 and min(length) >= 0):
         runs.check(held, where())  # raises, naming the run
     total = sum(length)
-    if not one or n == 1:
+    if not one:
         out = _join_runs(mapped, chunk, offset, length, dtype)
     elif not total:  # a chunk asked for nothing is not opened
         out = np.zeros(0, dtype=dtype)
@@ -236,10 +249,6 @@ def _join_runs(mapped: Callable[[int], Mapped], chunk: list[int], offset: list[i
     """Runs (columns as lists) sliced from each chunk's memoryview, looked up once per
     chunk, and joined in one copy (writable: a bytearray). A chunk asked for nothing is
     not opened."""
-    if len(chunk) == 1:  # one run (a span of consecutive windows): one copy, no join
-        k = length[0]
-        one = mapped(chunk[0]).mem[offset[0]:offset[0] + k] if k else b""
-        return np.frombuffer(bytearray(one), dtype=dtype)
     mems: dict[int, memoryview] = {}
     parts = []
     for c, a, k in zip(chunk, offset, length, strict=True):

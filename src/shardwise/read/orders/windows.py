@@ -104,9 +104,10 @@ class WindowOrder(Order):
         hit = hit.astype(np.int32 if self.n < 2**31 else np.int64)
         return blocks.put(key, hit)
 
-    def _window_of(self, i: int) -> int:
+    def _window_of(self, i: int, blocks: Bounded | None = None) -> int:
         """One example's window (:data:`PAD` stays ``PAD``): from its cached block, else
-        its block computed when the epoch fits the cache, else computed alone."""
+        its block computed when the epoch fits the cache, else computed alone
+        (``blocks``: :attr:`derived`'s, where the caller has it)."""
         if i < 0:
             if i != PAD:
                 raise IndexError(f"example indices must be >= 0 (or {PAD} for padding), "
@@ -114,7 +115,7 @@ class WindowOrder(Order):
             return PAD
         epoch, p = divmod(i, self.n)
         b, j = divmod(p, ORDER_BLOCK)
-        hit = self.derived.get()["blocks"].get((epoch, b))
+        hit = (self.derived.get()["blocks"] if blocks is None else blocks).get((epoch, b))
         if hit is None:
             if self.n > CACHE_WINDOWS:
                 return self.window_at(epoch, p)
@@ -146,7 +147,8 @@ class WindowOrder(Order):
                     block = self._block(epoch, b).tolist()
                     lists[slot] = base, block
                 return [block[i - base] for i in indices]
-        return [self._window_of(int(i)) for i in indices]
+        blocks = derived["blocks"]
+        return [self._window_of(int(i), blocks) for i in indices]
 
     def windows(self, indices: npt.ArrayLike) -> IntArray:
         """Global example indices (``>= 0``) → their windows, vectorised."""
@@ -179,7 +181,7 @@ class WindowOrder(Order):
         if n_cum == 2:  # one chunk: stored offsets are its offsets
             if min(windows) < 0 or max(windows) * L + L + 1 > bounds[1]:
                 return None
-            zeros, full = self._columns(k, L, derived)
+            zeros, full = derived["full"].get(k) or self._columns(k, L, derived)
             starts = np.array([w * L for w in windows], dtype=np.int64)
             return tuple.__new__(Runs, (zeros, starts, full, full, 0))  # C: hot
         chunk, offset = [], []  # one array of both: a numpy call costs more than a slice
