@@ -59,7 +59,8 @@ def _pieces(index: DocShuffleIndex, w: IntArray, seq_len: int, doc_starts: IntAr
 
 
 def _span_pieces(index: DocShuffleIndex, w: int, k: int, seq_len: int,
-                 doc_starts: IntArray) -> tuple[list[int], list[int], int]:
+                 doc_starts: IntArray, doc_lengths: IntArray
+                 ) -> tuple[list[int], list[int], int]:
     """``k`` consecutive windows from ``w`` as their one span of the shuffled stream
     (found by one binary search, :meth:`~DocShuffleIndex.span_pieces`): the stored start
     and length of each non-empty piece of it, as lists (a few dozen: list operations cost
@@ -72,10 +73,10 @@ def _span_pieces(index: DocShuffleIndex, w: int, k: int, seq_len: int,
     base = w * L
     stop = min(base + k * L + 1, n)
     docs, skip, end = index.span_pieces(base, stop)
-    src, stops = doc_starts[docs].tolist(), doc_starts[1:][docs].tolist()
-    stops[-1] = src[-1] + end  # the last piece: up to end tokens in; the first from skip in
+    src, length = doc_starts[docs].tolist(), doc_lengths[docs].tolist()
+    length[-1] = end  # the last piece: up to end tokens in; the first from skip in
     src[0] += skip
-    length = [b - a for a, b in zip(src, stops, strict=True)]
+    length[0] -= skip
     if 0 in length:  # empty documents
         src = [a for a, m in zip(src, length, strict=True) if m]
         length = [m for m in length if m]
@@ -112,7 +113,8 @@ class DocumentShuffle(Order):
     def fresh(self) -> dict[str, Any]:
         # plans are memory maps: counted by the process's map budget
         # full: [L + 1] * k per k (a whole span's tokens column)
-        return {"plans": open_maps.bounded(EPOCHS_KEPT), "starts": None, "full": {}}
+        return {"plans": open_maps.bounded(EPOCHS_KEPT), "starts": None, "lengths": None,
+                "full": {}, "zeros": np.zeros(0, dtype=np.int64)}
 
     # -- the plan ----------------------------------------------------------------------
     def plan(self, epoch: int) -> DocShuffleIndex:
@@ -134,6 +136,15 @@ class DocumentShuffle(Order):
             derived["starts"] = np.asarray(self.layout.doc_starts()).view(np.ndarray)
         starts: IntArray = derived["starts"]
         return starts
+
+    def _doc_lengths(self) -> IntArray:
+        """Each stored document's length (from :meth:`doc_starts`, once per process): a
+        span's pieces are whole documents but for its ends."""
+        derived = self.derived.get()
+        if derived["lengths"] is None:
+            derived["lengths"] = np.diff(self.doc_starts())
+        lengths: IntArray = derived["lengths"]
+        return lengths
 
     # -- the questions -----------------------------------------------------------------
     def locate(self, indices: npt.ArrayLike) -> Runs:
@@ -166,18 +177,28 @@ class DocumentShuffle(Order):
         span's pieces (:func:`_span_pieces`), the columns made by one numpy call."""
         n, L = self.n, self.layout.seq_len
         src, length, held = _span_pieces(self.plan(i0 // n), i0 % n, count, L,
-                                         self.doc_starts())
+                                         self.doc_starts(), self._doc_lengths())
         if held == count * L + 1:  # whole windows: the usual span
             tokens = self._full(count)
         else:  # the stream's short last window
             tokens = np.minimum(L + 1, held - np.arange(count, dtype=np.int64) * L)
         step, m, cum = (L if count > 1 else 0), len(src), self.layout.cum_tokens
         if len(cum) == 2:  # one chunk: stored offsets are its offsets
-            cols = np.array([0] * m + src + length, dtype=np.int64)
-            return tuple.__new__(Runs, (cols[:m], cols[m:2 * m], cols[2 * m:], tokens, step))
+            cols = np.array(src + length, dtype=np.int64)
+            return tuple.__new__(Runs, (self._zeros(m), cols[:m], cols[m:], tokens, step))
         stored, length_ = np.array(src, dtype=np.int64), np.array(length, dtype=np.int64)
         chunk = cum.searchsorted(stored, side="right") - 1
         return Runs(chunk, stored - cum[chunk], length_, tokens, step)
+
+    def _zeros(self, m: int) -> IntArray:
+        """``[0] * m`` (one chunk's ``chunk`` column), read-only: a view of one kept
+        array, grown as spans need."""
+        derived = self.derived.get()
+        zeros: IntArray = derived["zeros"]
+        if len(zeros) < m:
+            zeros = derived["zeros"] = np.zeros(max(m, 2 * len(zeros)), dtype=np.int64)
+            zeros.flags.writeable = False
+        return zeros[:m]
 
     def _full(self, k: int) -> IntArray:
         """``[L + 1] * k``, read-only, kept per ``k`` (shared by batches' Runs)."""
