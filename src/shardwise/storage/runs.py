@@ -187,15 +187,8 @@ def _few_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype,
     raises IndexError past the last)."""
     chunk, offset, length = runs.chunk.tolist(), runs.offset.tolist(), runs.length.tolist()
     n, c, k = len(chunk), chunk[0], length[0]
-    if n == 1:  # one run (ds[i], a span of consecutive windows): one slice, one copy
-        a = offset[0]
-        if held is not None and not (0 <= c < len(held) and a >= 0 and k >= 0):
-            runs.check(held, where())  # raises, naming the run
-        out = (np.frombuffer(bytearray(mapped(c).mem[a:a + k]), dtype=dtype) if k
-               else np.zeros(0, dtype=dtype))  # a chunk asked for nothing is not opened
-        if held is not None and len(out) != k:  # a run past its chunk's end
-            runs.check(held, where())
-        return out
+    if n == 1:  # one run (ds[i], a span of consecutive windows)
+        return _one_run(mapped, runs, c, offset[0], k, dtype, held, where)
     one = chunk.count(c) == n  # one chunk: a sampler's batch of a one-file cache, a span
     if one and k > 0 and length[1] == k and length.count(k) == n:  # (n > 1 here)
         # a block's windows (one chunk, one length): one fancy index of its rows view
@@ -225,6 +218,21 @@ def _few_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype,
         parts = [mem[a:a + m] for a, m in zip(offset, length, strict=True)]
         out = np.frombuffer(bytearray().join(parts), dtype=dtype)
     if held is not None and len(out) != total:  # a run past its chunk's end
+        runs.check(held, where())
+    return out
+
+
+def _one_run(mapped: Callable[[int], Mapped], runs: Runs, c: int, a: int, k: int,
+             dtype: np.dtype, held: npt.NDArray[np.int64] | None, where: Callable[[], str]
+             ) -> npt.NDArray[Any]:
+    """Run ``(c, a, k)``, the only one of ``runs``: one slice of its chunk's memoryview,
+    copied once, checked as :func:`_few_runs` checks (a chunk asked for nothing is not
+    opened)."""
+    if held is not None and not (0 <= c < len(held) and a >= 0 and k >= 0):
+        runs.check(held, where())  # raises, naming the run
+    out = np.frombuffer(bytearray(mapped(c).mem[a:a + k]), dtype=dtype) if k else np.zeros(
+        0, dtype=dtype)
+    if held is not None and len(out) != k:  # a run past its chunk's end
         runs.check(held, where())
     return out
 
