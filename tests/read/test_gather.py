@@ -156,6 +156,24 @@ def test_a_few_runs_in_several_chunks_are_checked_before_any_byte_is_returned(
         cache.gather(([0, -1], [0, 0], [3, 2]))
 
 
+def test_equal_runs_in_one_chunk_are_checked_as_the_rows_view_reads_them(
+        cache_dir: Path) -> None:
+    """A micro-batch of windows in one chunk (one fancy index of its rows view) is checked
+    by a negative offset or chunk on the lists and the run's end by the view itself (no
+    row past the last whole run): each bad run refused by name, never wrapped around."""
+    cache = sw.open_cache(cache_dir)
+    end = int(cache.chunks.columns.tokens[1])
+    with pytest.raises(ConfigError, match=rf"run 2 asks for tokens \[{end - 2}, {end + 2}\) "
+                                          rf"of chunk 1;.*holds {end} tokens"):
+        cache.gather(([1, 1, 1], [0, 3, end - 2], [4, 4, 4]))
+    with pytest.raises(ConfigError, match=r"run 1 asks for tokens \[-4, 0\) of chunk 1"):
+        cache.gather(([1, 1], [0, -4], [4, 4]))
+    with pytest.raises(ConfigError, match=r"run 0 asks for tokens \[0, 4\) of chunk -1"):
+        cache.gather(([-1, -1], [0, 3], [4, 4]))
+    with pytest.raises(ConfigError, match=r"run 0 asks for tokens \[0, 4\) of chunk 10;"):
+        cache.gather(([10, 10], [0, 3], [4, 4]))
+
+
 def test_a_few_runs_in_several_chunks_open_only_the_chunks_they_read(cache_dir: Path) -> None:
     cache = sw.open_cache(cache_dir)
     runs = Runs.of(([3, 7, 3, 1], [5, 0, 0, 2], [4, 0, 6, 3]))  # chunk 7: nothing

@@ -78,7 +78,7 @@ class DocShuffleIndex:
 
     @property
     def total_tokens(self) -> int:
-        return int(self.cum_tokens[-1])
+        return int(self._plain[0][-1])  # not the map: its __getitem__ is Python (a read's)
 
     @property
     def n_windows(self) -> int:

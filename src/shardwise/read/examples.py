@@ -128,7 +128,7 @@ class Output:
 
     @property
     def is_default(self) -> bool:
-        return self == DEFAULT_OUTPUT
+        return self is DEFAULT_OUTPUT or self == DEFAULT_OUTPUT  # ``is``: asked per batch
 
     @property
     def dtype_name(self) -> str:

@@ -123,8 +123,8 @@ class CacheChecks:
         (:meth:`Cache.tokens`), skipped once every chunk this process opened is verified:
         the background check has then seen every id such a batch can hold. (The runs, not
         a function of them: nothing is made per batch for the bad id that is not there.)"""
-        if self.verifier is not None and self.verifier.settled:
-            return
+        if self._limit is None or (self.verifier is not None and self.verifier.settled):
+            return  # no vocabulary to check against, or every id already checked
         self.ids(ids, runs.stream_offset(self.view.cum_tokens))
 
     def ids(self, ids: npt.NDArray[Any], offset_of: Callable[[int], int]) -> None:

@@ -180,22 +180,59 @@ def _few_runs(mapped: Callable[[int], Mapped], runs: Runs, dtype: np.dtype,
     """:func:`gather_runs` of up to ``FEW_RUNS`` runs, checked and dispatched on lists
     (a numpy call, or a numpy scalar per run, costs more than the list operations).
 
-    Checked by ``min``/``max`` of the lists, and each run's end by the length of what was
-    joined: a slice ``[a, a + k)`` (``a, k >= 0``) of a chunk's map, which holds exactly
-    the ledger's tokens (checked when mapped), is ``k`` tokens exactly when the run lies
-    inside the chunk."""
+    Checked by ``min``/``max`` of the lists, and each run's end by what was copied: a
+    slice ``[a, a + k)`` (``a, k >= 0``) of a chunk's map, which holds exactly the
+    ledger's tokens (checked when mapped), is ``k`` tokens exactly when the run lies
+    inside the chunk; and row ``a`` of its ``rows(k)`` view exists exactly then (numpy
+    raises IndexError past the last)."""
     chunk, offset, length = runs.chunk.tolist(), runs.offset.tolist(), runs.length.tolist()
-    if held is not None and not (min(chunk) >= 0 and max(chunk) < len(held)
+    n, c, k = len(chunk), chunk[0], length[0]
+    if n == 1:  # one run (ds[i], a span of consecutive windows)
+        return _one_run(mapped, runs, c, offset[0], k, dtype, held, where)
+    one = chunk.count(c) == n  # one chunk: a sampler's batch of a one-file cache, a span
+    if one and k > 0 and length[1] == k and length.count(k) == n:  # (n > 1 here)
+        # a block's windows (one chunk, one length): one fancy index of its rows view
+        if held is not None and not (0 <= c < len(held) and min(offset) >= 0):
+            runs.check(held, where())  # raises, naming the run
+        entry = mapped(c)
+        view = entry._rows.get(k)  # Mapped.rows(k) without its call: a batch's hot path
+        if view is None:
+            view = entry.rows(k)
+        try:
+            return view[runs.offset].reshape(-1)
+        except IndexError:  # a run past its chunk's end
+            if held is not None:
+                runs.check(held, where())
+            raise
+    if held is not None and not ((0 <= c < len(held) if one else
+                                  min(chunk) >= 0 and max(chunk) < len(held))
                                  and min(offset) >= 0 and min(length) >= 0):
         runs.check(held, where())  # raises, naming the run
-    n, c, k = len(chunk), chunk[0], length[0]
-    if n > 1 and k and chunk.count(c) == n and length.count(k) == n:
-        # a block's windows (one chunk, one length): one fancy index of its rows view
-        if held is not None and max(offset) + k > held[c]:
-            runs.check(held, where())
-        return mapped(c).rows(k)[runs.offset].reshape(-1)
-    out = _join_runs(mapped, chunk, offset, length, dtype)
-    if held is not None and len(out) != sum(length):  # a run past its chunk's end
+    total = sum(length)
+    if not one:
+        out = _join_runs(mapped, chunk, offset, length, dtype)
+    elif not total:  # a chunk asked for nothing is not opened
+        out = np.zeros(0, dtype=dtype)
+    else:  # one chunk's pieces (a document span's): sliced from one memoryview, joined
+        mem = mapped(c).mem
+        parts = [mem[a:a + m] for a, m in zip(offset, length, strict=True)]
+        out = np.frombuffer(bytearray().join(parts), dtype=dtype)
+    if held is not None and len(out) != total:  # a run past its chunk's end
+        runs.check(held, where())
+    return out
+
+
+def _one_run(mapped: Callable[[int], Mapped], runs: Runs, c: int, a: int, k: int,
+             dtype: np.dtype, held: npt.NDArray[np.int64] | None, where: Callable[[], str]
+             ) -> npt.NDArray[Any]:
+    """Run ``(c, a, k)``, the only one of ``runs``: one slice of its chunk's memoryview,
+    copied once, checked as :func:`_few_runs` checks (a chunk asked for nothing is not
+    opened)."""
+    if held is not None and not (0 <= c < len(held) and a >= 0 and k >= 0):
+        runs.check(held, where())  # raises, naming the run
+    out = np.frombuffer(bytearray(mapped(c).mem[a:a + k]), dtype=dtype) if k else np.zeros(
+        0, dtype=dtype)
+    if held is not None and len(out) != k:  # a run past its chunk's end
         runs.check(held, where())
     return out
 

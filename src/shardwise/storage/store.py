@@ -269,7 +269,7 @@ class ChunkStore(ABC):
         call, a few runs joined, many short ones indexed per chunk); where the bytes come
         from (a map, a download, ranged reads of a chunk still arriving) is the store's."""
         runs = Runs.of(runs)
-        view = self.view
+        view = self._view if self._view is not None else self.view  # (raises: none)
         out = gather_runs(self._mapped, runs, view.dtype, view.chunks.columns.tokens,
                           lambda: view.location)
         (self.checks or self._checks()).batch_ids(out, runs)

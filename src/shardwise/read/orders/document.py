@@ -59,11 +59,13 @@ def _pieces(index: DocShuffleIndex, w: IntArray, seq_len: int, doc_starts: IntAr
 
 
 def _span_pieces(index: DocShuffleIndex, w: int, k: int, seq_len: int,
-                 doc_starts: IntArray) -> tuple[IntArray, IntArray, IntArray]:
+                 doc_starts: IntArray, doc_lengths: IntArray
+                 ) -> tuple[list[int], list[int], int]:
     """``k`` consecutive windows from ``w`` as their one span of the shuffled stream
     (found by one binary search, :meth:`~DocShuffleIndex.span_pieces`): the stored start
-    and length of each non-empty piece of it, and each window's tokens (read as
-    ``Runs(step=seq_len)``: windows share one token)::
+    and length of each non-empty piece of it, as lists (a few dozen: list operations cost
+    less than whole-array calls), and the span's tokens (each window ``L + 1`` of them,
+    read as ``Runs(step=seq_len)``: windows share one token; the last may be short)::
 
         seq_len 4, windows 1, 2: span [4, 13) = a a b b b b c c c (pieces a, b, c)
         window 1 = a a b b b    window 2 = b b c c c"""
@@ -71,16 +73,14 @@ def _span_pieces(index: DocShuffleIndex, w: int, k: int, seq_len: int,
     base = w * L
     stop = min(base + k * L + 1, n)
     docs, skip, end = index.span_pieces(base, stop)
-    src = doc_starts[docs]
-    length = doc_starts[docs + 1] - src
+    src, length = doc_starts[docs].tolist(), doc_lengths[docs].tolist()
     length[-1] = end  # the last piece: up to end tokens in; the first from skip in
     src[0] += skip
     length[0] -= skip
-    tokens = np.minimum(L + 1, stop - (w + np.arange(k, dtype=np.int64)) * L)
-    keep = length > 0  # not empty documents
-    if keep.all():
-        return src, length, tokens
-    return src[keep], length[keep], tokens
+    if 0 in length:  # empty documents
+        src = [a for a, m in zip(src, length, strict=True) if m]
+        length = [m for m in length if m]
+    return src, length, stop - base
 
 
 def _one_epoch(indices: npt.ArrayLike, n: int) -> tuple[int, IntArray] | None:
@@ -112,7 +112,9 @@ class DocumentShuffle(Order):
 
     def fresh(self) -> dict[str, Any]:
         # plans are memory maps: counted by the process's map budget
-        return {"plans": open_maps.bounded(EPOCHS_KEPT), "starts": None}
+        # full: [L + 1] * k per k (a whole span's tokens column)
+        return {"plans": open_maps.bounded(EPOCHS_KEPT), "starts": None, "lengths": None,
+                "full": {}, "zeros": np.zeros(0, dtype=np.int64)}
 
     # -- the plan ----------------------------------------------------------------------
     def plan(self, epoch: int) -> DocShuffleIndex:
@@ -135,6 +137,15 @@ class DocumentShuffle(Order):
         starts: IntArray = derived["starts"]
         return starts
 
+    def _doc_lengths(self) -> IntArray:
+        """Each stored document's length (from :meth:`doc_starts`, once per process): a
+        span's pieces are whole documents but for its ends."""
+        derived = self.derived.get()
+        if derived["lengths"] is None:
+            derived["lengths"] = np.diff(self.doc_starts())
+        lengths: IntArray = derived["lengths"]
+        return lengths
+
     # -- the questions -----------------------------------------------------------------
     def locate(self, indices: npt.ArrayLike) -> Runs:
         """A few consecutive windows of one epoch (a sampler's micro-batch, ``ds[i]``) as
@@ -148,10 +159,8 @@ class DocumentShuffle(Order):
         step = 0
         if (0 < count <= SMALL and i0 >= 0 and i0 % n + count <= n
                 and batch == list(range(i0, i0 + count))):
-            stored, length, tokens = _span_pieces(self.plan(i0 // n), i0 % n, count, L,
-                                                  self.doc_starts())
-            step = L if count > 1 else 0
-        elif (one := _one_epoch(indices, n)) is not None:  # one epoch, no padding
+            return self._span_runs(i0, count)
+        if (one := _one_epoch(indices, n)) is not None:  # one epoch, no padding
             _, stored, length, tokens = _pieces(self.plan(one[0]), one[1], L,
                                                 self.doc_starts())
         else:
@@ -162,6 +171,43 @@ class DocumentShuffle(Order):
             return Runs(np.zeros_like(stored), stored, length, tokens, step)
         chunk = cum.searchsorted(stored, side="right") - 1
         return Runs(chunk, stored - cum[chunk], length, tokens, step)
+
+    def _span_runs(self, i0: int, count: int) -> Runs:
+        """:meth:`locate` of ``count`` consecutive windows from ``i0`` (one epoch): their
+        span's pieces (:func:`_span_pieces`), the columns made by one numpy call."""
+        n, L = self.n, self.layout.seq_len
+        src, length, held = _span_pieces(self.plan(i0 // n), i0 % n, count, L,
+                                         self.doc_starts(), self._doc_lengths())
+        if held == count * L + 1:  # whole windows: the usual span
+            tokens = self._full(count)
+        else:  # the stream's short last window
+            tokens = np.minimum(L + 1, held - np.arange(count, dtype=np.int64) * L)
+        step, m, cum = (L if count > 1 else 0), len(src), self.layout.cum_tokens
+        if len(cum) == 2:  # one chunk: stored offsets are its offsets
+            cols = np.array(src + length, dtype=np.int64)
+            return tuple.__new__(Runs, (self._zeros(m), cols[:m], cols[m:], tokens, step))
+        stored, length_ = np.array(src, dtype=np.int64), np.array(length, dtype=np.int64)
+        chunk = cum.searchsorted(stored, side="right") - 1
+        return Runs(chunk, stored - cum[chunk], length_, tokens, step)
+
+    def _zeros(self, m: int) -> IntArray:
+        """``[0] * m`` (one chunk's ``chunk`` column), read-only: a view of one kept
+        array, grown as spans need."""
+        derived = self.derived.get()
+        zeros: IntArray = derived["zeros"]
+        if len(zeros) < m:
+            zeros = derived["zeros"] = np.zeros(max(m, 2 * len(zeros)), dtype=np.int64)
+            zeros.flags.writeable = False
+        return zeros[:m]
+
+    def _full(self, k: int) -> IntArray:
+        """``[L + 1] * k``, read-only, kept per ``k`` (shared by batches' Runs)."""
+        kept = self.derived.get()["full"]
+        hit = kept.get(k)
+        if hit is None:
+            hit = kept[k] = np.full(k, self.layout.seq_len + 1, dtype=np.int64)
+            hit.flags.writeable = False
+        return hit
 
     def _locate_epochs(self, idx: IntArray, epochs: IntArray, w: IntArray
                        ) -> tuple[IntArray, IntArray, IntArray]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -20,7 +22,8 @@ class StoredOrder(WindowOrder):
     def window_at(self, epoch: int, position: int) -> int:
         return position
 
-    def window_list(self, indices: list[int], slot: str = "read") -> list[int]:
+    def _window_list(self, indices: list[int], slot: str, derived: dict[str, Any]
+                     ) -> list[int]:
         n = self.n
         if indices and min(indices) < 0:
             return [self._window_of(int(i)) for i in indices]

@@ -104,9 +104,10 @@ class WindowOrder(Order):
         hit = hit.astype(np.int32 if self.n < 2**31 else np.int64)
         return blocks.put(key, hit)
 
-    def _window_of(self, i: int) -> int:
+    def _window_of(self, i: int, blocks: Bounded | None = None) -> int:
         """One example's window (:data:`PAD` stays ``PAD``): from its cached block, else
-        its block computed when the epoch fits the cache, else computed alone."""
+        its block computed when the epoch fits the cache, else computed alone
+        (``blocks``: :attr:`derived`'s, where the caller has it)."""
         if i < 0:
             if i != PAD:
                 raise IndexError(f"example indices must be >= 0 (or {PAD} for padding), "
@@ -114,7 +115,7 @@ class WindowOrder(Order):
             return PAD
         epoch, p = divmod(i, self.n)
         b, j = divmod(p, ORDER_BLOCK)
-        hit = self.derived.get()["blocks"].get((epoch, b))
+        hit = (self.derived.get()["blocks"] if blocks is None else blocks).get((epoch, b))
         if hit is None:
             if self.n > CACHE_WINDOWS:
                 return self.window_at(epoch, p)
@@ -126,6 +127,12 @@ class WindowOrder(Order):
         """Windows of a micro-batch as a list. Dense positions inside one block (a
         sampler's batch) read that block's list; others look each up
         (:meth:`_window_of`)."""
+        return self._window_list(indices, slot, self.derived.get())
+
+    def _window_list(self, indices: list[int], slot: str, derived: dict[str, Any]
+                     ) -> list[int]:
+        """:meth:`window_list` with this process's :attr:`derived` state looked up by the
+        caller (once per batch); the method an order with a faster rule overrides."""
         if not indices:
             return []
         lo, hi = min(indices), max(indices)
@@ -134,13 +141,14 @@ class WindowOrder(Order):
             b = p // ORDER_BLOCK
             base = epoch * self.n + b * ORDER_BLOCK
             if hi < base + ORDER_BLOCK and hi < (epoch + 1) * self.n:
-                lists = self.derived.get()["lists"]
+                lists = derived["lists"]
                 key, block = lists.get(slot, (-1, []))
                 if key != base:
                     block = self._block(epoch, b).tolist()
                     lists[slot] = base, block
                 return [block[i - base] for i in indices]
-        return [self._window_of(int(i)) for i in indices]
+        blocks = derived["blocks"]
+        return [self._window_of(int(i), blocks) for i in indices]
 
     def windows(self, indices: npt.ArrayLike) -> IntArray:
         """Global example indices (``>= 0``) → their windows, vectorised."""
@@ -154,27 +162,28 @@ class WindowOrder(Order):
             out[sel] = self._block(e, b)[pos[sel] - b * ORDER_BLOCK]
         return out
 
-    def _batch_runs(self, windows: list[int]) -> Runs | None:
+    def _batch_runs(self, windows: list[int], derived: dict[str, Any]) -> Runs | None:
         """:func:`window_runs` of a micro-batch (``windows``, a few) in Python, where list
         operations cost less than the fixed cost of whole-array calls: consecutive windows
         as their one span (``step = L``: each stored token read once), others one run each
         while each lies whole inside one chunk; None for the rest (padding, a window across
         a chunk edge or short). The ``chunk``/``tokens`` columns of one chunk's whole
-        windows are shared between batches, read-only."""
+        windows are shared between batches, read-only. ``derived``: this process's
+        :attr:`derived` state, looked up once per batch by the caller."""
         cum = self.layout.cum_tokens
-        derived = self.derived.get()
-        if derived["cum"][0] != len(cum):
-            derived["cum"] = (len(cum), cum.tolist())
-        bounds, L, k = derived["cum"][1], self.layout.seq_len, len(windows)
-        w0 = windows[0]
+        n_cum, bounds = derived["cum"]
+        if n_cum != len(cum):
+            n_cum, bounds = derived["cum"] = (len(cum), cum.tolist())
+        L, k, w0 = self.layout.seq_len, len(windows), windows[0]
         if k > 1 and w0 >= 0 and windows[-1] == w0 + k - 1 and windows == list(
                 range(w0, w0 + k)):
-            return self._span(w0, k, bounds, L)
-        if len(bounds) == 2:  # one chunk: stored offsets are its offsets
+            return self._span(w0, k, bounds, L, derived)
+        if n_cum == 2:  # one chunk: stored offsets are its offsets
             if min(windows) < 0 or max(windows) * L + L + 1 > bounds[1]:
                 return None
-            zeros, full = self._columns(k, L)
-            return Runs(zeros, np.array(windows, dtype=np.int64) * L, full, full)
+            zeros, full = derived["full"].get(k) or self._columns(k, L, derived)
+            starts = np.array([w * L for w in windows], dtype=np.int64)
+            return tuple.__new__(Runs, (zeros, starts, full, full, 0))  # C: hot
         chunk, offset = [], []  # one array of both: a numpy call costs more than a slice
         for w in windows:
             start = w * L
@@ -183,10 +192,11 @@ class WindowOrder(Order):
                 return None
             chunk.append(c)
             offset.append(start - bounds[c])
-        both, full = np.array(chunk + offset, dtype=np.int64), self._columns(k, L)[1]
+        both, full = np.array(chunk + offset, dtype=np.int64), self._columns(k, L, derived)[1]
         return tuple.__new__(Runs, (both[:k], both[k:], full, full, 0))  # C: hot
 
-    def _span(self, w0: int, k: int, bounds: list[int], L: int) -> Runs:
+    def _span(self, w0: int, k: int, bounds: list[int], L: int, derived: dict[str, Any]
+              ) -> Runs:
         """Windows ``w0 … w0 + k - 1`` as their span of the stored stream, cut where
         chunks end; the last window of the stream may be short (``drop_last=False``)."""
         total = bounds[-1]
@@ -201,15 +211,17 @@ class WindowOrder(Order):
                 length.append(end - start)
                 start = end
             c += 1
-        tokens = self._columns(k, L)[1]
+        tokens = self._columns(k, L, derived)[1]
         if stop - w0 * L < k * L + 1:  # the stream's short last window
             tokens = np.minimum(tokens, stop - (w0 + np.arange(k)) * L)
-        return Runs(np.array(chunk, dtype=np.int64), np.array(offset, dtype=np.int64),
-                    np.array(length, dtype=np.int64), tokens, L)
+        m = len(chunk)  # one array of the three: a numpy call costs more than a slice
+        cols = np.array(chunk + offset + length, dtype=np.int64)
+        return tuple.__new__(Runs, (cols[:m], cols[m:2 * m], cols[2 * m:], tokens, L))
 
-    def _columns(self, k: int, L: int) -> tuple[IntArray, IntArray]:
+    def _columns(self, k: int, L: int, derived: dict[str, Any]
+                 ) -> tuple[IntArray, IntArray]:
         """``[0] * k`` and ``[L + 1] * k``, read-only, kept per ``k``."""
-        kept = self.derived.get()["full"]
+        kept = derived["full"]
         hit = kept.get(k)
         if hit is None:
             zeros, full = np.zeros(k, dtype=np.int64), np.full(k, L + 1, dtype=np.int64)
@@ -222,9 +234,10 @@ class WindowOrder(Order):
         is small (:meth:`_batch_runs`: consecutive windows as one span); an array
         vectorised, per example."""
         if isinstance(indices, list):
-            windows = self.window_list(indices)
+            derived = self.derived.get()  # once per batch: a process-local lookup
+            windows = self._window_list(indices, "read", derived)
             if 0 < len(windows) <= SMALL:
-                hit = self._batch_runs(windows)
+                hit = self._batch_runs(windows, derived)
                 if hit is not None:
                     return hit
             w = np.asarray(windows, dtype=np.int64)

@@ -134,8 +134,9 @@ class Assembly:
         starts (None: not wanted)."""
         L = self.cfg.seq_len
         B = len(input_ids)
-        if whole:  # no padding: the common case, one fill
-            loss_mask = np.ones((B, L), dtype=np.float32)
+        if whole:  # no padding: the common case, one fill (np.ones: a Python wrapper)
+            loss_mask = np.empty((B, L), dtype=np.float32)
+            loss_mask.fill(1.0)
         else:  # a row's label at column j exists when j + 1 < its valid tokens
             loss_mask = (self._positions[None, :] + 1
                          < np.asarray(valid, dtype=np.int64)[:, None]).astype(np.float32)
