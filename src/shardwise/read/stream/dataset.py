@@ -127,9 +127,9 @@ from shardwise.read.stream.run import (
     Example,
     Here,
     Run,
-    finish_examples,
     first_example,
     refuse_worker_process,
+    shaped_examples,
 )
 from shardwise.read.stream.schedule import check_stream_cache, open_when_ready
 from shardwise.read.stream.skipping import rank_ranges, run_span
@@ -393,18 +393,7 @@ class StreamDataset(GuardedReader, Resumable):
 
     def _shaped(self, rows: npt.NDArray[np.int64], valid: npt.NDArray[np.int64], L: int
                 ) -> Example:
-        """The examples of ``rows`` (``valid`` tokens each) in the output's form: a compact
-        batch of whole windows straight from the rows (made full and shrunk, it would cost
-        more than the full form)."""
-        if self.output.is_default:
-            return finish_examples(rows, valid, L)
-        keep = () if self.batch_size else ("loss_mask",)
-        if self.output.compact and (valid == L + 1).all():
-            out = {"tokens": rows.astype(self.output.token_dtype(self.cache.dtype))}
-            if keep:
-                out["loss_mask"] = np.ones((len(rows), L), dtype=np.uint8)
-            return out
-        return self.output.shape(finish_examples(rows, valid, L), self.cache.dtype, keep=keep)
-
+        keep = () if self.batch_size else ("loss_mask",)  # single examples: fixed keys
+        return shaped_examples(rows, valid, L, self.output, self.cache.dtype, keep)
 
 __all__ = ["STREAM_ORDER_VERSION", "StreamDataset"]

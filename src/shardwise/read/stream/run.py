@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from shardwise.concurrency.poll import Stopped
 from shardwise.errors import ConfigError
-from shardwise.read.examples import ignore_unmasked
+from shardwise.read.examples import Output, ignore_unmasked
 from shardwise.read.guard import torch_worker
 from shardwise.read.orders.stream import StreamOrder, block_runs
 from shardwise.read.stream.chunk_cache import ChunkCache, read_chunk
@@ -123,6 +123,21 @@ def finish_examples(rows: npt.NDArray[np.int64], valid: npt.NDArray[np.int64], L
             "position_ids": np.broadcast_to(np.arange(L, dtype=np.int64), (n, L)).copy()}
 
 
+def shaped_examples(rows: npt.NDArray[np.int64], valid: npt.NDArray[np.int64], L: int,
+                    output: Output, stored: npt.DTypeLike, keep: tuple[str, ...]) -> Example:
+    """The examples of ``rows`` (``valid`` tokens each) in ``output``'s form: a compact batch
+    of whole windows straight from the rows (made full and then shrunk, it would cost more
+    than the full form); ``keep``: compact keys carried even when trivial."""
+    if output.is_default:
+        return finish_examples(rows, valid, L)
+    if output.compact and (valid == L + 1).all():
+        out = {"tokens": rows.astype(output.token_dtype(stored))}
+        if "loss_mask" in keep:
+            out["loss_mask"] = np.ones((len(rows), L), dtype=np.uint8)
+        return out
+    return output.shape(finish_examples(rows, valid, L), stored, keep=keep)
+
+
 def refuse_worker_process() -> None:
     """A StreamDataset is iterated in the main process only (module docs, PyTorch)."""
     if torch_worker() is not None:
@@ -134,4 +149,5 @@ def refuse_worker_process() -> None:
                           "batch_size= to StreamDataset")
 
 
-__all__ = ["Example", "Here", "Run", "finish_examples", "first_example", "refuse_worker_process"]
+__all__ = ["Example", "Here", "Run", "finish_examples", "first_example", "refuse_worker_process",
+           "shaped_examples"]
