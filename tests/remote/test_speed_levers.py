@@ -384,3 +384,36 @@ def test_chunks_on_the_node_for_good_are_mapped_at_once_and_evicted_ones_fetched
     _same(_batches(cache, 40), want)
     cache.close()
     assert len(list((tmp_path / "node").rglob("chunks/*/*.bin"))) >= 1
+
+
+def test_no_thread_of_obstore_runs_python_during_ranged_reads(
+        built: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread Python did not start (obstore's Tokio threads) must never run Python code:
+    one that lets go of the GIL in it (handing an async result to an asyncio loop, then
+    writing to the loop's socket) can find the interpreter finalised when it takes the
+    GIL back, and CPython's ``pthread_exit`` through its Rust frames aborts the process
+    (SIGABRT at exit; ``bench remote-open``'s children, 2 in 6 runs under load). Many
+    ranges at once, as a download asks them: the bytes are right, and every call into
+    asyncio came from a thread Python started."""
+    import asyncio
+    import threading
+
+    url, local = built
+    store = RemoteStore(url)
+    assert store.native
+    key = next(k for k in store.list_keys() if k.endswith(".bin"))
+    foreign: list[str] = []
+    handed = asyncio.BaseEventLoop.call_soon_threadsafe
+
+    def watched(loop: asyncio.BaseEventLoop, *args: object, **kw: object) -> object:
+        if isinstance(threading.current_thread(), threading._DummyThread):  # noqa: SLF001
+            foreign.append(threading.current_thread().name)
+        return handed(loop, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(asyncio.BaseEventLoop, "call_soon_threadsafe", watched)
+    want = (local / key).read_bytes()
+    step = len(want) // 8
+    ranges = [(key, a, a + step) for a in range(0, 8 * step, step)]
+    got = store.get_ranges(ranges, checked=True)
+    assert got == [want[a:b] for _, a, b in ranges]
+    assert foreign == []
