@@ -417,3 +417,31 @@ def test_no_thread_of_obstore_runs_python_during_ranged_reads(
     got = store.get_ranges(ranges, checked=True)
     assert got == [want[a:b] for _, a, b in ranges]
     assert foreign == []
+
+
+def test_every_store_of_a_process_reads_its_ranges_on_one_pool(
+        built: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranged reads at once run on one pool per process, whatever the number of stores:
+    one pool per store started up to 63 threads for each ``RemoteStore`` that read several
+    ranges (a build makes one per probe of a source), 300-500 alive at once in a bucket
+    build, each idle 5 s before it ends, and every fork of the process copied them."""
+    from shardwise.concurrency import shutdown
+
+    owners: set[int] = set()
+    start = shutdown.start_thread
+
+    def counted(owner: shutdown.Stoppable, target: object, name: str) -> object:
+        if name == "shardwise-obstore":
+            owners.add(id(owner))
+        return start(owner, target, name)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shutdown, "start_thread", counted)
+    url, local = built
+    key = next(k for k in RemoteStore(url).list_keys() if k.endswith(".bin"))
+    want = (local / key).read_bytes()
+    ranges = [(key, a, a + 64) for a in range(0, 8 * 64, 64)]
+    for _ in range(3):
+        store = RemoteStore(url)
+        assert store.native
+        assert store.get_ranges(ranges, checked=True) == [want[a:b] for _, a, b in ranges]
+    assert len(owners) <= 1  # none where the pool's threads were already up

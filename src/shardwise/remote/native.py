@@ -60,7 +60,7 @@ from shardwise.concurrency.threads import ThreadPool
 from shardwise.remote.policy import RemotePolicy
 
 LARGEST_GET = 32 << 20  # a download's pieces: the most one GET asks for in practice
-AT_ONCE = 64  # GETs of one get_ranges call in flight at once, at most (threads of the pool)
+AT_ONCE = 64  # GETs in flight at once on the pool, at most (its threads)
 # fsspec/s3fs options that mean the same to obstore; any other keeps fsspec
 _TAKEN = frozenset({"endpoint_url", "key", "secret", "token", "anon", "client_kwargs",
                     "config_kwargs", "skip_instance_cache", "use_ssl"})
@@ -105,6 +105,12 @@ def native_options(url: str, storage_options: dict[str, Any]) -> dict[str, Any] 
 # means (os.fork too, which multiprocessing.parent_process() does not see): its runtime is
 # dead. The one piece of process state here, as obstore's runtime itself is per process.
 _STARTED_AT: set[int] = set()
+# The one pool of every NativeGets of this process (threads on demand; a forked child's is
+# empty, :class:`~shardwise.concurrency.threads.ThreadPool`). One per store instead started
+# up to 63 threads for every RemoteStore that read several ranges (each made anew, e.g. per
+# source file a build probes), 300-500 alive at once in a bucket build and 2,870 in a loop
+# of them, each idle 5 s before it exits: every fork of the process copied them mid-work.
+_POOL = ThreadPool(AT_ONCE, name="shardwise-obstore")
 
 
 class NativeGets:
@@ -113,7 +119,6 @@ class NativeGets:
     def __init__(self, args: dict[str, Any], policy: RemotePolicy) -> None:
         self.args, self.policy = args, policy
         self._store: Any = None
-        self._pool = ThreadPool(AT_ONCE, name="shardwise-obstore")  # threads on demand
         self._usable: bool | None = None  # usable()'s answer, once asked
 
     def usable(self) -> bool:
@@ -169,7 +174,7 @@ class NativeGets:
 
     def _submit(self, job: Callable[[], Any]) -> Future[Any]:
         try:
-            return self._pool.submit(job)
+            return _POOL.submit(job)
         except RuntimeError:  # the pool closed (the interpreter exits): this thread runs it
             done: Future[Any] = Future()
             done.set_result(job())
