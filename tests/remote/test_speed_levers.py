@@ -445,3 +445,44 @@ def test_every_store_of_a_process_reads_its_ranges_on_one_pool(
         assert store.native
         assert store.get_ranges(ranges, checked=True) == [want[a:b] for _, a, b in ranges]
     assert len(owners) <= 1  # none where the pool's threads were already up
+
+
+def test_a_forked_child_never_drops_the_obstore_client_of_its_parent(
+        built: tuple[str, Path]) -> None:
+    """Dropping an obstore client wakes its connections' tasks on its Tokio runtime, taking
+    the scheduler's lock; in a forked child that runtime's threads are gone and one of them
+    may have held the lock as the parent forked: a child whose garbage collection dropped
+    such a client (during botocore's set-up, py-spy showed) waited for ever in Tokio's
+    ``push_remote_task``. The child lets go of every reference to the store it inherited
+    and collects: the client is still there (kept for good), and the child reads."""
+    import gc
+    import os
+    import select
+    import signal
+    import weakref
+
+    url, _ = built
+    store = RemoteStore(url)
+    key = next(k for k in store.list_keys() if k.endswith(".bin"))
+    assert store.native and len(store.read_range(key, 0, 100)) == 100
+    client = weakref.ref(store._native.get().store)  # type: ignore[union-attr]  # noqa: SLF001
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answer through the pipe, never return into pytest
+        code = 1
+        try:
+            n = len(store.read_range(key, 0, 100))  # fsspec's: the inherited client replaced
+            del store
+            gc.collect()
+            os.write(w, f"{'kept' if client() is not None else 'dropped'} {n}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    if not select.select([r], [], [], 60)[0]:  # the drop waited for ever
+        os.kill(pid, signal.SIGKILL)
+    with os.fdopen(r) as f:
+        answer = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and answer == "kept 100", answer
+    assert client() is not None  # the parent's own is its to drop, as ever

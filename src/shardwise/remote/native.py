@@ -32,6 +32,14 @@ exit, seen under CPU load). A Tokio thread of the synchronous calls never touche
 the pool's threads are shardwise's, stopped before finalisation (:mod:`~shardwise.
 concurrency.shutdown`).
 
+A forked child never drops a client its parent made (:func:`~shardwise.concurrency.
+shutdown.never_dropped_in_a_child`): dropping one wakes its connections' tasks on the
+parent's runtime, which takes the runtime's scheduler lock, and a thread of the parent
+(a Tokio worker, a thread of the pool in a request) may hold that lock as it forks. A
+child dropping such a client through its garbage collector — in a cycle, or the store it
+replaces at its first GET — then waited for ever (a forked test child's botocore set-up,
+its collection run during the JSON load, blocked in Tokio's ``push_remote_task``; py-spy).
+
 Faults meet the one policy (:mod:`shardwise.remote.policy`): obstore's own retries are off
 (``max_retries=0``); its timeouts are the policy's (``connect_timeout``, ``read_timeout``
 without a byte, and every try cut after ``try_limit`` of the reader's 32 MiB pieces, its
@@ -55,6 +63,7 @@ from concurrent.futures import CancelledError, Future
 from functools import partial
 from typing import Any
 
+from shardwise.concurrency import shutdown
 from shardwise.concurrency.local import generation
 from shardwise.concurrency.threads import ThreadPool
 from shardwise.remote.policy import RemotePolicy
@@ -146,6 +155,7 @@ class NativeGets:
                                   config=self.args["config"], client_options=client,
                                   retry_config={"max_retries": 0})
             _STARTED_AT.add(generation())
+            shutdown.never_dropped_in_a_child(self._store)  # see the module doc
         return self._store
 
     def get_range(self, key: str, start: int, stop: int, raw: bool = False) -> Any:
