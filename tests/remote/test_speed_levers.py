@@ -384,3 +384,105 @@ def test_chunks_on_the_node_for_good_are_mapped_at_once_and_evicted_ones_fetched
     _same(_batches(cache, 40), want)
     cache.close()
     assert len(list((tmp_path / "node").rglob("chunks/*/*.bin"))) >= 1
+
+
+def test_no_thread_of_obstore_runs_python_during_ranged_reads(
+        built: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread Python did not start (obstore's Tokio threads) must never run Python code:
+    one that lets go of the GIL in it (handing an async result to an asyncio loop, then
+    writing to the loop's socket) can find the interpreter finalised when it takes the
+    GIL back, and CPython's ``pthread_exit`` through its Rust frames aborts the process
+    (SIGABRT at exit; ``bench remote-open``'s children, 2 in 6 runs under load). Many
+    ranges at once, as a download asks them: the bytes are right, and every call into
+    asyncio came from a thread Python started."""
+    import asyncio
+    import threading
+
+    url, local = built
+    store = RemoteStore(url)
+    assert store.native
+    key = next(k for k in store.list_keys() if k.endswith(".bin"))
+    foreign: list[str] = []
+    handed = asyncio.BaseEventLoop.call_soon_threadsafe
+
+    def watched(loop: asyncio.BaseEventLoop, *args: object, **kw: object) -> object:
+        if isinstance(threading.current_thread(), threading._DummyThread):  # noqa: SLF001
+            foreign.append(threading.current_thread().name)
+        return handed(loop, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(asyncio.BaseEventLoop, "call_soon_threadsafe", watched)
+    want = (local / key).read_bytes()
+    step = len(want) // 8
+    ranges = [(key, a, a + step) for a in range(0, 8 * step, step)]
+    got = store.get_ranges(ranges, checked=True)
+    assert got == [want[a:b] for _, a, b in ranges]
+    assert foreign == []
+
+
+def test_every_store_of_a_process_reads_its_ranges_on_one_pool(
+        built: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranged reads at once run on one pool per process, whatever the number of stores:
+    one pool per store started up to 63 threads for each ``RemoteStore`` that read several
+    ranges (a build makes one per probe of a source), 300-500 alive at once in a bucket
+    build, each idle 5 s before it ends, and every fork of the process copied them."""
+    from shardwise.concurrency import shutdown
+
+    owners: set[int] = set()
+    start = shutdown.start_thread
+
+    def counted(owner: shutdown.Stoppable, target: object, name: str) -> object:
+        if name == "shardwise-obstore":
+            owners.add(id(owner))
+        return start(owner, target, name)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shutdown, "start_thread", counted)
+    url, local = built
+    key = next(k for k in RemoteStore(url).list_keys() if k.endswith(".bin"))
+    want = (local / key).read_bytes()
+    ranges = [(key, a, a + 64) for a in range(0, 8 * 64, 64)]
+    for _ in range(3):
+        store = RemoteStore(url)
+        assert store.native
+        assert store.get_ranges(ranges, checked=True) == [want[a:b] for _, a, b in ranges]
+    assert len(owners) <= 1  # none where the pool's threads were already up
+
+
+def test_a_forked_child_never_drops_the_obstore_client_of_its_parent(
+        built: tuple[str, Path]) -> None:
+    """Dropping an obstore client wakes its connections' tasks on its Tokio runtime, taking
+    the scheduler's lock; in a forked child that runtime's threads are gone and one of them
+    may have held the lock as the parent forked: a child whose garbage collection dropped
+    such a client (during botocore's set-up, py-spy showed) waited for ever in Tokio's
+    ``push_remote_task``. The child lets go of every reference to the store it inherited
+    and collects: the client is still there (kept for good), and the child reads."""
+    import gc
+    import os
+    import select
+    import signal
+    import weakref
+
+    url, _ = built
+    store = RemoteStore(url)
+    key = next(k for k in store.list_keys() if k.endswith(".bin"))
+    assert store.native and len(store.read_range(key, 0, 100)) == 100
+    client = weakref.ref(store._native.get().store)  # type: ignore[union-attr]  # noqa: SLF001
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answer through the pipe, never return into pytest
+        code = 1
+        try:
+            n = len(store.read_range(key, 0, 100))  # fsspec's: the inherited client replaced
+            del store
+            gc.collect()
+            os.write(w, f"{'kept' if client() is not None else 'dropped'} {n}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    if not select.select([r], [], [], 60)[0]:  # the drop waited for ever
+        os.kill(pid, signal.SIGKILL)
+    with os.fdopen(r) as f:
+        answer = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and answer == "kept 100", answer
+    assert client() is not None  # the parent's own is its to drop, as ever

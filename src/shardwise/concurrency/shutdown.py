@@ -71,6 +71,7 @@ _threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 _lock = threading.Lock()
 _exiting: list[bool] = []  # [True] once the exit hook ran (a list: no global statement)
 _held: dict[tuple[int, str], object] = {}  # (pid, key) -> what the exit hook drops
+_inherited: dict[int, weakref.ref[object]] = {}  # id -> what a forked child never drops
 
 
 def register(owner: Stoppable) -> None:
@@ -89,6 +90,19 @@ def hold_until_exit(key: str, obj: object) -> None:
         old = _held.pop((os.getpid(), key), None)
         _held[os.getpid(), key] = obj
     del old  # outside the lock: its destructor may block (it releases the GIL first)
+
+
+def never_dropped_in_a_child(obj: object) -> None:
+    """Keep ``obj`` for good in every child forked while it lives (:func:`_keep_inherited`):
+    for an object whose destructor needs threads of this process, which a child does not
+    have, or locks one of them may hold as it forks (an obstore client: its drop wakes
+    tasks of its Tokio runtime, taking the scheduler's lock). In this process it is
+    dropped as usual. ``obj`` must support weak references (not hashing)."""
+    import ctypes  # noqa: F401 - imported here, so the child's hook finds it loaded
+
+    key = id(obj)
+    with _lock:
+        _inherited[key] = weakref.ref(obj, lambda _: _inherited.pop(key, None))
 
 
 def start_thread(owner: Stoppable, target: Callable[[], object], name: str) -> threading.Thread:
@@ -126,12 +140,16 @@ def _stop_all() -> None:
 
 
 def _keep_inherited() -> None:
-    """In a forked child: what the parent held is kept for good (one reference that is
-    never dropped), so the child's finalisation does not run its destructor either."""
-    if _held:
+    """In a forked child: what the parent held (:func:`hold_until_exit`) or marked
+    (:func:`never_dropped_in_a_child`) is kept for good (one reference that is never
+    dropped), so neither the child's garbage collection nor its finalisation runs its
+    destructor. Runs first thing in the child, before any of its Python code could."""
+    alive = (ref() for ref in list(_inherited.values()))
+    kept = [*_held.values(), *(obj for obj in alive if obj is not None)]
+    if kept:
         import ctypes
 
-        for obj in _held.values():
+        for obj in kept:
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
@@ -215,4 +233,5 @@ def _name_survivors() -> None:
 atexit.register(_stop_all)
 os.register_at_fork(after_in_child=_keep_inherited)
 
-__all__ = ["JOIN_SECONDS", "Exiting", "hold_until_exit", "register", "start_thread"]
+__all__ = ["JOIN_SECONDS", "Exiting", "hold_until_exit", "never_dropped_in_a_child", "register",
+           "start_thread"]

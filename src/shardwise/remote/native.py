@@ -21,6 +21,25 @@ multiprocessing child (a DataLoader worker) that finds obstore already imported 
 first GET. A spawned worker, a torchrun rank
 and a Ray worker import obstore afresh and make their own client.
 
+Requests made at once run on Python threads of one pool per process, each blocked in
+obstore's synchronous call with the GIL released, never through obstore's ``*_async``
+functions: those hand each result to the asyncio loop from a Tokio thread, which calls
+``loop.call_soon_threadsafe`` and, in its socket write, lets go of the GIL *after* the
+result is queued. The loop may take it, the call return and the interpreter finalise
+before that Tokio thread takes the GIL back; CPython then ends the thread with
+``pthread_exit``, whose unwinding through Rust frames aborts the process (SIGABRT at
+exit, seen under CPU load). A Tokio thread of the synchronous calls never touches Python;
+the pool's threads are shardwise's, stopped before finalisation (:mod:`~shardwise.
+concurrency.shutdown`).
+
+A forked child never drops a client its parent made (:func:`~shardwise.concurrency.
+shutdown.never_dropped_in_a_child`): dropping one wakes its connections' tasks on the
+parent's runtime, which takes the runtime's scheduler lock, and a thread of the parent
+(a Tokio worker, a thread of the pool in a request) may hold that lock as it forks. A
+child dropping such a client through its garbage collector — in a cycle, or the store it
+replaces at its first GET — then waited for ever (a forked test child's botocore set-up,
+its collection run during the JSON load, blocked in Tokio's ``push_remote_task``; py-spy).
+
 Faults meet the one policy (:mod:`shardwise.remote.policy`): obstore's own retries are off
 (``max_retries=0``); its timeouts are the policy's (``connect_timeout``, ``read_timeout``
 without a byte, and every try cut after ``try_limit`` of the reader's 32 MiB pieces, its
@@ -35,17 +54,22 @@ reads profiles, obstore does not).
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import multiprocessing
 import os
 import sys
+from collections.abc import Callable
+from concurrent.futures import CancelledError, Future
+from functools import partial
 from typing import Any
 
+from shardwise.concurrency import shutdown
 from shardwise.concurrency.local import generation
+from shardwise.concurrency.threads import ThreadPool
 from shardwise.remote.policy import RemotePolicy
 
 LARGEST_GET = 32 << 20  # a download's pieces: the most one GET asks for in practice
+AT_ONCE = 64  # GETs in flight at once on the pool, at most (its threads)
 # fsspec/s3fs options that mean the same to obstore; any other keeps fsspec
 _TAKEN = frozenset({"endpoint_url", "key", "secret", "token", "anon", "client_kwargs",
                     "config_kwargs", "skip_instance_cache", "use_ssl"})
@@ -90,6 +114,12 @@ def native_options(url: str, storage_options: dict[str, Any]) -> dict[str, Any] 
 # means (os.fork too, which multiprocessing.parent_process() does not see): its runtime is
 # dead. The one piece of process state here, as obstore's runtime itself is per process.
 _STARTED_AT: set[int] = set()
+# The one pool of every NativeGets of this process (threads on demand; a forked child's is
+# empty, :class:`~shardwise.concurrency.threads.ThreadPool`). One per store instead started
+# up to 63 threads for every RemoteStore that read several ranges (each made anew, e.g. per
+# source file a build probes), 300-500 alive at once in a bucket build and 2,870 in a loop
+# of them, each idle 5 s before it exits: every fork of the process copied them mid-work.
+_POOL = ThreadPool(AT_ONCE, name="shardwise-obstore")
 
 
 class NativeGets:
@@ -125,6 +155,7 @@ class NativeGets:
                                   config=self.args["config"], client_options=client,
                                   retry_config={"max_retries": 0})
             _STARTED_AT.add(generation())
+            shutdown.never_dropped_in_a_child(self._store)  # see the module doc
         return self._store
 
     def get_range(self, key: str, start: int, stop: int, raw: bool = False) -> Any:
@@ -139,29 +170,33 @@ class NativeGets:
 
     def get_ranges(self, ranges: list[tuple[str, int, int]], raw: bool = False) -> list[Any]:
         """Each ``(key, start, stop)`` at once (one round trip for all), each its bytes (a
-        ``memoryview`` of obstore's buffer where ``raw``) or its error."""
-        if len(ranges) == 1:
-            key, start, stop = ranges[0]
-            try:
-                return [self.get_range(key, start, stop, raw)]
-            except Exception as e:  # noqa: BLE001 - returned, as for many
-                return [e]
-        return asyncio.run(self._get_ranges(ranges, raw))
+        ``memoryview`` of obstore's buffer where ``raw``) or its error: the first on this
+        thread, the others on the pool's (see the module doc: no ``*_async``)."""
+        first, *rest = [partial(self._one, key, start, stop, raw) for key, start, stop in ranges]
+        others = [self._submit(job) for job in rest]
+        return [first()] + [_result(f, job) for f, job in zip(others, rest, strict=True)]
 
-    async def _get_ranges(self, ranges: list[tuple[str, int, int]], raw: bool) -> list[Any]:
-        import obstore
+    def _one(self, key: str, start: int, stop: int, raw: bool) -> Any:
+        try:
+            return self.get_range(key, start, stop, raw)
+        except Exception as e:  # noqa: BLE001 - returned, one per range
+            return e
 
-        store = self.store
+    def _submit(self, job: Callable[[], Any]) -> Future[Any]:
+        try:
+            return _POOL.submit(job)
+        except RuntimeError:  # the pool closed (the interpreter exits): this thread runs it
+            done: Future[Any] = Future()
+            done.set_result(job())
+            return done
 
-        async def one(key: str, start: int, stop: int) -> bytes | memoryview:
-            if stop <= start:
-                return b""
-            got = await obstore.get_range_async(store, key, start=start, end=stop)
-            return memoryview(got) if raw else bytes(got)
 
-        got = await asyncio.gather(*(one(*r) for r in ranges), return_exceptions=True)
-        return [g if isinstance(g, (bytes, memoryview, Exception)) else Exception(repr(g))
-                for g in got]
+def _result(future: Future[Any], job: Callable[[], Any]) -> Any:
+    """``future``'s result; a job the pool cancelled (it closed at exit) runs here."""
+    try:
+        return future.result()
+    except CancelledError:
+        return job()
 
 
 __all__ = ["LARGEST_GET", "NativeGets", "native_options"]
