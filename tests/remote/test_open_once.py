@@ -100,3 +100,25 @@ def test_a_growing_ledger_is_read_once_per_node_per_interval(
     # 3 rounds of 4 ranks: fresh, then stale twice: two fetches of the three files
     assert fault_proxy.requests - opened == 2 * (len(HEAD_NAMES) + 1)  # LIST + 3 GETs
     assert sum(c.store.heads.fetched for c in caches) == 1 + 2
+
+
+def test_the_way_to_the_first_batch_sets_up_no_fsspec_client(
+        built: tuple[str, Path], tmp_path: Path, fault_proxy: FaultProxy) -> None:
+    """Where obstore serves ``s3://``, opening (the journal's LIST, the head files' GETs)
+    and the first batch's reads all go through it: fsspec's client, whose set-up cost a
+    process 0.4-0.9 s on its first call (most of ``open_cache``), is never made. Failed
+    before: the open's LIST and GETs went through fsspec."""
+    url, local = built
+    at = len(fault_proxy.seen)
+    cache = sw.open_cache(url, local_dir=tmp_path, storage_options=_through(fault_proxy))
+    opened = fault_proxy.seen[at:]
+    got = sw.TokenDataset(cache, seq_len=16, seed=0).get_batch([0, 5, 9])
+    want = sw.TokenDataset(sw.open_cache(local), seq_len=16, seed=0).get_batch([0, 5, 9])
+    assert (got["input_ids"] == want["input_ids"]).all()
+    remote = cache.store.remote
+    assert remote.native and remote._fs.made is None
+    bucket, key = url.removeprefix("s3://").split("/", 1)
+    # one LIST (of the journal: the bucket, with the prefix in the query), one GET each
+    assert sorted(p for _, p in opened) == sorted(
+        [f"/{bucket}", *(f"/{bucket}/{key}/{n}" for n in HEAD_NAMES)]), opened
+    cache.close()

@@ -282,7 +282,15 @@ class RemoteStore:
         return sorted(p[len(head):] for p in found if p.startswith(head))
 
     def list_dir(self, relative: str) -> list[str]:
-        """The names of the objects directly under ``relative/`` (one LIST request)."""
+        """The names of the objects directly under ``relative/`` (one LIST request;
+        through obstore where GETs go: no fsspec client to make, which costs a process
+        its first call's set-up, several round trips, on the way to a cache's first
+        batch)."""
+        native = self._gets()
+        if native is not None:
+            rel = check_key(relative, where=self.url, root=self.url)
+            return sorted(n for n in self._run("LIST", relative,
+                                               lambda t: native.list_dir(rel)) if n)
         try:
             key = self.key(relative)
             found = self._run("LIST", relative, lambda t: self.fs.ls(

@@ -3,10 +3,12 @@ body run without the GIL), for the reader's hot path.
 
 Why: through s3fs a GET costs the reader's process 6–8.6 ms of Python per 4 MiB (aiohttp,
 botocore's signing, the event loop), all of it under the GIL that the reader's own thread
-needs; obstore does the same work in Rust threads and hands back the bytes. Only ranged GETs go
-this way (a chunk's blocks, a batch's ranges, and small objects the caller checks
-itself: a whole object's checksum is botocore's to check): everything else a store does
-(PUT, LIST, HEAD, DELETE) stays on fsspec, which remains the whole client when obstore is
+needs; obstore does the same work in Rust threads and hands back the bytes; and fsspec's
+client costs a process 0.4–0.9 s of set-up on its first call, which was most of opening a
+cache. Only ranged GETs go this way (a chunk's blocks, a batch's ranges, and small objects
+the caller checks itself: a whole object's checksum is botocore's to check), and the LIST
+of a directory (a cache's journal, read at open): everything else a store does (PUT,
+HEAD, DELETE, a recursive LIST) stays on fsspec, which remains the whole client when obstore is
 not installed, for other schemes than ``s3://``, and for options obstore does not take
 (:func:`native_options`).
 
@@ -158,6 +160,13 @@ class NativeGets:
             shutdown.never_dropped_in_a_child(self._store)  # see the module doc
         return self._store
 
+    def close_at_exit(self, timeout: float) -> None:
+        """At interpreter exit (:mod:`shardwise.concurrency.shutdown`): drop the client
+        here, on the main thread of a whole interpreter, not in its finalisation, where
+        a Rust object dropped late may abort the process (exit -6 seen in an opening
+        child). ``timeout``: unused (nothing to join)."""
+        self._store = None
+
     def get_range(self, key: str, start: int, stop: int, raw: bool = False) -> Any:
         """Bytes ``[start, stop)`` of ``key`` (fewer at its end; an error from past it);
         ``raw``: obstore's own buffer (a ``memoryview`` of it), not a copy."""
@@ -167,6 +176,16 @@ class NativeGets:
             return b""
         got = obstore.get_range(self.store, key, start=start, end=stop)
         return memoryview(got) if raw else bytes(got)
+
+    def list_dir(self, prefix: str) -> list[str]:
+        """The names of the objects directly under ``prefix/`` (one LIST request; not a
+        store's marker of the directory itself, which obstore names ``prefix``)."""
+        import obstore
+
+        head = prefix.rstrip("/") + "/"
+        got = obstore.list_with_delimiter(self.store, head)
+        paths = (str(o["path"]) for o in got["objects"])
+        return [p[len(head):] for p in paths if p.startswith(head) and len(p) > len(head)]
 
     def get_ranges(self, ranges: list[tuple[str, int, int]], raw: bool = False) -> list[Any]:
         """Each ``(key, start, stop)`` at once (one round trip for all), each its bytes (a

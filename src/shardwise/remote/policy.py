@@ -140,6 +140,18 @@ def is_transient(error: BaseException) -> bool:
     return False
 
 
+def _said(error: BaseException) -> str:
+    """What ``error`` says, in 300 characters: for obstore's, its first paragraph and the
+    kind of its innermost failure (``(Timeout)``), not the debug dump after them, whose
+    first 300 characters name neither."""
+    text = str(error)
+    if type(error).__module__.startswith("obstore"):
+        head, _, debug = text.partition("\n\nDebug source:")
+        kinds = re.findall(r"kind: (\w+)", debug)
+        text = head + (f" ({kinds[0]})" if kinds else "")
+    return text[:300]
+
+
 def _positive(name: str, v: object, *, finite: bool = True) -> None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 \
             or (finite and v == float("inf")):
@@ -244,7 +256,7 @@ class RemotePolicy:
               last: BaseException) -> RemoteError:
         return RemoteError(
             f"{what} {url}: the store failed {tries} tr{'y' if tries == 1 else 'ies'} in "
-            f"{waited:.1f} s (last: {type(last).__name__}: {str(last)[:300]}); expected "
+            f"{waited:.1f} s (last: {type(last).__name__}: {_said(last)}); expected "
             f"an answer within {self.read_timeout:g} s per try. Check that the store is "
             f"up and reachable from here; on a slow or busy store raise "
             f"RemotePolicy(read_timeout=…, deadline=…) (now {self.deadline:g} s)",

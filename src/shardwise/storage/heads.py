@@ -104,7 +104,9 @@ class NodeHeads:
         listed records at once, published as one file (a record the build's compaction
         deleted meanwhile is simply absent: the ledger fetched after it folds it in)."""
         records = [f"{JOURNAL_DIR}/{n}" for n in self.remote.list_dir(JOURNAL_DIR)]
-        got = self.remote.get_many([*HEAD_NAMES, *records])
+        # checked: the manifest and index by the ledger's checksums, the ledger by the
+        # index's record of it (or parsed whole); so the GIL-free client may fetch them
+        got = self.remote.get_many([*HEAD_NAMES, *records], checked=True)
         files: dict[str, bytes] = {}
         for name, data in got.items():
             if isinstance(data, FileNotFoundError):
