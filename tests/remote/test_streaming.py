@@ -12,12 +12,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.faults import FaultProxy
 
 import shardwise as sw
+from shardwise.bench.moto import upload
 from shardwise.bench.proxy import LatencyProxy
 from shardwise.remote import RemotePolicy, RemoteStore
-from shardwise.storage.prefetch import Prefetcher
-from shardwise.storage.ranged import DEPTH, Arriving, EarlyReads
+from shardwise.storage.prefetch import SMALL_BATCH, Prefetcher
+from shardwise.storage.ranged import DEPTH, Arriving, BlockSums, EarlyReads
 from shardwise.world import World
 
 SEQ_LEN = 32
@@ -164,3 +166,33 @@ def test_a_corpus_larger_than_local_bytes_streams_through(built: tuple[str, Path
     _same(got, want)
     assert downloads.evicted > 0 and downloads.used_bytes() <= room
     assert sum(downloads.downloaded.values()) >= len(bins)
+
+
+def test_block_sums_of_a_small_cache_bring_every_chunks_metadata_at_once(
+        s3_env: dict[str, str], sample_corpus: Path, tokenizer_path: Path, tmp_path: Path,
+        fault_proxy: FaultProxy) -> None:
+    """The first batches' early reads each want the block sums of their chunks: in a small
+    cache the first fetch brings every chunk's metadata (one GET each, one round trip), so
+    the next early reads wait for no second round trip behind it. Counted at a proxy.
+    Failed before: only the asked chunk's metadata came, the others in later fetches."""
+    url, local = "s3://sw-test/few-chunks", tmp_path / "local"
+    sw.build([str(sample_corpus)], local, tokenizer=tokenizer_path, chunk_docs=64,
+             progress=False, workers=1)
+    upload(local, url, {})  # the order a build publishes in
+    cache = sw.open_cache(url, local_dir=tmp_path / "node", storage_options={
+        "endpoint_url": fault_proxy.endpoint})
+    store = cache.store
+    n = len(store.view.chunks)
+    assert 2 <= n <= SMALL_BATCH
+    at = len(fault_proxy.seen)
+    first = store._block_sums([0])
+    metas = sorted(p.removeprefix("/sw-test/few-chunks/") for _, p in fault_proxy.seen[at:])
+    assert metas == sorted(store.view.chunks[c].stem + ".json" for c in range(n))
+    at = len(fault_proxy.seen)
+    rest = store._block_sums(list(range(1, n)))
+    assert fault_proxy.seen[at:] == []  # held already: no request
+    want = sw.open_cache(local)  # the same sums as a local read's metadata gives
+    for c, sums in {**first, **rest}.items():
+        assert np.array_equal(sums.sums, BlockSums.of(want.store.meta(c)).sums)  # type: ignore[union-attr]
+    cache.close()
+    RemoteStore(url).remove(RemoteStore(url).list_keys())

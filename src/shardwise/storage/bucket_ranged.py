@@ -9,6 +9,7 @@ node-local copy, the look-ahead); this is about a batch's bytes before its files
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
@@ -18,11 +19,12 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.concurrency.readahead import ReadAhead
+from shardwise.errors import CorruptChunkError
 from shardwise.format.checksum import BLOCK_BYTES
 from shardwise.format.chunk import META_SUFFIX
 from shardwise.remote.client import RemoteStore
 from shardwise.storage.chunk_table import ChunkInfo
-from shardwise.storage.prefetch import Prefetcher
+from shardwise.storage.prefetch import SMALL_BATCH, Prefetcher
 from shardwise.storage.ranged import Arriving, BlockSums, EarlyReads, Fetched
 from shardwise.storage.runs import Mapped, Runs, gather_runs
 from shardwise.storage.store import ChunkStore
@@ -170,17 +172,36 @@ class RangedGather(ChunkStore):
     def _block_sums(self, chunks: list[int]) -> dict[int, BlockSums]:
         """The block sums of each of ``chunks`` that has them (an older build's chunk has
         none: it is read whole), from their metadata (what this process lacks read in
-        one round trip, checked against the ledger)."""
+        one round trip, checked against the ledger; in a cache of at most
+        :data:`~shardwise.storage.prefetch.SMALL_BATCH` chunks, every chunk's at once:
+        the early reads of the first batches, a few of them at once, each wanted other
+        chunks' and waited one round trip more for them, behind this lock)."""
         infos = [self.view.chunks[c] for c in chunks]
         with self._early.meta_lock:  # early reads of several batches: one fetch
-            missing = [i.stem + META_SUFFIX for i in infos if i.stem not in self._metas]
+            missing = [i for i in infos if i.stem not in self._metas]
+            others = self._other_metas(missing) if missing else []
             # checked: each against the ledger (so through the GIL-free client)
-            got = self.remote.get_many(missing, checked=True) if missing else {}
-            for info in infos:
-                if info.stem + META_SUFFIX in got:
-                    self._load_meta(info, got[info.stem + META_SUFFIX])
+            got = self.remote.get_many([i.stem + META_SUFFIX for i in missing + others],
+                                       checked=True) if missing else {}
+            for info in missing:
+                self._load_meta(info, got[info.stem + META_SUFFIX])
+            for info in others:  # not asked for: a fault surfaces when the chunk is read
+                data = got[info.stem + META_SUFFIX]
+                if not isinstance(data, Exception):
+                    with contextlib.suppress(CorruptChunkError):
+                        self._load_meta(info, data)
         sums = {c: BlockSums.of(self.meta_of(i)) for c, i in zip(chunks, infos, strict=True)}
         return {c: s for c, s in sums.items() if s is not None}
+
+    def _other_metas(self, asked: list[ChunkInfo]) -> list[ChunkInfo]:
+        """The chunks besides ``asked`` whose metadata comes in the same round trip: in a
+        cache of at most ``SMALL_BATCH`` chunks, every one this process lacks."""
+        chunks = self.view.chunks
+        if len(chunks) > SMALL_BATCH:
+            return []
+        stems = {i.stem for i in asked}
+        return [i for i in (chunks[c] for c in range(len(chunks)))
+                if i.stem not in stems and i.stem not in self._metas]
 
     def _hand_over(self, chunks: list[int]) -> None:
         """Make sure the whole of ``chunks`` is downloading (or queued to)."""
