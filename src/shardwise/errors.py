@@ -17,6 +17,9 @@
 
 Catch ``ShardwiseError`` to handle all of them; every message says what, where,
 expected versus got, and what to do.
+
+One warning: :class:`CrashRetried`, a local build worker that crashed in native code and
+whose unfinished work ran again (the build went on; the message carries the crash's stack).
 """
 
 from __future__ import annotations
@@ -96,3 +99,9 @@ class RemoteError(ShardwiseError):
 
 def _make_remote_error(message: str, url: str) -> RemoteError:
     return RemoteError(message, url=url)
+
+
+class CrashRetried(RuntimeWarning):
+    """A local worker died of a crash signal (SIGSEGV...) and its unfinished work ran again
+    from the ledger: the result is the same, but the crash is worth a look — the message
+    carries the Python stack it crashed on."""

@@ -29,6 +29,12 @@ def _exit_3(task: int, put: Callable[[Any], None]) -> None:
     os._exit(3)
 
 
+def _segfault_in_native_code(task: int, put: Callable[[Any], None]) -> None:
+    import ctypes
+
+    ctypes.string_at(0)  # reads address 0: SIGSEGV in C
+
+
 def test_results_come_back_from_every_task() -> None:
     with ProcessPool(_square, 2, name="test") as pool:
         for t in range(5):
@@ -74,6 +80,29 @@ def test_a_crash_names_the_worker_and_its_signal_or_exit_code(
         with pytest.raises(WorkerCrashed, match=rf"test worker shardwise-test-0 \(pid \d+\) "
                                                 rf"died with {status}.*; rerun to resume"):
             pool.get()
+
+
+def test_a_crash_in_native_code_brings_back_the_stack_it_crashed_on() -> None:
+    """A segfault names its signal, is marked a crash (not a kill), and carries the Python
+    stack the worker's faulthandler wrote as it died; the pool removes that file."""
+    pool = ProcessPool(_segfault_in_native_code, 1, name="test")
+    logs = list(pool._crash_logs)
+    with pool:
+        pool.submit(1)
+        with pytest.raises(WorkerCrashed, match="died with signal SIGSEGV") as info:
+            pool.get()
+    assert info.value.crashed
+    assert "its stack as it crashed" in str(info.value)
+    assert "_segfault_in_native_code" in str(info.value)
+    assert not any(os.path.exists(p) for p in logs)
+
+
+def test_a_kill_is_no_crash() -> None:
+    with ProcessPool(_kill_self, 1, name="test") as pool:
+        pool.submit(1)
+        with pytest.raises(WorkerCrashed, match="SIGKILL") as info:
+            pool.get()
+    assert not info.value.crashed and "its stack" not in str(info.value)
 
 
 def test_close_stops_every_worker() -> None:

@@ -93,3 +93,42 @@ def test_no_orphan_workers_after_kill(tmp_path: Path, big_corpus: Path,
     while survivors() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert survivors() == []
+
+
+def _crash_once_at(record: dict, marker: str, text: str) -> list[int]:
+    """Char ids; at record ``text`` the first time (``marker`` made atomically): SIGSEGV."""
+    if record["text"] == text:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            pass
+        else:
+            import ctypes
+
+            ctypes.string_at(0)  # a native crash, as a tokenizer's bug would be
+    return [ord(ch) % 250 for ch in record["text"]]
+
+
+def test_a_worker_that_crashes_in_native_code_is_retried_from_the_ledger(
+        tmp_path: Path, sample_corpus: Path) -> None:
+    """A worker's SIGSEGV mid-segment (chunks already reported) is a CrashRetried warning
+    carrying the stack it crashed on; what it left runs again and the cache is byte for byte
+    a build that never crashed."""
+    import functools
+
+    from tests.conftest import sample_texts
+
+    from shardwise.errors import CrashRetried
+
+    marker = str(tmp_path / "crashed")
+    fn = functools.partial(_crash_once_at, marker=marker, text=sample_texts()[300])
+    args = dict(processor=fn, vocab_size=256, workers=2, chunk_docs=16,
+                segment_bytes=20_000, progress=False)
+    with pytest.warns(CrashRetried, match=r"(?s)died with signal SIGSEGV.*_crash_once_at"
+                                          r".*runs again from the ledger \(retry 1 of 1\)"):
+        summary = build([sample_corpus], tmp_path / "a", **args)
+    assert os.path.exists(marker)
+    clean = build([sample_corpus], tmp_path / "b", **args)  # marker made: no crash
+    assert summary.documents == clean.documents == len(sample_texts())
+    assert_same_cache(tmp_path / "a", tmp_path / "b")
+    assert verify_cache(tmp_path / "a").ok

@@ -7,18 +7,22 @@ comes back, in arrival order, from :meth:`ProcessPool.get` in the parent. A work
 exception comes back as a :class:`Failure` (the exception and its traceback text) and is
 re-raised by ``get`` with that traceback attached as a note; a worker that dies without
 reporting (killed, out of memory, segfault) raises :class:`WorkerCrashed` naming it and
-its exit code or signal. A worker dies with its parent (``PR_SET_PDEATHSIG`` on Linux, a
+its exit code or signal, and — where it crashed in native code (SIGSEGV, SIGBUS...) — the
+Python stack it crashed on (each worker's :mod:`faulthandler` writes to a file of its own,
+read back by the parent). A worker dies with its parent (``PR_SET_PDEATHSIG`` on Linux, a
 parent-pid check between tasks elsewhere), so a killed job leaves no orphans. No shared
 memory, no lock files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import queue
 import signal
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -29,8 +33,25 @@ from shardwise.errors import ConfigError, ShardwiseError
 _POLL_SECONDS = 0.2  # how often a waiting get() checks that its workers are alive
 
 
+# the signals of a crash in native code (not a kill: SIGKILL is the OOM killer's or a user's)
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE,
+                           signal.SIGABRT})
+
+
 class WorkerCrashed(ShardwiseError):
-    """A worker process died without reporting (killed, out of memory, segfault)."""
+    """A worker process died without reporting (killed, out of memory, segfault).
+    ``crashed``: it died of a crash signal (:data:`CRASH_SIGNALS`), not a kill or an exit."""
+
+    def __init__(self, message: str, *, crashed: bool = False) -> None:
+        super().__init__(message)
+        self.crashed = crashed
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _crashed, (str(self), self.crashed)
+
+
+def _crashed(message: str, crashed: bool) -> WorkerCrashed:
+    return WorkerCrashed(message, crashed=crashed)
 
 
 class Failure:
@@ -86,8 +107,26 @@ def exit_status(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
+def is_crash(exitcode: int | None) -> bool:
+    """Whether a process's exit code (multiprocessing's -N for signal N) is a crash signal."""
+    return exitcode is not None and exitcode < 0 and -exitcode in CRASH_SIGNALS
+
+
+_CRASH_LOG: list[Any] = []  # a worker's faulthandler file, kept open while it lives
+
+
+def _log_crashes_to(path: str | None) -> None:
+    """In a worker: where :mod:`faulthandler` writes the stack of a crash (read back by the
+    parent, :meth:`ProcessPool._crash_stack`)."""
+    if path:
+        import faulthandler
+
+        _CRASH_LOG.append(open(path, "w"))  # noqa: SIM115 - open while the worker lives
+        faulthandler.enable(file=_CRASH_LOG[-1], all_threads=True)
+
+
 def _worker_main(work: Callable[[Any, Callable[[Any], None]], None], tasks: Any,
-                 results: Any, parent: int | None) -> None:
+                 results: Any, parent: int | None, crash_log: str | None = None) -> None:
     """One worker: one thread of work (tokenizers and rayon kept to one thread each),
     tasks until the sentinel ``None``; an error is reported, then this worker stops.
     ``parent``: the pid of the process that started it (the pool's owner), or None where
@@ -101,6 +140,7 @@ def _worker_main(work: Callable[[Any, Callable[[Any], None]], None], tasks: Any,
     # it got here)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     die_with_parent()
+    _log_crashes_to(crash_log)
     while True:
         task = tasks.get()
         if task is None or os.getppid() != parent:
@@ -134,9 +174,11 @@ class ProcessPool:
         self._tasks, self._results = ctx.Queue(), ctx.Queue()
         # a forkserver worker's parent is the fork server, which ends with this process
         parent = None if ctx.get_start_method() == "forkserver" else os.getpid()
+        self._crash_logs = [_new_crash_log(name, i) for i in range(workers)]
         procs = [ctx.Process(target=_worker_main, daemon=True,
-                             args=(work, self._tasks, self._results, parent),
-                             name=f"shardwise-{name}-{i}") for i in range(workers)]
+                             args=(work, self._tasks, self._results, parent, log),
+                             name=f"shardwise-{name}-{i}")
+                 for i, log in enumerate(self._crash_logs)]
         for p in procs:
             p.start()
         # the workers are this process's children: a forked copy of the pool (e.g. in a
@@ -170,9 +212,25 @@ class ProcessPool:
         if dead and self._results.empty():
             p = dead[0]
             hint = f"; {self.hint}" if self.hint else ""
+            crashed = is_crash(p.exitcode)
+            stack = self._crash_stack(p.name) if crashed else ""
             raise WorkerCrashed(f"{self.name} worker {p.name} (pid {p.pid}) died with "
                                 f"{exit_status(p.exitcode)} without reporting (killed, "
-                                f"out of memory or crashed){hint}") from None
+                                f"out of memory or crashed){hint}{stack}",
+                                crashed=crashed) from None
+
+    def _crash_stack(self, worker: str) -> str:
+        """What ``worker``'s faulthandler wrote as it crashed (its first 60 lines, not the
+        list of extension modules), as a paragraph of the error; nothing where it wrote
+        nothing."""
+        i = int(worker.rsplit("-", 1)[1])
+        try:
+            with open(self._crash_logs[i], errors="replace") as f:
+                lines = [line for line in f.read().strip().splitlines()
+                         if not line.startswith("Extension modules")][:60]
+        except OSError:
+            return ""
+        return "\n  its stack as it crashed:\n    " + "\n    ".join(lines) if lines else ""
 
     def close(self) -> None:
         """Stop the workers (terminate, then join). In a forked copy of the owner (e.g. a
@@ -191,3 +249,13 @@ class ProcessPool:
         for q in (self._tasks, self._results):
             q.close()
             q.cancel_join_thread()
+        for log in self._crash_logs:
+            with contextlib.suppress(OSError):
+                os.unlink(log)
+
+
+def _new_crash_log(name: str, i: int) -> str:
+    """A new empty file for worker ``i``'s crash stack (removed by :meth:`ProcessPool.close`)."""
+    fd, path = tempfile.mkstemp(prefix=f"shardwise-{name}-{i}-", suffix=".crash")
+    os.close(fd)
+    return path

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from shardwise._version import __version__
 from shardwise.choice import Choice
-from shardwise.errors import CacheError, ConfigError, RemoteError
+from shardwise.concurrency.pool import WorkerCrashed
+from shardwise.errors import CacheError, ConfigError, CrashRetried, RemoteError
 from shardwise.format.chunk import ChunkKind
 from shardwise.format.journal import Journal
 from shardwise.format.ledger import ChunkEntry, Ledger
@@ -87,6 +89,10 @@ def _ordered_tasks(ledger: Ledger, infos: list[Any]) -> list[Task]:
             if not seg.finished:
                 tasks.append((g, s, Task(s, info, g, seg)))
     return [t for _, _, t in sorted(tasks, key=lambda x: (x[0], x[1]))]
+
+
+# times the unfinished work of a local worker that crashed (a native crash signal) runs again
+CRASH_RETRIES = 1
 
 
 class ExecutorKind(Choice):
@@ -281,13 +287,36 @@ def _run(root: ChunkStore, runner: Executor, release: Callable[[], None], job: J
                                 + sum(t.rebuild > 0 for t in tasks), enabled=progress)
     reporter.advance(sum(seg.finished for s in ledger.sources for seg in s.segments))
     coordinator = _Coordinator(root, ledger, reporter, infos)
+
+    def rest() -> list[Task]:  # what a crashed worker left: as a rerun would plan it
+        damaged = [d for d in check.damaged if d.stem not in coordinator.rebuilt]
+        return repair_tasks(root, ledger, infos, damaged) + _ordered_tasks(ledger, infos)
+
     try:
-        runner.run(job, tasks, coordinator)
+        _run_tasks(runner, job, tasks, rest, coordinator)
     except BaseException as e:
         _finish(release, coordinator, failed=e)
         raise
     _finish(release, coordinator, failed=None)
     return coordinator
+
+
+def _run_tasks(runner: Executor, job: Job, tasks: list[Task], rest: Callable[[], list[Task]],
+               coordinator: _Coordinator) -> None:
+    """Run ``tasks``; where a local worker crashed in native code (SIGSEGV, SIGBUS...: not
+    a kill, not an error it reported), warn with the stack it crashed on and run what is
+    left (``rest()``, planned from the ledger as a rerun would: the same bytes), up to
+    :data:`CRASH_RETRIES` times. A crash of a process forked from a busy multi-threaded one
+    (a test runner, a notebook) can be a matter of luck; one that repeats is raised."""
+    for retry in range(CRASH_RETRIES + 1):
+        try:
+            runner.run(job, tasks if retry == 0 else rest(), coordinator)
+            return
+        except WorkerCrashed as e:
+            if not e.crashed or retry == CRASH_RETRIES:
+                raise
+            warnings.warn(f"{e}\nits unfinished work runs again from the ledger (retry "
+                          f"{retry + 1} of {CRASH_RETRIES})", CrashRetried, stacklevel=2)
 
 
 def _finish(release: Callable[[], None], coordinator: _Coordinator,
