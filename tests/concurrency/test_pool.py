@@ -97,6 +97,28 @@ def test_a_crash_in_native_code_brings_back_the_stack_it_crashed_on() -> None:
     assert not any(os.path.exists(p) for p in logs)
 
 
+def test_the_stack_comes_back_where_another_handler_took_the_signal_from_faulthandler(
+        ) -> None:
+    """A parent whose faulthandler is on (a test runner's) but whose SIGSEGV handler another
+    library replaced since (Ray's, at ``ray.init``; here SIG_DFL): ``faulthandler.enable``
+    in the worker would only change its file, and the crash left no stack."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import faulthandler, signal, sys; faulthandler.enable(); "
+            "signal.signal(signal.SIGSEGV, signal.SIG_DFL); "
+            "from shardwise.concurrency.pool import ProcessPool; "
+            "from tests.concurrency.test_pool import _segfault_in_native_code as f\n"
+            "with ProcessPool(f, 1, name='test') as pool:\n"
+            "    pool.submit(1)\n"
+            "    try: pool.get()\n"
+            "    except Exception as e: print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).parents[2]).stdout
+    assert "died with signal SIGSEGV" in out and "_segfault_in_native_code" in out, out
+
+
 def test_a_kill_is_no_crash() -> None:
     with ProcessPool(_kill_self, 1, name="test") as pool:
         pool.submit(1)

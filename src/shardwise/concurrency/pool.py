@@ -122,6 +122,10 @@ def _log_crashes_to(path: str | None) -> None:
         import faulthandler
 
         _CRASH_LOG.append(open(path, "w"))  # noqa: SIM115 - open while the worker lives
+        # enable() only changes the file where faulthandler is on already (inherited: a
+        # test runner's), even where another handler took the signals since (Ray's, at
+        # ray.init): off, then on, so the handlers are faulthandler's again
+        faulthandler.disable()
         faulthandler.enable(file=_CRASH_LOG[-1], all_threads=True)
 
 
