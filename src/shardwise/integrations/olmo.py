@@ -59,6 +59,8 @@ KEYS = ("input_ids", "labels")  # what OLMo's train module takes (labels: next t
 class ShardwiseDataLoader(TextDataLoaderBase):
     """OLMo-core's data loader over a shardwise reader (see the module docs)."""
 
+    _epoch: int | None  # DataLoaderBase's: the epoch being read, None before the first
+
     def __init__(self, dataset: Any, *, global_batch_size: int, work_dir: str | os.PathLike[str],
                  micro_batch_size: int | None = None, world: World | None = None,
                  seq_len: int | None = None, collator: DataCollator | None = None) -> None:
