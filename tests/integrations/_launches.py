@@ -10,10 +10,16 @@ selected module's jobs of a phase in ONE launch (``_launch_run.py``), phase afte
 
 ``RESUME`` and ``ONE`` run side by side after ``FIRST``. Starting Python and importing torch
 and the frameworks was most of each test's time: it is now paid three times a session.
+
+Under pytest-xdist (the README's test command runs two workers) every worker collects every
+test, so each would launch every job: the first worker to need the launches runs them and
+writes their jobs beside them (``jobs.json``, under a lock in the workers' shared temporary
+directory); another finds them there (:func:`shared`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -69,10 +75,15 @@ def _start(root: Path, phase: str, jobs: list[Job]) -> subprocess.Popen[bytes]:
 
 
 class Launches:
-    """The session's launches: each module's jobs, by module and job name."""
+    """The session's launches: each module's jobs, by module and job name (``run``: False for
+    launches another process ran, read back with :meth:`load`)."""
 
-    def __init__(self, root: Path, jobs: dict[str, list[Job]]) -> None:
+    def __init__(self, root: Path, jobs: dict[str, list[Job]], run: bool = True) -> None:
         self.root, self.jobs = root, {m: {j.name: j for j in js} for m, js in jobs.items()}
+        if not run:
+            return
+        (root / "jobs.json").write_text(json.dumps(
+            {m: [dict(vars(j), script=str(j.script)) for j in js] for m, js in jobs.items()}))
         for js in jobs.values():
             for j in js:
                 Path(j.spec["record"]).mkdir(parents=True, exist_ok=True)
@@ -92,6 +103,13 @@ class Launches:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+    @classmethod
+    def load(cls, root: Path) -> Launches:
+        """Launches another worker ran under ``root`` (their ``jobs.json``)."""
+        saved = json.loads((root / "jobs.json").read_text())
+        return cls(root, {m: [Job(**dict(j, script=Path(j["script"]))) for j in js]
+                          for m, js in saved.items()}, run=False)
 
     def record(self, module: str, name: str) -> Path:
         """The record directory of a job that ran to its end on every rank; a test of a
@@ -121,3 +139,18 @@ def collect(request: pytest.FixtureRequest, root: Path) -> Launches:
         (root / name).mkdir()
         jobs[name] = m.launch_jobs(root / name)
     return Launches(root, jobs)
+
+
+def shared(request: pytest.FixtureRequest, factory: pytest.TempPathFactory) -> Launches:
+    """The session's launches, run once for all xdist workers (see the module docs): in the
+    workers' shared temporary directory, under a lock; without xdist, in this session's."""
+    base = factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # pytest-N/, holding each worker's popen-gwK/
+    root = base / "launches"
+    with open(base / "launches.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other worker waits here while they run
+        if (root / "jobs.json").exists():
+            return Launches.load(root)
+        root.mkdir(exist_ok=True)
+        return collect(request, root)
