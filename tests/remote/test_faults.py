@@ -91,7 +91,7 @@ def test_flipped_bytes_are_caught_by_a_checksum(built: tuple[str, Path],
     whole download by the chunk's xxh3, a batch's ranged GETs by its block sums. Either is
     a CorruptChunkError naming the object's URL, and no batch comes out."""
     url, local = built
-    store = _store(fault_proxy, url)
+    store = _store(fault_proxy, url, PATIENT)  # retried: its bytes must come out identical
     fault_proxy.inject(Fault("flip", match=r"^GET .*manifest\.json", times=1))
     assert store.get("manifest.json") == (local / "manifest.json").read_bytes()
     assert fault_proxy.hits["flip"] == 1
