@@ -11,6 +11,7 @@ covered here by adding its value, and by nothing else.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,11 @@ from shardwise.read.compose.records import CacheRecords
 from shardwise.read.compose.schedule import BlendConfig
 from shardwise.read.compose.sft_pack import PackedSFT, SftConfig
 from shardwise.read.config import ReadConfig, ReaderKind, check_state
-from shardwise.read.loader import PLACEMENT_KEYS, sampler_state_config
+from shardwise.read.loader import sampler_state_config
 from shardwise.read.orders.base import OrderOptions, option_defaults
 from shardwise.read.orders.block import BlockOptions
 from shardwise.read.orders.stream import StreamConfig
+from shardwise.read.placement import Placement
 from shardwise.read.reader_config import ReaderConfig
 from shardwise.read.sampler import BatchSampler, SamplerKind
 from shardwise.read.stream.dataset import StreamDataset
@@ -159,7 +161,7 @@ def test_unknown_arguments_are_named_with_the_configs_fields(caches: dict[str, s
     with pytest.raises(ConfigError, match=r"takes no argument \['shufle'\].*'shuffle'"):
         TokenDataset(caches["web"], seq_len=16, shufle="block")
     config = ReadConfig.from_dict({"cache": caches["web"], "seq_len": 16, "shufle": "x",
-                                   **LAYOUT}, where="run.json")
+                                   **LAYOUT}, where="run.json")  # not the order's: runtime
     with pytest.raises(ConfigError, match=r"run.json: TokenDataset takes no argument"):
         config.build()
     with pytest.raises(ConfigError, match=r"StreamDataset needs \['streams'\]"):
@@ -191,10 +193,77 @@ def test_a_config_object_and_arguments_build_the_same_reader(caches: dict[str, s
 @pytest.mark.parametrize("kind", ["single", "cyclic", "eval"])
 def test_placement_keys_are_the_ones_check_state_leaves_out(caches: dict[str, str],
                                                            kind: str) -> None:
-    """What a sampler adds to a state's config is named once (PLACEMENT_KEYS), and is all
-    that check_state leaves out of the order it compares."""
+    """What a sampler adds to a state's config is named once (BatchSampler.STATE_KEYS),
+    and is all that check_state leaves out of the order it compares."""
     ds = TokenDataset(caches["web"], seq_len=16)
     skip = () if kind == "eval" else ((4, 8),)  # evaluation sees every example
     s = BatchSampler(len(ds) - 1, B, M, World(0, 2), kind=SamplerKind(kind), skip=skip)
     added = set(sampler_state_config(ds, s)) - set(ds.state_config())
-    assert added <= PLACEMENT_KEYS and "sampler" in added and ("skip" in added) == bool(skip)
+    assert added <= BatchSampler.STATE_KEYS and "sampler" in added
+    assert ("skip" in added) == bool(skip)
+
+
+def test_the_config_is_a_tree_of_nodes_and_the_flat_form_still_reads(caches: dict[str, str]
+                                                                     ) -> None:
+    """The JSON is the tree (data, reader with its order, placement); a file of the flat
+    form of earlier versions is the same config."""
+    flat = {"cache": caches["web"], "reader": "tokens", "seq_len": 16, "seed": 5,
+            "shuffle": "block", "block_size": 4, "skip": [[2, 3]], **LAYOUT}
+    tree = {"cache": caches["web"],
+            "reader": {"kind": "tokens", "seq_len": 16, "seed": 5, "shuffle": "block",
+                       "block_size": 4},
+            "placement": {**LAYOUT, "skip": [[2, 3]]}}
+    a, b = ReadConfig.from_dict(flat), ReadConfig.from_dict(tree)
+    assert a == b and isinstance(a.config, TokenConfig)
+    assert a.config.order == BlockOptions(block_size=4)
+    assert a.placement == Placement(B, M, skip_steps=((2, 3),), world_size=1)
+    written = a.to_dict()
+    assert set(written) == {"cache", "reader", "placement"}
+    assert written["reader"]["kind"] == "tokens" and written["reader"]["block_size"] == 4
+    assert written["placement"] == {**LAYOUT, "skip_steps": [[2, 3]]}
+    assert ReadConfig.from_dict(written) == a
+    with pytest.raises(ConfigError, match=r"block_size.*shuffle='block'"):  # at parse time
+        ReadConfig.from_dict({**tree, "reader": {"kind": "tokens", "seq_len": 16,
+                                                 "block_size": 4}})
+    with pytest.raises(ConfigError, match=r"placement takes no \['sampler_seed'\]"):
+        ReadConfig.from_dict({**tree, "placement": {**LAYOUT, "sampler_seed": 1}})
+    with pytest.raises(ConfigError, match="places its own examples"):
+        ReadConfig.from_dict({**tree, "reader": {"kind": "stream", "seq_len": 16,
+                                                 "streams": 2},
+                              "placement": {**LAYOUT, "sampler": "cyclic"}})
+
+
+def test_a_cyclic_placement_rebuilds_from_a_state_and_a_loader_takes_the_node(
+        caches: dict[str, str]) -> None:
+    ds = TokenDataset(caches["web"], seq_len=16, shuffle="none")
+    kw = {"global_batch_size": B, "micro_batch_size": M, "sampler": "cyclic", "seed": 7,
+          "data_sharding": False}
+    by_args = loader(ds, world=World(0, 1), **kw)
+    placement = Placement(B, M, "cyclic", seed=7, data_sharding=False)
+    by_node = loader(ds, world=World(0, 1), placement=placement)
+    first = [b["input_ids"].tolist() for b in itertools.islice(iter(by_args), 3)]
+    assert [b["input_ids"].tolist() for b in itertools.islice(iter(by_node), 3)] == first
+    state = by_args.state_dict()
+    assert by_node.state_dict() == state
+    config = ReadConfig.from_state(state, cache=caches["web"], **LAYOUT)
+    assert config.placement == dataclasses.replace(placement, world_size=1)
+    rebuilt, sampler = config.build(rank=0)
+    check_state(rebuilt, state, sampler)
+    again = loader(rebuilt, world=World(0, 1), placement=config.placement)
+    again.load_state_dict(state)
+    assert again.state_dict() == state
+    with pytest.raises(ConfigError, match=r"\['seed'\] given beside placement="):
+        loader(ds, world=World(0, 1), placement=placement, seed=3)
+    with pytest.raises(ConfigError, match=r"needs \['global_batch_size', 'micro_batch_size'\]"):
+        loader(ds, world=World(0, 1))
+    with pytest.raises(ConfigError, match="for world_size=1, and the job has 2 ranks"):
+        loader(ds, world=World(0, 2), placement=config.placement)
+
+
+def test_a_state_of_a_reader_no_config_rebuilds_is_named(caches: dict[str, str]) -> None:
+    """No fallback: a state whose kind no read config rebuilds is refused by its kind."""
+    ds = TokenDataset(caches["web"], seq_len=16)
+    state = {**loader(ds, world=World(0, 1), global_batch_size=B,
+                      micro_batch_size=M).state_dict(), "kind": "record_stream"}
+    with pytest.raises(ConfigError, match="this state's kind is 'record_stream'"):
+        ReadConfig.from_state(state, cache=caches["web"], **LAYOUT)

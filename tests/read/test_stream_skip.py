@@ -170,7 +170,7 @@ def test_a_read_config_passes_its_skip_steps_to_the_stream(cache_dir: Path) -> N
     ds, sampler = cfg.build(rank=1)
     assert sampler is None and ds.skip == ((8, 24),)
     with pytest.raises(ConfigError, match=r"reader 'sft' cannot skip ranges"):
-        ReadConfig.from_dict({**cfg.to_dict(), "reader": "sft"})
+        ReadConfig.from_dict({**cfg.to_dict(), "reader": {"kind": "sft", "seq_len": 12}})
 
 
 def test_bind_serves_another_world_before_the_first_read(cache_dir: Path) -> None:

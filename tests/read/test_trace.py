@@ -184,6 +184,35 @@ def test_from_state_rebuilds_the_run(built: dict[str, Any]) -> None:
         ReadConfig.from_state(state, cache=str(built["cache"]))
 
 
+@pytest.mark.parametrize("sharding", [True, False])
+def test_a_cyclic_runs_state_traces_what_that_run_read(built: dict[str, Any],
+                                                       sharding: bool) -> None:
+    """Placement is a node of the read config: a state saved by a loader with Megatron's
+    cyclic sampler rebuilds that sampler (kind, seed, sharding), so step k names the
+    examples that run read, not the single sampler's."""
+    cfg = _token_config(built, 2, shuffle="none")
+    acc, steps = cfg.accumulation, 3
+    states, seen = [], {}
+    for r in range(2):
+        ds, _ = cfg.build(rank=r)
+        dl = loader(ds, global_batch_size=B, micro_batch_size=M, world=sw.World(r, 2),
+                    sampler="cyclic", seed=11, data_sharding=sharding)
+        seen[r] = list(itertools.islice(iter(dl), (steps + 1) * acc))
+        states.append(dl.state_dict())
+    again = ReadConfig.from_state(states[0], cache=str(built["cache"]),
+                                  global_batch_size=B, micro_batch_size=M, world_size=2)
+    assert again.placement.sampler.value == "cyclic" and again.placement.seed == 11
+    assert again.placement.data_sharding is sharding
+    tracer = Tracer(again, state=states[0])
+    for k in range(steps + 1):
+        for e in tracer.step(k).examples:
+            batch = {key: v.numpy() for key, v in seen[e.rank][k * acc + e.micro_batch].items()}
+            _check_pieces(built, _window(batch, e.row), e)
+    single = _token_config(built, 2, shuffle="none")  # the same order, another placement
+    with pytest.raises(sw.ConfigError, match="sampler"):
+        Tracer(single, state=states[0])
+
+
 def test_config_errors_name_the_field(tmp_path: Path) -> None:
     bad = tmp_path / "r.json"
     bad.write_text('{"cache": "c", "seq_len": 8}')

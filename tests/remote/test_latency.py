@@ -89,6 +89,7 @@ def test_a_read_through_the_proxy_keeps_the_local_copy_within_local_bytes(
                               storage_options={"endpoint_url": f"http://127.0.0.1:{proxy.port}"})
         ds = sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=11)
         dl = loader(ds, global_batch_size=4, micro_batch_size=4, world=World.single())
+        assert dl.describe()["batches_ahead"] == 4  # a remote cache's default: made ahead
         got = [b["input_ids"].numpy() for b, _ in zip(dl, range(30), strict=False)]
         stats = cache.prefetch_stats()
         cache.close()

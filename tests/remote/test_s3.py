@@ -126,7 +126,8 @@ def test_prefetch_downloads_in_the_background(built: tuple[str, Path], tmp_path:
 def test_loader_downloads_the_chunks_of_coming_micro_batches(built: tuple[str, Path],
                                                             tmp_path: Path) -> None:
     """After the first micro-batch, exactly the chunks of micro-batches 0..look_ahead are
-    downloaded (the later ones in the background), and the batches equal a local read."""
+    downloaded (the later ones in the background), and the batches equal a local read.
+    (With batches made ahead, the look-ahead counts from the last batch made.)"""
     from shardwise.torch import loader
 
     url, local = built
@@ -134,7 +135,7 @@ def test_loader_downloads_the_chunks_of_coming_micro_batches(built: tuple[str, P
     cache = sw.open_cache(url, local_dir=tmp_path / "node", local_bytes=64 << 20)
     ds = sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=5)
     dl = loader(ds, global_batch_size=4, micro_batch_size=m, world=World(1, 2),
-                look_ahead=ahead)
+                look_ahead=ahead, batches_ahead=0)  # no batch made ahead of the caller
     it = iter(dl)
     first = next(it)["input_ids"].numpy()
     cache.wait_for_prefetch()

@@ -42,6 +42,7 @@ import numpy as np
 
 from shardwise.errors import ConfigError, MissingExtraError, StateError
 from shardwise.read.loader import Loader, fetch_numpy, plan_sampler
+from shardwise.read.placement import Placement
 from shardwise.read.rows import Batch, stack_rows
 from shardwise.world import World
 
@@ -74,7 +75,7 @@ class ShardwiseDataLoader(TextDataLoaderBase):
         self.accumulation = self.examples // (micro * world.size)
         if hasattr(dataset, "__len__"):
             self._core: Loader | None = Loader(dataset, plan_sampler(
-                dataset, global_batch_size=self.examples, micro_batch_size=micro, world=world,
+                dataset, Placement(self.examples, micro), world=world,
                 what="shardwise.olmo.ShardwiseDataLoader"))
         else:
             self._core = None

@@ -41,12 +41,20 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from shardwise.checkpoint import LoaderState, Resumable
-from shardwise.errors import MissingExtraError
+from shardwise.errors import ConfigError, MissingExtraError
 from shardwise.integrations.guards import refuse_bare_lightning
 from shardwise.integrations.torch_batches import arrays, collate, pin
 from shardwise.integrations.torch_indices import PlacedLoader, PlacedSampler
 from shardwise.read.examples import Output, with_output
-from shardwise.read.loader import Loader, ahead_count, describe_line, plan_sampler
+from shardwise.read.loader import (
+    Loader,
+    ahead_count,
+    batches_ahead_count,
+    describe_line,
+    made_ahead,
+    plan_sampler,
+)
+from shardwise.read.placement import Placement
 from shardwise.read.sampler import BatchSampler
 from shardwise.world import World, keep_torch_groups
 
@@ -85,10 +93,12 @@ class ShardwiseLoader(PlacedLoader, Resumable, DataLoader):  # type: ignore[type
     state_kind = Loader.state_kind
 
     def __init__(self, dataset: Any, sampler: BatchSampler, *, look_ahead: int | None = 0,
-                 collate_fn: Callable[[Any], Any] | None = None, **kwargs: Any) -> None:
+                 collate_fn: Callable[[Any], Any] | None = None, batches_ahead: int = 0,
+                 **kwargs: Any) -> None:
         # the core lives on this plain attribute: DataLoader.__setattr__ runs Python checks
         # on every attribute set, which would cost each step
-        self._core = Loader(dataset, sampler, look_ahead=look_ahead)
+        self._core = Loader(dataset, sampler, look_ahead=look_ahead,
+                            batches_ahead=batches_ahead)
         self._placed = PlacedSampler(self._core.indices)
         fn = collate if collate_fn is None else collate_fn
         # workers send numpy arrays (one message) to a collate that takes them: it runs here
@@ -106,7 +116,8 @@ class ShardwiseLoader(PlacedLoader, Resumable, DataLoader):  # type: ignore[type
         refuse_bare_lightning("a shardwise loader")
         keep_torch_groups()  # a world resolved before init_process_group did not
         pos = self._core.begin()
-        batches = self._direct() if self._is_direct() else super().__iter__()
+        batches = (made_ahead(self._direct, self._core.batches_ahead) if self._is_direct()
+                   else super().__iter__())
         if self._here is not None:
             batches = self._collated(batches, self._here)
         try:
@@ -176,13 +187,15 @@ class ShardwiseLoader(PlacedLoader, Resumable, DataLoader):  # type: ignore[type
         return describe_line(type(self).__name__, self.dataset, self.describe())
 
 
-def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
-           world: World | None = None, num_workers: int = 0, sampler: str = "single",
-           seed: int = 0, data_sharding: bool = True, epochs: int | None = None,
+def loader(dataset: Any, *, global_batch_size: int | None = None,
+           micro_batch_size: int | None = None, world: World | None = None,
+           num_workers: int = 0, sampler: str = "single", seed: int = 0,
+           data_sharding: bool = True, epochs: int | None = None,
            total_samples: int | None = None, consumed: int = 0, pin_memory: bool = False,
            persistent_workers: bool = False, prefetch_factor: int | None = None,
            look_ahead: int | None = None, collate_fn: Callable[[Any], Any] | None = None,
            skip_steps: Iterable[Sequence[int]] | None = None, output: Output | None = None,
+           placement: Placement | None = None, batches_ahead: int | None = None,
            **dataloader_kwargs: Any) -> ShardwiseLoader:
     """This rank's loader over ``dataset`` (a TokenDataset or any map-style dataset).
 
@@ -202,23 +215,36 @@ def loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
     ``total_samples`` still count positions of the order, skipped ones included, so the
     run ends where it would without skips and never reads past its planned data.
     ``output``: the examples' form (:class:`~shardwise.read.examples.Output`), made in the
-    workers; ``expand(batch)`` restores a compact one on the device.
+    workers; ``expand(batch)`` restores a compact one on the device. ``placement``: the
+    placement's arguments as one :class:`~shardwise.read.placement.Placement` (a read
+    config's node; then leave them out). ``batches_ahead`` (no workers): micro-batches a
+    thread makes while the caller trains (default: 4 on an object store, 0 on local disk).
 
     >>> dl = loader(ds, global_batch_size=64, micro_batch_size=8,  # doctest: +SKIP
     ...             world=World(0, 2))
     """
-    batches = plan_sampler(dataset, global_batch_size=global_batch_size,
-                           micro_batch_size=micro_batch_size, world=world, sampler=sampler,
-                           seed=seed, data_sharding=data_sharding, epochs=epochs,
-                           total_samples=total_samples, consumed=consumed,
-                           skip_steps=skip_steps, what="shardwise.torch.loader",
+    placed = Placement.of(placement, global_batch_size=global_batch_size,
+                          micro_batch_size=micro_batch_size, sampler=sampler, seed=seed,
+                          data_sharding=data_sharding, epochs=epochs,
+                          total_samples=total_samples, skip_steps=skip_steps)
+    batches = plan_sampler(dataset, placed, world=world, consumed=consumed,
+                           what="shardwise.torch.loader",
                            iterable_fix="torch.utils.data.DataLoader(reader, "
                                         "batch_size=micro_batch_size)")
     return ShardwiseLoader(with_output(dataset, output), batches, num_workers=num_workers,
                            pin_memory=pin_memory, look_ahead=ahead_count(look_ahead),
+                           batches_ahead=_made_ahead(num_workers, batches_ahead, dataset),
                            collate_fn=collate_fn,
                            **_worker_options(num_workers, persistent_workers, prefetch_factor),
                            **dataloader_kwargs)
+
+
+def _made_ahead(workers: int, batches_ahead: int | None, dataset: Any) -> int:
+    """Micro-batches a thread makes ahead: none with worker processes (they do)."""
+    if workers and batches_ahead:
+        raise ConfigError(f"batches_ahead={batches_ahead} is for num_workers=0: worker "
+                          "processes make batches ahead themselves (prefetch_factor)")
+    return 0 if workers else batches_ahead_count(batches_ahead, dataset)
 
 
 def _worker_options(workers: int, persistent: bool, prefetch_factor: int | None

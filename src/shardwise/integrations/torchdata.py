@@ -37,8 +37,9 @@ from shardwise.errors import StateError
 from shardwise.integrations.guards import refuse_bare_lightning
 from shardwise.read.epochs import refuse_epoch_view
 from shardwise.read.guard import refuse_framework_sharding
-from shardwise.read.loader import sampler_state_config
-from shardwise.read.sampler import BatchSampler, SamplerKind, skip_from_steps
+from shardwise.read.loader import plan_sampler, sampler_state_config
+from shardwise.read.placement import Placement
+from shardwise.read.sampler import BatchSampler
 from shardwise.world import World
 
 
@@ -125,11 +126,14 @@ def batch_sampler(dataset: Any, *, global_batch_size: int, micro_batch_size: int
                   skip_steps: Iterable[Sequence[int]] | None = None) -> StatefulBatchSampler:
     """This rank's micro-batches of ``dataset`` for a ``StatefulDataLoader`` (arguments as
     :func:`shardwise.torch.loader`'s)."""
-    world = World.resolve(world, reader="shardwise.torchdata.batch_sampler")
-    kind = SamplerKind.parse(sampler)
-    return StatefulBatchSampler(dataset, BatchSampler(
-        len(dataset), global_batch_size, micro_batch_size, world, kind, seed, data_sharding,
-        consumed, total_samples, skip_from_steps(skip_steps, global_batch_size)))
+    placed = Placement.of(None, global_batch_size=global_batch_size,
+                          micro_batch_size=micro_batch_size, sampler=sampler, seed=seed,
+                          data_sharding=data_sharding, total_samples=total_samples,
+                          skip_steps=skip_steps)
+    return StatefulBatchSampler(dataset, plan_sampler(
+        dataset, placed, world=world, consumed=consumed,
+        what="shardwise.torchdata.batch_sampler",
+        iterable_fix="torchdata's StatefulDataLoader(reader, batch_size=micro_batch_size)"))
 
 
 __all__ = ["StatefulBatchSampler", "batch_sampler"]

@@ -2,25 +2,35 @@
 
 Why: "what did the model see at step N" (``shardwise trace``), a skip list and a blend
 schedule all need the run's read described outside the training script, in a form a tool
-can rebuild the readers from. The schema (names others rely on)::
+can rebuild the readers from. A read config is the tree of the run's nodes — the data
+(``cache``, or a ``blend`` of caches), the reader with its order (``reader``: the reader's
+frozen config, :mod:`shardwise.read.reader_config`, whose ``shuffle`` names the order and
+holds that order's own options) and the placement (``placement``:
+:class:`~shardwise.read.placement.Placement`) — and its JSON is that tree (names others
+rely on)::
 
-    {"cache": "cache/"                      # or a blend of caches:
+    {"cache": "cache/",                     # or a blend of caches:
      "blend": {"sources": {"web": "web/", "code": "code/"},
                "weights": {"web": 0.7, "code": 0.3}},   # or "schedule": [[step, {...}], ...]
                                              # (optional "length": the blend's nominal len)
-     "reader": "tokens",                     # tokens (global placement) | stream | sft
-     "seq_len": 2048, "seed": 0, "shuffle": "window",   # ...any other reader argument
-     "global_batch_size": 16, "micro_batch_size": 2, "world_size": 4,
-     "skip": [[100, 120]],                   # global steps [start, stop) left out
-     "tokenizer": "tokenizer.json"}          # optional: decode (trace --text)
+     "reader": {"kind": "tokens",           # tokens (global placement) | stream | sft
+                "seq_len": 2048, "seed": 0, "shuffle": "block", "block_size": 16},
+                                             # ...any other argument of that reader
+     "placement": {"global_batch_size": 16, "micro_batch_size": 2, "world_size": 4,
+                   "sampler": "single",     # single | cyclic (+ "seed", "data_sharding")
+                   "skip": [[100, 120]]},   # global steps [start, stop) left out
+     "tokenizer": "tokenizer.json"}         # optional: decode (trace --text)
+
+The flat form of earlier versions still reads (``"reader": "tokens"``, the reader's
+arguments, ``global_batch_size``, ``micro_batch_size``, ``world_size`` and ``skip`` at the
+top); :meth:`ReadConfig.to_dict` writes the tree.
 
 Steps are global batches of ``global_batch_size`` examples; ``skip`` and a ``schedule``'s
 steps become example positions (× ``global_batch_size``) for the sampler (a StreamDataset's
 own ``skip=`` under stream placement; ``sft`` takes no skip list) and the blend.
 :meth:`ReadConfig.from_state` rebuilds a config from a loader's saved state: the reader's
-config (:mod:`shardwise.read.reader_config`: the fields a reader is built from are the
-fields its state holds) and the skip list; never paths or the batch layout (give those),
-nor a blend's sources' options (its state holds their fingerprints).
+config, the placement's sampler and the skip list; never paths or the batch layout (give
+those), nor a blend's sources' options (its state holds their fingerprints).
 """
 
 from __future__ import annotations
@@ -33,20 +43,18 @@ from typing import Any
 
 import orjson
 
-from shardwise.checkpoint import RETIRED, SKIP_KEY, LoaderState, as_count
+from shardwise.checkpoint import RETIRED, SKIP_KEY, LoaderState
 from shardwise.choice import Choice
 from shardwise.errors import ConfigError
-from shardwise.read.loader import PLACEMENT_KEYS
-from shardwise.read.sampler import (
-    BatchSampler,
-    accumulation_steps,
-    refuse_skip,
-    skip_from_steps,
-)
+from shardwise.read.compose.schedule import blend_from_state, check_blend
+from shardwise.read.loader import LOADER_KIND, sampler_state_config
+from shardwise.read.placement import Placement, split_state
+from shardwise.read.reader_config import ReaderConfig
+from shardwise.read.sampler import BatchSampler, SamplerKind, refuse_skip
 from shardwise.world import World
 
 _LAYOUT = ("global_batch_size", "micro_batch_size", "world_size")
-_TOP = {"cache", "blend", "reader", "seq_len", "seed", "skip", "tokenizer", *_LAYOUT}
+_FLAT_TOP = {"cache", "blend", "reader", "skip", "tokenizer", *_LAYOUT}
 
 class ReaderKind(Choice):
     """Which reader a config builds: ``tokens`` (TokenDataset, global placement through
@@ -62,43 +70,74 @@ class ReaderKind(Choice):
 
 @dataclass(frozen=True)
 class ReadConfig:
-    """A parsed read config (see the module docs); ``options`` are the reader's other
-    keyword arguments, passed as they are."""
+    """A parsed read config (see the module docs): the reader's kind and ``config`` (its
+    frozen config, the order inside), the ``placement`` (``world_size`` set), the data
+    (``cache`` or ``blend``), and ``runtime``: the reader's other keyword arguments (where
+    and how fast it reads: ``verify``, ``prefetch_chunks``, ...), passed as they are."""
 
     reader: ReaderKind
-    seq_len: int
-    global_batch_size: int
-    micro_batch_size: int
-    world_size: int
+    config: ReaderConfig
+    placement: Placement
     cache: str | None = None
     blend: dict[str, Any] | None = None
-    seed: int = 0
-    skip: tuple[tuple[int, int], ...] = ()
     tokenizer: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
+    runtime: dict[str, Any] = field(default_factory=dict)
     where: str = "read config"
 
     def __post_init__(self) -> None:
         if (self.cache is None) == (self.blend is None):
             raise ConfigError(f"{self.where}: give exactly one of 'cache' (a path) and "
                               "'blend' ({\"sources\": {...}, \"weights\": {...}})")
-        for name in ("seq_len", *_LAYOUT):
-            object.__setattr__(self, name, as_count(getattr(self, name), name, minimum=1,
-                                                    error=ConfigError))
-        object.__setattr__(self, "seed", as_count(self.seed, "seed", error=ConfigError))
-        accumulation_steps(self.global_batch_size, self.micro_batch_size, self.world_size)
-        try:  # the sampler's own check of step ranges (pairs, 0 <= start < stop)
-            skip_from_steps(self.skip, self.global_batch_size)
-        except ConfigError as e:
-            raise ConfigError(f"{self.where}: {e}") from None
-        object.__setattr__(self, "skip", tuple(sorted((int(a), int(b)) for a, b in self.skip)))
+        if self.placement.world_size is None:
+            raise ConfigError(f"{self.where}: the placement needs world_size (a read config "
+                              "describes every rank)")
         if self.blend is not None:
-            _check_blend(self.blend, self.where)
+            check_blend(self.blend, self.where)
             if self.reader is not ReaderKind.TOKENS:
                 raise ConfigError(f"{self.where}: a blend reads map-style 'tokens' readers "
                                   f"through the loader, not reader={self.reader.value!r}")
+        p = self.placement
+        if self.reader is not ReaderKind.TOKENS and (
+                p.kind is not SamplerKind.SINGLE or p.seed or not p.data_sharding
+                or p.epochs is not None or p.total_samples is not None):
+            raise ConfigError(f"{self.where}: reader {self.reader.value!r} places its own "
+                              "examples (rank r's j-th is global j·R + r): its placement "
+                              "takes the batch layout and skip, not a sampler or a run length "
+                              "(those are the reader's own arguments)")
         if self.skip and self.reader is ReaderKind.SFT:
             refuse_skip(self.skip, f"{self.where}: reader {self.reader.value!r}")
+
+    # -- the nodes' fields, by the names of the flat form -------------------------------------
+    @property
+    def seq_len(self) -> int:
+        return int(self.config.seq_len)  # type: ignore[attr-defined]
+
+    @property
+    def seed(self) -> int:
+        return int(self.config.seed or 0)  # type: ignore[attr-defined]
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.placement.global_batch_size
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.placement.micro_batch_size
+
+    @property
+    def world_size(self) -> int:
+        return int(self.placement.world_size or 1)
+
+    @property
+    def skip(self) -> tuple[tuple[int, int], ...]:
+        """Global-step ranges left out (the placement's ``skip_steps``)."""
+        return self.placement.skip_steps
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The reader's arguments but ``seq_len`` and ``seed``, by name (plain JSON)."""
+        out = {k: v for k, v in self.config.options().items() if k not in ("seq_len", "seed")}
+        return {**out, **self.runtime}
 
     # -- derived ------------------------------------------------------------------------
     @property
@@ -108,7 +147,8 @@ class ReadConfig:
 
     def skip_examples(self) -> tuple[tuple[int, int], ...]:
         """``skip`` as half-open example ranges of the global order (steps × B)."""
-        return skip_from_steps(self.skip, self.global_batch_size)
+        return tuple((a * self.global_batch_size, b * self.global_batch_size)
+                     for a, b in self.skip)
 
     def schedule_examples(self) -> list[tuple[int, dict[str, float]]] | None:
         """A blend ``schedule`` with its steps as example positions (steps × B)."""
@@ -149,8 +189,7 @@ class ReadConfig:
 
     def sampler(self, n: int, world: World) -> BatchSampler:
         """The BatchSampler of ``world``'s rank over ``n`` examples per epoch."""
-        return BatchSampler(n, self.global_batch_size, self.micro_batch_size, world,
-                            skip=self.skip_examples())
+        return self.placement.batch_sampler(n, world)
 
     def _path(self) -> str:
         return str(self.cache)
@@ -172,10 +211,10 @@ class ReadConfig:
             raise ConfigError(f"{self.where}: {e}") from None
 
     def _call(self, cls: Any, *args: Any, **kwargs: Any) -> Any:
-        """``cls(*args, seq_len=, seed=, **options, **kwargs)``: the reader maps its
-        arguments into its config (an unknown one is a ConfigError naming its fields)."""
+        """``cls(*args, config, **runtime, **kwargs)``: the reader from its config node
+        (an unknown runtime argument is a ConfigError naming its fields)."""
         try:
-            return cls(*args, seq_len=self.seq_len, seed=self.seed, **self.options, **kwargs)
+            return cls(*args, self.config, **self.runtime, **kwargs)
         except ConfigError as e:
             raise ConfigError(f"{self.where}: {e}") from None
 
@@ -183,38 +222,48 @@ class ReadConfig:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], *, where: str = "read config",
                   base: Path | None = None) -> ReadConfig:
-        """From the JSON object; relative cache paths resolve against ``base``."""
+        """From the JSON object (the tree, or the flat form of earlier versions); relative
+        cache paths resolve against ``base``."""
         if not isinstance(d, Mapping):
             raise ConfigError(f"{where}: a read config is a JSON object, got "
                               f"{type(d).__name__}")
-        missing = [k for k in ("seq_len", *_LAYOUT) if k not in d]
-        if missing:
-            raise ConfigError(f"{where}: missing {missing}; a read config needs seq_len, "
-                              "global_batch_size, micro_batch_size and world_size")
+        tree = _as_tree(d, where)
+        node = dict(tree["reader"])
         try:
-            reader = ReaderKind.parse(d.get("reader", "tokens"))
+            kind = ReaderKind.parse(node.pop("kind", "tokens"))
         except ValueError as e:
             raise ConfigError(f"{where}: {e}") from None
-        cache, blend = d.get("cache"), d.get("blend")
+        if "seq_len" not in node:
+            raise ConfigError(f"{where}: missing ['seq_len']; a read config needs seq_len, "
+                              "global_batch_size, micro_batch_size and world_size")
+        node.setdefault("seed", 0)
+        config_class = reader_class(kind).config_class
+        names = config_class.argument_names()
+        try:
+            config = config_class.of(None, {k: v for k, v in node.items() if k in names})
+        except (ConfigError, TypeError, ValueError) as e:
+            raise ConfigError(f"{where}: {e}") from None
+        cache, blend = tree.get("cache"), tree.get("blend")
         if base is not None:
             cache = _resolve(cache, base)
             if isinstance(blend, Mapping) and isinstance(blend.get("sources"), Mapping):
                 blend = {**blend, "sources": {k: _resolve(v, base)
                                               for k, v in blend["sources"].items()}}
-        return cls(reader, d["seq_len"], d["global_batch_size"], d["micro_batch_size"],
-                   d["world_size"], cache=cache, blend=dict(blend) if blend else None,
-                   seed=d.get("seed", 0), skip=tuple(d.get("skip") or ()),
-                   tokenizer=_resolve(d.get("tokenizer"), base),
-                   options={k: v for k, v in d.items() if k not in _TOP}, where=where)
+        unknown = sorted(set(tree) - {"cache", "blend", "reader", "placement", "tokenizer"})
+        if unknown:
+            raise ConfigError(f"{where}: a read config has no {unknown} (its nodes are "
+                              "cache or blend, reader, placement, tokenizer)")
+        return cls(kind, config, Placement.from_dict(tree["placement"], where), cache=cache,
+                   blend=dict(blend) if blend else None,
+                   tokenizer=_resolve(tree.get("tokenizer"), base),
+                   runtime={k: v for k, v in node.items() if k not in names}, where=where)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object (the inverse of :meth:`from_dict`)."""
-        out: dict[str, Any] = {"reader": self.reader.value, "seq_len": self.seq_len,
-                               "seed": self.seed, **{k: getattr(self, k) for k in _LAYOUT},
-                               **self.options}
+        """The JSON object: the tree (the inverse of :meth:`from_dict`)."""
+        out: dict[str, Any] = {"reader": {"kind": self.reader.value, **self.config.options(),
+                                          **self.runtime},
+                               "placement": self.placement.to_dict()}
         out.update({"cache": self.cache} if self.cache is not None else {"blend": self.blend})
-        if self.skip:
-            out["skip"] = [list(r) for r in self.skip]
         if self.tokenizer is not None:
             out["tokenizer"] = self.tokenizer
         return out
@@ -223,32 +272,35 @@ class ReadConfig:
     def from_state(cls, state: Mapping[str, Any], **given: Any) -> ReadConfig:
         """The config of the run that saved ``state`` (a loader's, a StreamDataset's or a
         PackedSFT's ``state_dict()``). A state holds the reader's config (read back by
-        its ``config_class``) but no paths and no batch layout: ``given`` supplies those
-        (``cache``, or ``blend={"sources": {name: path}}``, whose mix the state holds;
-        ``global_batch_size``, ``micro_batch_size``, ``world_size``) and may override
-        any field. :func:`check_state` then proves the rebuilt reader is the saved one."""
+        its ``config_class``) and its sampler, but no paths and no batch layout: ``given``
+        supplies those (``cache``, or ``blend={"sources": {name: path}}``, whose mix the
+        state holds; ``global_batch_size``, ``micro_batch_size``, ``world_size``) and may
+        override any field, by its flat name. :func:`check_state` then proves the rebuilt
+        reader is the saved one."""
         st = LoaderState.from_dict(dict(state) if isinstance(state, Mapping) else state)
-        cfg = dict(st.config)
-        kind = next((k for k in ReaderKind if getattr(reader_class(k), "state_kind", None)
-                     == st.kind), ReaderKind.TOKENS)
-        d: dict[str, Any] = {"reader": kind.value}
+        cfg, kind = dict(st.config), _kind_of_state(st.kind)
+        reader: dict[str, Any] = {"kind": kind.value}
         if "blend" in cfg:  # a Blend's state (its sources' configs are theirs to give)
-            d.update(_blend_from_state(cfg, given))
+            reader.update(blend_from_state(cfg, given))
         else:
-            d.update(reader_class(kind).config_class.from_state(cfg))
-        skip = cfg.get(SKIP_KEY)
-        if skip and "skip" not in given and "global_batch_size" in given:
-            d["skip"] = _example_ranges_as_steps(skip, int(given["global_batch_size"]))
-        d.update(given)
-        blend = d.get("blend")
-        missing = [k for k in _LAYOUT if k not in d] + (
-            ["cache"] if blend is None and "cache" not in d else
+            reader.update(reader_class(kind).config_class.from_state(cfg))
+        placement = Placement.from_state(cfg, **given)
+        top: dict[str, Any] = {k: given.pop(k) for k in ("cache", "blend", "tokenizer")
+                               if k in given}
+        placement.update({k: given.pop(k) for k in (*_LAYOUT, "skip") if k in given})
+        reader.update(given)  # what is left names the reader's arguments
+        blend = reader.pop("blend", None) or top.get("blend")
+        if blend is not None:
+            top["blend"] = blend
+        missing = [k for k in _LAYOUT if k not in placement] + (
+            ["cache"] if blend is None and "cache" not in top else
             ["blend.sources"] if isinstance(blend, Mapping) and "sources" not in blend else [])
         if missing:
             raise ConfigError(f"a {st.kind!r} state holds the order, not {missing}: give "
                               f"them (trace --cache PATH, or --blend NAME=PATH ...; "
                               "--global-batch-size B --micro-batch-size M --world-size W)")
-        return cls.from_dict(d, where=f"the config of a {st.kind!r} state")
+        return cls.from_dict({**top, "reader": reader, "placement": placement},
+                             where=f"the config of a {st.kind!r} state")
 
 
 def reader_class(kind: ReaderKind) -> Any:
@@ -267,34 +319,22 @@ def reader_class(kind: ReaderKind) -> Any:
     return TokenDataset
 
 
-def _blend_from_state(cfg: Mapping[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """A read config's ``seed`` and ``blend`` (but its sources) from a Blend's state; a
-    given ``blend`` adds the sources and may replace the mix."""
-    from shardwise.read.compose.schedule import BlendConfig
-
-    c = BlendConfig(**BlendConfig.from_state(cfg))
-    blend: dict[str, Any] = {} if c.length is None else {"length": c.length}
-    if not c.schedule:
-        blend["weights"] = dict(zip(c.names, c.weights, strict=True))
-    elif "global_batch_size" in given:  # stage starts are examples; a config counts steps
-        b = int(given["global_batch_size"])
-        blend["schedule"] = [[0, dict(zip(c.names, c.weights, strict=True))]] + [
-            [_as_step(s, b, "blend stage"), dict(zip(c.names, w, strict=True))]
-            for s, w in c.schedule]
-    mine = dict(given.pop("blend", None) or {})
-    if "weights" in mine or "schedule" in mine:  # a mix given replaces the state's
-        blend = {k: v for k, v in blend.items() if k not in ("weights", "schedule")}
-    return {"seed": c.seed, "blend": {**blend, **mine}}
-
-
-def check_state(dataset: Any, state: Mapping[str, Any]) -> None:
+def check_state(dataset: Any, state: Mapping[str, Any],
+                sampler: BatchSampler | None = None) -> None:
     """Refuse a state the reader ``dataset`` (built from :meth:`ReadConfig.from_state`)
-    did not save: its order fields must be the state's, named when they differ (a
-    wrong ``--cache``, ``seq_len`` or seed would trace another run's data)."""
-    saved, mine = ({k: v for k, v in dict(c).items() if k not in PLACEMENT_KEYS}
-                   for c in (state.get("config", {}), dataset.state_config()))
+    and its ``sampler`` did not save: the order's fields and the placement's must be the
+    state's, named when they differ (a wrong ``--cache``, ``seq_len``, seed or sampler
+    would trace another run's data). Without a sampler (a reader that places itself, or
+    the order alone) the placement's part is not compared; the skip list never is (a
+    config's own skip list is what it traces)."""
+    saved = dict(state.get("config", {}))
+    mine = (sampler_state_config(dataset, sampler) if sampler is not None
+            else dict(dataset.state_config()))
+    if sampler is None:
+        saved, mine = split_state(saved)[0], split_state(mine)[0]
     diffs = [f"{k}: state has {saved.get(k)!r}, this config has {mine.get(k)!r}"
-             for k in sorted(set(saved) | set(mine)) if saved.get(k) != mine.get(k)
+             for k in sorted(set(saved) | set(mine) - {SKIP_KEY})
+             if saved.get(k) != mine.get(k)
              and not (k in RETIRED and k not in mine)]  # keys a state held before: no-ops
     if diffs:
         raise ConfigError("the state was saved by another read than this config "
@@ -313,34 +353,38 @@ def load_read_config(path: str | os.PathLike[str]) -> ReadConfig:
     return ReadConfig.from_dict(data, where=str(p), base=p.parent)
 
 
+def _kind_of_state(kind: str) -> ReaderKind:
+    """The reader a state of ``kind`` was saved by; ConfigError for a kind a read config
+    cannot rebuild (records, a blend of streams, a custom reader)."""
+    if kind == LOADER_KIND:
+        return ReaderKind.TOKENS
+    for k in (ReaderKind.STREAM, ReaderKind.SFT):
+        if reader_class(k).state_kind == kind:
+            return k
+    raise ConfigError(f"a read config rebuilds a shardwise loader's state (a TokenDataset or "
+                      f"Blend through the loader), a StreamDataset's or a PackedSFT's; this "
+                      f"state's kind is {kind!r}")
+
+
+def _as_tree(d: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A read config's JSON as the tree (the flat form's keys moved into their nodes)."""
+    if isinstance(d.get("reader"), Mapping) or "placement" in d:
+        missing = [k for k in ("reader", "placement") if not isinstance(d.get(k), Mapping)]
+        if missing:
+            raise ConfigError(f"{where}: a read config's nodes {missing} are JSON objects")
+        return dict(d)
+    missing = [k for k in ("seq_len", *_LAYOUT) if k not in d]
+    if missing:
+        raise ConfigError(f"{where}: missing {missing}; a read config needs seq_len, "
+                          "global_batch_size, micro_batch_size and world_size")
+    tree = {k: d[k] for k in ("cache", "blend", "tokenizer") if k in d}
+    tree["reader"] = {"kind": d.get("reader", "tokens"),
+                      **{k: v for k, v in d.items() if k not in _FLAT_TOP}}
+    tree["placement"] = {k: d[k] for k in (*_LAYOUT, "skip") if k in d}
+    return tree
+
+
 def _resolve(value: Any, base: Path | None) -> Any:
     if base is None or not isinstance(value, str) or "://" in value or os.path.isabs(value):
         return value
     return str(base / value)
-
-
-def _example_ranges_as_steps(ranges: Any, b: int) -> list[list[int]]:
-    return [[_as_step(a, b, "skip range"), _as_step(z, b, "skip range")] for a, z in ranges]
-
-
-def _as_step(example: int, b: int, what: str) -> int:
-    if example % b:
-        raise ConfigError(f"the state's {what} starting or ending at example {example} is not "
-                          f"whole steps of global_batch_size={b}; give it in steps")
-    return int(example) // b
-
-
-def _check_blend(blend: Mapping[str, Any], where: str) -> None:
-    srcs = blend.get("sources")
-    if not isinstance(srcs, Mapping) or not srcs:
-        raise ConfigError(f"{where}: blend.sources must map names to cache paths")
-    has_w, has_s = "weights" in blend, "schedule" in blend
-    if has_w == has_s:
-        raise ConfigError(f"{where}: a blend has 'weights' or a 'schedule', exactly one")
-    stages = [blend["weights"]] if has_w else [w for _, w in blend["schedule"]]
-    for w in stages:
-        unknown = set(w) - set(srcs) if isinstance(w, Mapping) else {"(not an object)"}
-        if unknown:
-            raise ConfigError(f"{where}: blend weights name {sorted(unknown)}, which are not "
-                              f"among its sources {sorted(srcs)}")
-

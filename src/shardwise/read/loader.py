@@ -28,20 +28,59 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-from shardwise.checkpoint import SKIP_KEY, Configured, LoaderState, Resumable, as_count
+from shardwise.checkpoint import Configured, LoaderState, Resumable, as_count
+from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import ConfigError, StateError
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import refuse_epoch_view
 from shardwise.read.examples import Output, with_output
 from shardwise.read.guard import refuse_framework_sharding
+from shardwise.read.placement import Placement
 from shardwise.read.rows import Batch, stack_rows, stacked
-from shardwise.read.sampler import BatchSampler, SamplerKind, skip_from_steps
+from shardwise.read.sampler import BatchSampler, SamplerKind
 from shardwise.world import World
 
+T = TypeVar("T")
 LOADER_KIND = "torch_loader"  # the state kind of shardwise's loader (numpy and torch)
 MAX_LOOK_AHEAD = 1024  # micro-batches whose indices the adaptive look-ahead holds at most
+BATCHES_AHEAD = 4  # micro-batches made ahead on a thread by default, for a remote cache
+
+
+def reads_remotely(dataset: Any) -> bool:
+    """Whether ``dataset`` (or a source of a blend) reads a cache whose store downloads
+    ahead (an object store: worth a prefetch, and batches made ahead)."""
+    sources = getattr(dataset, "sources", None)
+    if isinstance(sources, Sequence) and sources:
+        return any(reads_remotely(d) for d in sources)
+    store = getattr(getattr(dataset, "cache", None), "store", None)
+    return bool(getattr(store, "prefetches", False))
+
+
+def made_ahead(batches: Callable[[], Iterator[T]], depth: int) -> Iterator[T]:
+    """The items of ``batches()``, made ``depth`` ahead on one thread while the caller
+    trains (:class:`~shardwise.concurrency.readahead.ReadAhead`: errors re-raised here,
+    the thread stopped when the caller stops); ``depth`` 0: made here, on demand.
+
+    Why: a batch's own reading time, and a chunk that arrives late, are waited for in the
+    training loop unless the batch was made during the step before. Only the batches
+    handed over count as received, so the position (and a state saved) is unchanged."""
+    if depth == 0:
+        yield from batches()
+        return
+    ahead = ReadAhead(batches, name="shardwise-batches-ahead", depth=depth)
+    try:
+        yield from ahead
+    finally:
+        ahead.close()
+
+
+def batches_ahead_count(batches_ahead: int | None, dataset: Any) -> int:
+    """``batches_ahead`` checked; None: :data:`BATCHES_AHEAD` for a remote cache, else 0."""
+    if batches_ahead is None:
+        return BATCHES_AHEAD if reads_remotely(dataset) else 0
+    return as_count(batches_ahead, "batches_ahead", error=ConfigError)
 
 
 def look_ahead(batches: Iterator[list[int]], prefetch: Callable[[list[int]], bool | None],
@@ -143,8 +182,8 @@ class Loader(Resumable):
     state_kind = LOADER_KIND
 
     def __init__(self, dataset: Any, sampler: BatchSampler, *,
-                 look_ahead: int | None = 0) -> None:
-        self.dataset = dataset
+                 look_ahead: int | None = 0, batches_ahead: int = 0) -> None:
+        self.dataset, self.batches_ahead = dataset, batches_ahead
         self.indices = IndexStream(sampler, getattr(dataset, "prefetch", None), look_ahead)
 
     @property
@@ -161,9 +200,9 @@ class Loader(Resumable):
         return len(self.indices)
 
     def __iter__(self) -> Iterator[Batch]:
-        pos = self.begin()
-        for indices in pos:
-            batch = fetch_numpy(self.dataset, indices)
+        pos, ds = self.begin(), self.dataset
+        for batch in made_ahead(lambda: (fetch_numpy(ds, ix) for ix in pos),
+                                self.batches_ahead):
             pos.received += 1
             yield batch
 
@@ -206,6 +245,7 @@ class Loader(Resumable):
                 "global_batch_size": s.global_batch_size,
                 "micro_batch_size": s.micro_batch_size,
                 "world": f"{s.world.rank}/{s.world.size}", "epoch_examples": s.n,
+                "batches_ahead": self.batches_ahead,
                 "run_examples": s.end, "consumed": self.consumed,
                 "skip": [list(r) for r in s.skip],
                 "drops": [d.to_dict() for d in drops], "padding": s.padding(),
@@ -225,30 +265,13 @@ def describe_line(name: str, dataset: Any, d: dict[str, Any]) -> str:
             f"at {d['consumed']:,}; {d['summary']}{pad})")
 
 
-PLACEMENT_KEYS = frozenset({"sampler", "sampler_seed", "data_sharding", "world_size",
-                            "epoch_examples", SKIP_KEY})
-"""The keys :func:`sampler_state_config` adds to a dataset's config: how its examples are
-placed, not what they are (a read config rebuilds the order without them)."""
-
-
 def sampler_state_config(dataset: Any, s: BatchSampler) -> dict[str, Any]:
-    """The dataset's config (its order) and the sampler's (how it is placed): what a
-    state of a shardwise loader (or of :mod:`shardwise.integrations.torchdata`'s sampler)
-    must match."""
+    """The dataset's config (its order) and the sampler's (how it is placed,
+    :meth:`BatchSampler.state`): what a state of a shardwise loader (or of
+    :mod:`shardwise.integrations.torchdata`'s sampler) must match."""
     cfg = dict(dataset.state_config()) if isinstance(dataset, Configured) else {
         "dataset": type(dataset).__qualname__, "len": len(dataset)}
-    cfg["sampler"] = s.kind.value
-    if s.kind is SamplerKind.CYCLIC:
-        cfg.update(sampler_seed=s.seed, data_sharding=s.data_sharding)
-        if s.data_sharding:
-            cfg["world_size"] = s.world.size  # the order depends on it
-        if s.n % s.step_examples:  # so does the epoch: whole steps of m × W
-            cfg["epoch_examples"] = s.n - s.n % s.step_examples
-    if s.kind is SamplerKind.EVAL:
-        cfg["world_size"] = s.world.size
-    if s.skip:  # compared by its own rule on resume (checkpoint.SKIP_KEY); absent when empty,
-        cfg[SKIP_KEY] = [list(r) for r in s.skip]  # so states without skips keep their prints
-    return cfg
+    return {**cfg, **s.state()}
 
 
 def dataset_drops(dataset: Any) -> list[Drop]:
@@ -282,26 +305,15 @@ def _map_style_len(dataset: Any, what: str, fix: str) -> int:
     return len(dataset)
 
 
-def plan_sampler(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
-                 world: World | None = None, sampler: str = "single", seed: int = 0,
-                 data_sharding: bool = True, epochs: int | None = None,
-                 total_samples: int | None = None, consumed: int = 0,
-                 skip_steps: Iterable[Sequence[int]] | None = None,
-                 what: str = "shardwise.numpy_loader",
+def plan_sampler(dataset: Any, placement: Placement, *, world: World | None = None,
+                 consumed: int = 0, what: str = "shardwise.numpy_loader",
                  iterable_fix: str = "a plain loop batching what it yields") -> BatchSampler:
-    """The batch sampler of a loader's arguments (see :func:`numpy_loader`), checked: the
-    one place both loaders (numpy, torch) turn their arguments into a placement.
+    """The batch sampler of ``placement`` over ``dataset`` for this rank, checked: the one
+    place every loader (numpy, torch, OLMo's, torchdata's sampler) places a dataset.
     ``what``/``iterable_fix``: the loader, and what an iterable reader takes instead."""
-    kind, n = SamplerKind.parse(sampler), _map_style_len(dataset, what, iterable_fix)
-    world = World.resolve(world, reader=what)
-    if epochs is not None and total_samples is not None:
-        raise ConfigError("give epochs or total_samples, not both")
-    total = (total_samples if epochs is None
-             else as_count(epochs, "epochs", minimum=1, error=ConfigError) * n)
-    batches = BatchSampler(n, global_batch_size, micro_batch_size, world, kind,
-                           seed, data_sharding, as_count(consumed, "consumed"), total,
-                           skip_from_steps(skip_steps, global_batch_size))
-    if kind is SamplerKind.EVAL:
+    n = _map_style_len(dataset, what, iterable_fix)
+    batches = placement.batch_sampler(n, World.resolve(world, reader=what), consumed)
+    if batches.kind is SamplerKind.EVAL:
         _check_eval(dataset, batches)
     return batches
 
@@ -311,13 +323,14 @@ def ahead_count(look_ahead: int | None) -> int | None:
                                                     error=ConfigError)
 
 
-def numpy_loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
-                 world: World | None = None, sampler: str = "single", seed: int = 0,
-                 data_sharding: bool = True, epochs: int | None = None,
-                 total_samples: int | None = None, consumed: int = 0,
+def numpy_loader(dataset: Any, *, global_batch_size: int | None = None,
+                 micro_batch_size: int | None = None, world: World | None = None,
+                 sampler: str = "single", seed: int = 0, data_sharding: bool = True,
+                 epochs: int | None = None, total_samples: int | None = None, consumed: int = 0,
                  look_ahead: int | None = None,
                  skip_steps: Iterable[Sequence[int]] | None = None,
-                 output: Output | None = None) -> Loader:
+                 output: Output | None = None, placement: Placement | None = None,
+                 batches_ahead: int | None = None) -> Loader:
     """This rank's loader over ``dataset`` (a TokenDataset, a Blend or any map-style
     dataset), yielding dicts of numpy arrays; no torch needed.
 
@@ -328,18 +341,24 @@ def numpy_loader(dataset: Any, *, global_batch_size: int, micro_batch_size: int,
     (the dataset's global order), ``cyclic`` (Megatron's) or ``eval`` (one padded pass);
     ``look_ahead`` prefetches a remote cache's coming chunks; ``skip_steps`` leaves global
     steps out; ``output``: the examples' form (:class:`~shardwise.read.examples.Output`,
-    e.g. ``Output(dtype="int32")`` for JAX).
+    e.g. ``Output(dtype="int32")`` for JAX); ``placement``: all of the placement's
+    arguments as one :class:`~shardwise.read.placement.Placement` (then leave them out);
+    ``batches_ahead``: micro-batches made ahead on a thread while the caller trains
+    (default: :data:`BATCHES_AHEAD` for a cache on an object store, 0 for a local one,
+    whose batches take microseconds).
 
     >>> dl = numpy_loader(ds, global_batch_size=64, micro_batch_size=8,  # doctest: +SKIP
     ...                   world=World(0, 2))
     """
-    batches = plan_sampler(dataset, global_batch_size=global_batch_size,
-                           micro_batch_size=micro_batch_size, world=world, sampler=sampler,
-                           seed=seed, data_sharding=data_sharding, epochs=epochs,
-                           total_samples=total_samples, consumed=consumed,
-                           skip_steps=skip_steps)
-    return Loader(with_output(dataset, output), batches, look_ahead=ahead_count(look_ahead))
+    placed = Placement.of(placement, global_batch_size=global_batch_size,
+                          micro_batch_size=micro_batch_size, sampler=sampler, seed=seed,
+                          data_sharding=data_sharding, epochs=epochs,
+                          total_samples=total_samples, skip_steps=skip_steps)
+    batches = plan_sampler(dataset, placed, world=world, consumed=consumed)
+    return Loader(with_output(dataset, output), batches, look_ahead=ahead_count(look_ahead),
+                  batches_ahead=batches_ahead_count(batches_ahead, dataset))
 
 
-__all__ = ["LOADER_KIND", "PLACEMENT_KEYS", "IndexStream", "Loader", "fetch_numpy",
-           "look_ahead", "numpy_loader", "plan_sampler", "sampler_state_config"]
+__all__ = ["LOADER_KIND", "IndexStream", "Loader", "fetch_numpy",
+           "look_ahead", "made_ahead", "numpy_loader", "plan_sampler", "reads_remotely",
+           "sampler_state_config"]

@@ -86,6 +86,12 @@ class ReaderConfig:
             raise ConfigError(f"{cls.reader} needs {missing} (or config={cls.__name__}(...))")
         return cls(**options)
 
+    @classmethod
+    def argument_names(cls) -> set[str]:
+        """The keyword arguments of a reader that :meth:`of` takes into this config (a
+        reader's others are about where and how fast it reads, not what)."""
+        return {f.name for f in fields(cls)}  # type: ignore[arg-type]
+
     def state(self) -> dict[str, Any]:
         """The fields as a state's config holds them (plain JSON, under their state keys)."""
         out: dict[str, Any] = {}

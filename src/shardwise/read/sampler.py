@@ -37,9 +37,9 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from shardwise.checkpoint import as_count, check_not_past_end
+from shardwise.checkpoint import SKIP_KEY, as_count, check_not_past_end
 from shardwise.choice import Choice
 from shardwise.errors import ConfigError
 from shardwise.plan.batches import (
@@ -188,6 +188,10 @@ class BatchSampler:
     total: int | None = None
     skip: Skip = ()
 
+    STATE_KEYS: ClassVar[frozenset[str]] = frozenset({
+        "sampler", "sampler_seed", "data_sharding", "world_size", "epoch_examples", SKIP_KEY})
+    """The keys :meth:`state` adds to a dataset's config in a loader's state."""
+
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "micro_batch_size"):
             object.__setattr__(self, name, as_count(getattr(self, name), name, minimum=1,
@@ -217,6 +221,23 @@ class BatchSampler:
             return num_eval_steps(self.n, world_size=self.world.size,
                                   micro_batch_size=self.micro_batch_size) * self.step_examples
         return self.total
+
+    def state(self) -> dict[str, Any]:
+        """What this sampler adds to a state's config: how the dataset's examples are
+        placed, as far as it decides *which* examples a position reads (never the batch
+        sizes: another global batch size continues the same order)."""
+        cfg: dict[str, Any] = {"sampler": self.kind.value}
+        if self.kind is SamplerKind.CYCLIC:
+            cfg.update(sampler_seed=self.seed, data_sharding=self.data_sharding)
+            if self.data_sharding:
+                cfg["world_size"] = self.world.size  # the order depends on it
+            if self.n % self.step_examples:  # so does the epoch: whole steps of m × W
+                cfg["epoch_examples"] = self.n - self.n % self.step_examples
+        if self.kind is SamplerKind.EVAL:
+            cfg["world_size"] = self.world.size
+        if self.skip:  # compared by its own rule on resume (checkpoint.SKIP_KEY); absent
+            cfg[SKIP_KEY] = [list(r) for r in self.skip]  # when empty: prints stay the same
+        return cfg
 
     def check_in_run(self, consumed: int) -> None:
         """StateError if ``consumed`` is past the end of a finite run."""

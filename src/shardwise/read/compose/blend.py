@@ -63,7 +63,6 @@ from shardwise.read.compose.blend_rows import (
     assemble,
     locate_sources,
     prefetch_sources,
-    remote,
     source_output,
 )
 from shardwise.read.compose.schedule import BlendConfig, Weights, mixture
@@ -71,6 +70,7 @@ from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import EpochView
 from shardwise.read.examples import NEXT_TOKEN, Output, check_same_layout
 from shardwise.read.guard import GuardedReader, Placed, PlacedByLoader
+from shardwise.read.loader import reads_remotely
 from shardwise.read.orders import PAD
 from shardwise.read.reader_config import source_identity
 from shardwise.read.rows import ROW_FREE, Rows, own_example, stacked
@@ -183,7 +183,7 @@ class Blend(GuardedReader, PlacedByLoader, EpochView, Resumable):
         """Start downloading the chunks examples ``indices`` read, for each source on an
         object store (through :meth:`locate`); True when a cache wants the coming
         examples sooner (``TokenDataset.prefetch``)."""
-        if not any(remote(d) for d in self.sources):
+        if not reads_remotely(self):
             return False
         idx = np.asarray(self.positions(list(indices)), dtype=np.int64)
         return prefetch_sources(self.sources, self.locate(idx[idx >= 0]))

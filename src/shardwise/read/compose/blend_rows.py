@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from shardwise.errors import ConfigError
 from shardwise.read.examples import DEFAULT_OUTPUT, Output
+from shardwise.read.loader import reads_remotely
 from shardwise.read.orders import Runs
 from shardwise.read.rows import ROW_FREE
 from shardwise.read.tokens.dataset import TokenDataset
@@ -47,18 +48,12 @@ def locate_sources(sources: Sequence[Any], src: IntArray, off: IntArray,
     return BlendRuns(src, off, runs)
 
 
-def remote(ds: Any) -> bool:
-    """Whether ``ds`` reads a cache whose store downloads ahead (worth a prefetch)."""
-    store = getattr(getattr(ds, "cache", None), "store", None)
-    return bool(getattr(store, "prefetches", False))
-
-
 def prefetch_sources(sources: Sequence[Any], where: BlendRuns) -> bool:
     """Prefetch each remote source's chunks of ``where``; whether any cache wants the
     coming examples sooner (``Cache.prefetch``)."""
     more = False
     for ds, runs in zip(sources, where.runs, strict=True):
-        if runs is not None and remote(ds):
+        if runs is not None and reads_remotely(ds):
             more = bool(ds.cache.prefetch(runs.chunks())) or more
     return more
 
@@ -98,8 +93,7 @@ def cu_seqlens(parts: list[tuple[npt.NDArray[np.intp], Batch]], n: int, L: int
     return flat, np.asarray(int(np.diff(flat).max()) if n else 0, np.int32)
 
 
-__all__ = ["BlendRuns", "assemble", "cu_seqlens", "locate_sources", "prefetch_sources",
-           "remote"]
+__all__ = ["BlendRuns", "assemble", "cu_seqlens", "locate_sources", "prefetch_sources"]
 
 
 def source_output(sources: list[Any], output: Output) -> tuple[Output, np.dtype[Any]]:

@@ -23,6 +23,7 @@ import numpy.typing as npt
 from shardwise.checkpoint import as_count
 from shardwise.errors import ConfigError
 from shardwise.plan.blend import normalize_weights
+from shardwise.read.placement import as_step
 from shardwise.read.reader_config import ReaderConfig, staged_field, state_key
 
 Weights: TypeAlias = "Sequence[float] | Mapping[str, float]"
@@ -156,3 +157,38 @@ def mix_by_steps(stages: Stages, names: Sequence[str], global_batch_size: int, s
         label = f"step {a}" if b == a + 1 else f"steps {a}-{b - 1}"
         out.append((label, {n: float(x) for n, x in zip(names, share, strict=True) if x}))
     return out
+
+
+# -- a read config's blend node (shardwise.read.config) ----------------------------------
+def blend_from_state(cfg: Mapping[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """A read config's blend node: ``seed`` and ``blend`` (but its sources) from a Blend's state; a
+    given ``blend`` adds the sources and may replace the mix."""
+    c = BlendConfig(**BlendConfig.from_state(cfg))
+    blend: dict[str, Any] = {} if c.length is None else {"length": c.length}
+    if not c.schedule:
+        blend["weights"] = dict(zip(c.names, c.weights, strict=True))
+    elif "global_batch_size" in given:  # stage starts are examples; a config counts steps
+        b = int(given["global_batch_size"])
+        blend["schedule"] = [[0, dict(zip(c.names, c.weights, strict=True))]] + [
+            [as_step(s, b, "blend stage"), dict(zip(c.names, w, strict=True))]
+            for s, w in c.schedule]
+    mine = dict(given.pop("blend", None) or {})
+    if "weights" in mine or "schedule" in mine:  # a mix given replaces the state's
+        blend = {k: v for k, v in blend.items() if k not in ("weights", "schedule")}
+    return {"seed": c.seed, "blend": {**blend, **mine}}
+
+
+def check_blend(blend: Mapping[str, Any], where: str) -> None:
+    """A read config's blend node: sources, and weights or a schedule naming them."""
+    srcs = blend.get("sources")
+    if not isinstance(srcs, Mapping) or not srcs:
+        raise ConfigError(f"{where}: blend.sources must map names to cache paths")
+    has_w, has_s = "weights" in blend, "schedule" in blend
+    if has_w == has_s:
+        raise ConfigError(f"{where}: a blend has 'weights' or a 'schedule', exactly one")
+    stages = [blend["weights"]] if has_w else [w for _, w in blend["schedule"]]
+    for w in stages:
+        unknown = set(w) - set(srcs) if isinstance(w, Mapping) else {"(not an object)"}
+        if unknown:
+            raise ConfigError(f"{where}: blend weights name {sorted(unknown)}, which are not "
+                              f"among its sources {sorted(srcs)}")

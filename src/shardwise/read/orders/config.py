@@ -24,7 +24,13 @@ from typing import Any, TypeVar
 
 from shardwise.checkpoint import RETIRED
 from shardwise.errors import ConfigError
-from shardwise.read.orders.base import OrderOptions, option_names, order_class, order_options
+from shardwise.read.orders.base import (
+    ORDERS,
+    OrderOptions,
+    option_names,
+    order_class,
+    order_options,
+)
 from shardwise.read.reader_config import ReaderConfig, plain
 
 C = TypeVar("C", bound="OrderedConfig")
@@ -70,6 +76,13 @@ class OrderedConfig(ReaderConfig):
         if "order" not in options:
             rest["order"] = order
         return super().of(config, rest)  # type: ignore[misc]
+
+    @classmethod
+    def argument_names(cls) -> set[str]:
+        """The fields but ``order``, and every registered order's options (one of another
+        order than ``shuffle``'s is refused by :meth:`of`, naming its order)."""
+        orders = {n for c in ORDERS.values() for n in option_names(c.Options)}
+        return (super().argument_names() - {"order"}) | orders
 
     def options_of_order(self) -> dict[str, Any]:
         """The order's own options, by name (plain JSON)."""

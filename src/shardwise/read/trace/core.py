@@ -117,9 +117,9 @@ class Tracer:
                  state: Mapping[str, Any] | None = None) -> None:
         self.config, self.lines, self.decode = config, lines, decode
         self.ids = ids or decode is not None
-        self.dataset, _ = config.build(rank=0, caches=caches)
+        self.dataset, sampler = config.build(rank=0, caches=caches)
         if state is not None:
-            check_state(self.dataset, state)
+            check_state(self.dataset, state, sampler)
             # a loader state's seek hints (a Blend's per-source counts at its position)
             # make looking up examples near that position O(1), not O(position)
             if hasattr(self.dataset, "apply_seek_hints"):
