@@ -101,4 +101,5 @@ def test_a_read_through_the_proxy_keeps_the_local_copy_within_local_bytes(
     assert len(peaks) > 20 and max(peaks) <= bound, (max(peaks), bound)
     assert cache.store.downloads.evicted > 0, "the bound was never reached; the test is too weak"
     assert stats["fetch_s"] is not None and stats["fetch_s"] >= LATENCY / 2  # measured, real
+    assert stats["reader_paced_by_caller"]  # the batches made ahead: the caller's pace
     assert cache.store.downloads.evicted_pinned == 0  # nothing downloaded ahead was thrown away

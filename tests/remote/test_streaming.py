@@ -125,6 +125,32 @@ def test_a_reader_faster_than_ranged_reads_waits_for_the_downloads() -> None:
     assert arriving.own_s == pytest.approx(0.02, rel=0.05)
 
 
+def test_batches_made_ahead_are_paced_by_the_caller_not_the_thread() -> None:
+    """With batches made ahead on a thread, the thread asks again as soon as its queue
+    has room, back to back while it is behind: that read as a reader flat out, and every
+    batch waited for whole chunks (a 2 s wait in a 20 ms step, in the bench). The caller's
+    own time, measured where it trains (``paced``), is the pace."""
+    now = [0.0]
+    arriving = Arriving(clock=lambda: now[0])
+    arriving.least_rtt_s = 0.08
+    arriving.paced(None)  # the loader's made-ahead thread starts
+    for _ in range(10):
+        arriving.asked()  # the thread: 50 ms of ranged GETs, then at once the next
+        now[0] += 0.05
+        arriving.handed()
+        arriving.paced(0.02)  # the caller: 20 ms of training between its batches
+    arriving.asked()
+    assert arriving.serves() and arriving.own_s == pytest.approx(0.02)
+    unpaced = Arriving(clock=lambda: now[0])
+    unpaced.least_rtt_s = 0.08
+    for _ in range(10):  # the same thread without the caller's pace: "flat out"
+        unpaced.asked()
+        now[0] += 0.05
+        unpaced.handed()
+    unpaced.asked()
+    assert not unpaced.serves()
+
+
 def test_a_download_past_its_expected_end_is_away_not_landing() -> None:
     """The first of several downloads at once sets ``fetch_s``; one still running past
     its start plus that was read as 'ends now' (eta 0) and a batch waited seconds for

@@ -53,6 +53,7 @@ from shardwise.read.loader import (
     describe_line,
     made_ahead,
     plan_sampler,
+    reader_pace,
 )
 from shardwise.read.placement import Placement
 from shardwise.read.sampler import BatchSampler
@@ -116,8 +117,9 @@ class ShardwiseLoader(PlacedLoader, Resumable, DataLoader):  # type: ignore[type
         refuse_bare_lightning("a shardwise loader")
         keep_torch_groups()  # a world resolved before init_process_group did not
         pos = self._core.begin()
-        batches = (made_ahead(self._direct, self._core.batches_ahead) if self._is_direct()
-                   else super().__iter__())
+        batches = (made_ahead(self._direct, self._core.batches_ahead,
+                              reader_pace(self.dataset))
+                   if self._is_direct() else super().__iter__())
         if self._here is not None:
             batches = self._collated(batches, self._here)
         try:

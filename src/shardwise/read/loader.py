@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -43,6 +44,7 @@ from shardwise.read.sampler import BatchSampler, SamplerKind
 from shardwise.world import World
 
 T = TypeVar("T")
+_DONE: Any = object()
 LOADER_KIND = "torch_loader"  # the state kind of shardwise's loader (numpy and torch)
 MAX_LOOK_AHEAD = 1024  # micro-batches whose indices the adaptive look-ahead holds at most
 BATCHES_AHEAD = 4  # micro-batches made ahead on a thread by default, for a remote cache
@@ -58,20 +60,46 @@ def reads_remotely(dataset: Any) -> bool:
     return bool(getattr(store, "prefetches", False))
 
 
-def made_ahead(batches: Callable[[], Iterator[T]], depth: int) -> Iterator[T]:
+def reader_pace(dataset: Any) -> Callable[[float | None], None] | None:
+    """What takes the caller's own time per batch: ``dataset.reader_pace`` (a blend's
+    sources', each); None if nothing does."""
+    sources = getattr(dataset, "sources", None)
+    readers = sources if isinstance(sources, Sequence) and sources else [dataset]
+    paces = [p for p in (getattr(d, "reader_pace", None) for d in readers) if p is not None]
+
+    def pace(own_s: float | None) -> None:
+        for p in paces:
+            p(own_s)
+    return pace if paces else None
+
+
+def made_ahead(batches: Callable[[], Iterator[T]], depth: int,
+               pace: Callable[[float | None], None] | None = None) -> Iterator[T]:
     """The items of ``batches()``, made ``depth`` ahead on one thread while the caller
     trains (:class:`~shardwise.concurrency.readahead.ReadAhead`: errors re-raised here,
     the thread stopped when the caller stops); ``depth`` 0: made here, on demand.
 
     Why: a batch's own reading time, and a chunk that arrives late, are waited for in the
     training loop unless the batch was made during the step before. Only the batches
-    handed over count as received, so the position (and a state saved) is unchanged."""
+    handed over count as received, so the position (and a state saved) is unchanged.
+    ``pace`` (a dataset's ``reader_pace``) gets the caller's own time on each batch, its
+    waits excluded: the pace a remote cache reads ahead by is the caller's, not the
+    thread's."""
     if depth == 0:
         yield from batches()
         return
-    ahead = ReadAhead(batches, name="shardwise-batches-ahead", depth=depth)
+    ahead, handed = ReadAhead(batches, name="shardwise-batches-ahead", depth=depth), None
+    if pace is not None:
+        pace(None)
     try:
-        yield from ahead
+        while True:
+            if pace is not None and handed is not None:
+                pace(time.monotonic() - handed)
+            item = ahead.get(_DONE)
+            if item is _DONE:
+                return
+            handed = time.monotonic()
+            yield item
     finally:
         ahead.close()
 
@@ -202,7 +230,7 @@ class Loader(Resumable):
     def __iter__(self) -> Iterator[Batch]:
         pos, ds = self.begin(), self.dataset
         for batch in made_ahead(lambda: (fetch_numpy(ds, ix) for ix in pos),
-                                self.batches_ahead):
+                                self.batches_ahead, reader_pace(ds)):
             pos.received += 1
             yield batch
 

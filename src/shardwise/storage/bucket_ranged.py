@@ -210,6 +210,9 @@ class RangedGather(ChunkStore):
             info = self.view.chunks[c]
             ahead.add(info.stem + ".bin", info.tokens * size, partial(self._fetch, info, ".bin"))
 
+    def reader_pace(self, own_s: float | None) -> None:
+        self._arriving.paced(own_s)
+
     def prefetch_runs(self, runs: Any) -> bool:
         """:meth:`prefetch` of the chunks of ``runs`` (a coming batch's, in order), and,
         while they arrive, the batch's ranged GETs started now (:class:`EarlyReads`): the

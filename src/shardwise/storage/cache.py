@@ -202,6 +202,11 @@ class Cache:
         (:class:`~shardwise.storage.ranged.EarlyReads`)."""
         return self.store.prefetch_runs(runs)
 
+    def reader_pace(self, own_s: float | None) -> None:
+        """The reader's own time on its last batch, measured where it trains
+        (:meth:`~shardwise.storage.store.ChunkStore.reader_pace`)."""
+        self.store.reader_pace(own_s)
+
     def prefetch_stats(self) -> dict[str, object]:
         """The downloads ahead: how far, how many at once, and the pace they follow."""
         return self.store.stats()

@@ -105,6 +105,9 @@ class DocumentRange(Cache):
     def wait_for_prefetch(self) -> None:
         self.parent.wait_for_prefetch()
 
+    def reader_pace(self, own_s: float | None) -> None:
+        self.parent.reader_pace(own_s)
+
     def close(self) -> None:
         self.parent.close()
 

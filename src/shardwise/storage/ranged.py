@@ -116,15 +116,30 @@ class Arriving:
         self.own_s: float | None = None  # the reader's own time per batch
         self.skipped = 0  # batches that waited for their chunks instead (:meth:`serves`)
         self._handed: float | None = None  # when the reader last got a batch from gather
+        self.by_caller = False  # own_s is measured where the caller trains (:meth:`paced`)
 
     def asked(self) -> float:
         """The reader asks for a batch now: the time since it got the last one was its
         own. Returns the clock (for :meth:`handed`)."""
         now = self.clock()
-        if self._handed is not None:
-            own = max(now - self._handed, 1e-6)
-            self.own_s = own if self.own_s is None else 0.7 * self.own_s + 0.3 * own
+        if self._handed is not None and not self.by_caller:
+            self._own(now - self._handed)
         return now
+
+    def paced(self, own: float | None) -> None:
+        """The caller's own time on its last batch, measured where it trains (None: from
+        now on, only so). Batches made ahead on a thread (``read/loader.made_ahead``) are
+        asked for as the thread's queue empties — back to back while the thread is behind
+        — so the time between a gather and the next is not the reader's pace there: a
+        thread that asked again at once read as a reader flat out, and every batch then
+        waited for whole chunks (a 2 s wait in a 20 ms step)."""
+        self.by_caller = True
+        if own is not None:
+            self._own(own)
+
+    def _own(self, own: float) -> None:
+        own = max(own, 1e-6)
+        self.own_s = own if self.own_s is None else 0.7 * self.own_s + 0.3 * own
 
     def handed(self) -> None:
         """The reader got its batch now."""
@@ -142,7 +157,8 @@ class Arriving:
 
     def stats(self) -> dict[str, object]:
         return {"ranged_skipped": self.skipped, "ranged_rtt_s": self.rtt_s,
-                "ranged_least_rtt_s": self.least_rtt_s, "reader_own_s": self.own_s}
+                "ranged_least_rtt_s": self.least_rtt_s, "reader_own_s": self.own_s,
+                "reader_paced_by_caller": self.by_caller}
 
     def worth(self, etas: list[float]) -> bool:
         """Whether to read a batch by ranged GETs rather than wait for its chunks, whose

@@ -296,6 +296,11 @@ class ChunkStore(ABC):
         chunk, _, length = (np.asarray(a).reshape(-1) for a in runs[:3])
         return self.prefetch(list(dict.fromkeys(chunk[length > 0].tolist())))
 
+    def reader_pace(self, own_s: float | None) -> None:
+        """The reader's own time on its last batch, measured where it trains (None: it
+        will be, from now on): a store that paces its reads by the reader's takes it."""
+        return None  # a store with its bytes here has no pace to keep
+
     def wait_for_prefetch(self) -> None:
         """Block until every download :meth:`prefetch` started has finished."""
         return None

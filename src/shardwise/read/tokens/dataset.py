@@ -251,6 +251,10 @@ class TokenDataset(GuardedReader, PlacedByLoader, EpochView, Configured):
         out = self._assembly.from_runs(runs)
         return out if self.output.is_default else self.output.shape(out, self.cache.dtype)
 
+    def reader_pace(self, own_s: float | None) -> None:
+        """The caller's own time on its last batch (batches made ahead: the loader's)."""
+        self.cache.reader_pace(own_s)
+
     def prefetch(self, indices: list[int]) -> bool:
         """Start downloading the chunks examples ``indices`` will read, in the background
         (a cache on an object store; local chunks are mapped on demand, so a no-op).
