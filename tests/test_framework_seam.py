@@ -115,6 +115,33 @@ def test_a_registered_wrapper_is_refused_by_a_reader(tmp_path: Path) -> None:
         del guard.GUARDS["ReplayShard"]
 
 
+@pytest.mark.parametrize("make", ["numpy", "torch"])
+def test_a_wrapper_iterating_a_loader_that_makes_batches_ahead_is_refused(
+        tmp_path: Path, make: str) -> None:
+    """The index stream is started on the caller's thread, not on the made-ahead
+    thread's: the guard looks at the frames of whoever iterates the loader."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from cachefactory import make_cache, sample_docs
+
+    from shardwise.torch import loader as torch_loader
+
+    cache = make_cache(tmp_path / "cache", [sample_docs(12, seed=5, vocab_size=500)],
+                       chunk_docs=3, eod_id=0)
+    ds = shardwise.TokenDataset(cache, seq_len=8, seed=1)
+    build = shardwise.numpy_loader if make == "numpy" else torch_loader
+    dl = build(ds, global_batch_size=2, micro_batch_size=2, world=shardwise.World(0, 1),
+               batches_ahead=2)
+    spans = integration_guards.WRAPPERS[0].spans  # num_processes > 1
+    guard.register_guard(guard.Wrapper("ReplayShard", "replayer", "iterate it directly",
+                                       spans=spans))
+    try:
+        with pytest.raises(ConfigError, match="replayer's ReplayShard"):
+            next(iter(ReplayShard(dl)))
+        assert next(iter(dl))["input_ids"].shape == (2, 8)  # not wrapped: read
+    finally:
+        del guard.GUARDS["ReplayShard"]
+
+
 FRONT_DOORS = {"__init__.py", "torch.py", "hf.py", "lightning.py", "torchdata.py",
                "torchtitan.py", "litgpt.py", "megatron.py", "olmo.py", "grain.py"}
 PACKAGE = Path(shardwise.__file__).parent

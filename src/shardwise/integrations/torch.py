@@ -117,9 +117,12 @@ class ShardwiseLoader(PlacedLoader, Resumable, DataLoader):  # type: ignore[type
         refuse_bare_lightning("a shardwise loader")
         keep_torch_groups()  # a world resolved before init_process_group did not
         pos = self._core.begin()
-        batches = (made_ahead(self._direct, self._core.batches_ahead,
-                              reader_pace(self.dataset))
-                   if self._is_direct() else super().__iter__())
+        if self._is_direct():  # the index stream started here: its guard sees the caller
+            index_batches = iter(self._core.indices)
+            batches = made_ahead(lambda: self._direct(index_batches), self._core.batches_ahead,
+                                 reader_pace(self.dataset))
+        else:
+            batches = super().__iter__()
         if self._here is not None:
             batches = self._collated(batches, self._here)
         try:
@@ -161,14 +164,14 @@ class ShardwiseLoader(PlacedLoader, Resumable, DataLoader):  # type: ignore[type
         third of the whole read path.)"""
         return self.num_workers == 0 and hasattr(self.dataset, "__getitems__")
 
-    def _direct(self) -> Iterator[Any]:
+    def _direct(self, index_batches: Iterator[list[int]]) -> Iterator[Any]:
         """shardwise's collate takes the stacked arrays (``get_batch``: no per-row dicts);
         any other ``collate_fn`` gets torch's protocol, ``__getitems__``'s list."""
         ds, fn = self.dataset, self.collate_fn
         fast = fn is collate and hasattr(ds, "get_batch")
         getitems = ds.get_batch if fast else ds.__getitems__  # type: ignore[attr-defined]
         pinned = self.pin_memory and torch.cuda.is_available()
-        for indices in self._core.indices:
+        for indices in index_batches:
             batch = fn(getitems(indices))
             yield (pin(batch) if pinned else batch)
 

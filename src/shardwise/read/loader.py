@@ -229,7 +229,8 @@ class Loader(Resumable):
 
     def __iter__(self) -> Iterator[Batch]:
         pos, ds = self.begin(), self.dataset
-        for batch in made_ahead(lambda: (fetch_numpy(ds, ix) for ix in pos),
+        indices = iter(pos)  # here: its guard looks at the caller's frames, not a thread's
+        for batch in made_ahead(lambda: (fetch_numpy(ds, ix) for ix in indices),
                                 self.batches_ahead, reader_pace(ds)):
             pos.received += 1
             yield batch
