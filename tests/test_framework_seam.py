@@ -122,7 +122,6 @@ def test_a_wrapper_iterating_a_loader_that_makes_batches_ahead_is_refused(
     thread's: the guard looks at the frames of whoever iterates the loader."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from cachefactory import make_cache, sample_docs
-
     from shardwise.torch import loader as torch_loader
 
     cache = make_cache(tmp_path / "cache", [sample_docs(12, seed=5, vocab_size=500)],
