@@ -6,6 +6,7 @@ guard is for) and the registry that ``import shardwise`` fills."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -94,6 +95,18 @@ class ReplayShard:
         yield from self.inner  # type: ignore[misc]
 
 
+@contextlib.contextmanager
+def _replay_registered() -> Iterator[None]:
+    """ReplayShard registered as a wrapper spanning processes, for the block's time."""
+    spans = integration_guards.WRAPPERS[0].spans  # num_processes > 1
+    guard.register_guard(guard.Wrapper("ReplayShard", "replayer", "iterate it directly",
+                                       spans=spans))
+    try:
+        yield
+    finally:
+        del guard.GUARDS["ReplayShard"]
+
+
 def test_a_registered_wrapper_is_refused_by_a_reader(tmp_path: Path) -> None:
     """The hook is generic: a wrapper class registered from outside read/ is refused when it
     iterates a reader, naming its framework and fix."""
@@ -103,16 +116,11 @@ def test_a_registered_wrapper_is_refused_by_a_reader(tmp_path: Path) -> None:
     cache = make_cache(tmp_path / "cache", [sample_docs(6, seed=5, vocab_size=500)],
                        chunk_docs=3, eod_id=0)
     ds = shardwise.StreamDataset(cache, seq_len=8, streams=1, seed=1)
-    spans = integration_guards.WRAPPERS[0].spans  # num_processes > 1
-    guard.register_guard(guard.Wrapper("ReplayShard", "replayer", "iterate it directly",
-                                       spans=spans))
-    try:
+    with _replay_registered():
         with pytest.raises(ConfigError, match="replayer's ReplayShard.*iterate it directly"):
             next(iter(ReplayShard(ds)))
         assert next(iter(ReplayShard(ds, num_processes=1)))  # over one process: no sharding
         next(iter(ds))  # not wrapped: read
-    finally:
-        del guard.GUARDS["ReplayShard"]
 
 
 @pytest.mark.parametrize("make", ["numpy", "torch"])
@@ -130,15 +138,10 @@ def test_a_wrapper_iterating_a_loader_that_makes_batches_ahead_is_refused(
     build = shardwise.numpy_loader if make == "numpy" else torch_loader
     dl = build(ds, global_batch_size=2, micro_batch_size=2, world=shardwise.World(0, 1),
                batches_ahead=2)
-    spans = integration_guards.WRAPPERS[0].spans  # num_processes > 1
-    guard.register_guard(guard.Wrapper("ReplayShard", "replayer", "iterate it directly",
-                                       spans=spans))
-    try:
+    with _replay_registered():
         with pytest.raises(ConfigError, match="replayer's ReplayShard"):
             next(iter(ReplayShard(dl)))
         assert next(iter(dl))["input_ids"].shape == (2, 8)  # not wrapped: read
-    finally:
-        del guard.GUARDS["ReplayShard"]
 
 
 FRONT_DOORS = {"__init__.py", "torch.py", "hf.py", "lightning.py", "torchdata.py",
