@@ -27,6 +27,7 @@ from shardwise.integrations.guards import register_framework_guards
 from shardwise.read.examples import Output
 from shardwise.read.loader import Loader, numpy_loader
 from shardwise.read.orders import PAD
+from shardwise.read.placement import Placement
 from shardwise.read.tokens.dataset import Shuffle, TokenDataset
 from shardwise.storage.cache import Cache
 from shardwise.storage.opening import open_cache
@@ -88,6 +89,7 @@ __all__ = [
     "Output",
     "PAD",
     "PackedSFT",
+    "Placement",
     "ProducerDirDataset",
     "ProducerTimeoutError",
     "RecordStream",

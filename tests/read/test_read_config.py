@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+import shardwise as sw
 import shardwise.read.config as read_config
 from shardwise.errors import ConfigError
 from shardwise.read.compose.blend import Blend
@@ -239,7 +240,7 @@ def test_a_cyclic_placement_rebuilds_from_a_state_and_a_loader_takes_the_node(
     kw = {"global_batch_size": B, "micro_batch_size": M, "sampler": "cyclic", "seed": 7,
           "data_sharding": False}
     by_args = loader(ds, world=World(0, 1), **kw)
-    placement = Placement(B, M, "cyclic", seed=7, data_sharding=False)
+    placement = sw.Placement(B, M, "cyclic", seed=7, data_sharding=False)
     by_node = loader(ds, world=World(0, 1), placement=placement)
     first = [b["input_ids"].tolist() for b in itertools.islice(iter(by_args), 3)]
     assert [b["input_ids"].tolist() for b in itertools.islice(iter(by_node), 3)] == first
