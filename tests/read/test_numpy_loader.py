@@ -126,56 +126,85 @@ def test_works_without_torch(cache_dir: Path) -> None:
     assert out.stdout.split() == ["ok", "ndarray", "8"]
 
 
-def _ahead_threads() -> list[str]:
+def _ahead_threads() -> int:
     import threading
 
-    return [t.name for t in threading.enumerate() if t.name == "shardwise-batches-ahead"]
+    return sum(t.name == "shardwise-batches-ahead" for t in threading.enumerate())
+
+
+def _trained(dl: object, n: int) -> tuple[list[dict[str, np.ndarray]], list[int]]:
+    """``n`` batches with 3 ms of "training" after each, and how many made-ahead threads
+    were alive as each was handed over."""
+    import time
+
+    out, threads = [], []
+    for batch in dl:  # type: ignore[attr-defined]
+        out.append({k: np.asarray(v) for k, v in batch.items()})
+        threads.append(_ahead_threads())
+        if len(out) == n:
+            break
+        time.sleep(0.003)
+    return out, threads
 
 
 @pytest.mark.parametrize("make", ["numpy", "torch"])
 def test_batches_made_ahead_are_the_same_batches_and_the_same_position(
         ds: sw.TokenDataset, make: str) -> None:
-    """``batches_ahead``: a thread makes the next micro-batches while the caller trains.
-    The batches are the same, only those handed over count (a stop mid-way leaves the
-    position where the caller is, and the thread ends), and a resume continues exactly."""
+    """``batches_ahead``: a thread makes the next micro-batches while the caller trains
+    (started once the caller is seen training: 3 batches held 1 ms or more; a loop that
+    asks again at once gets its batches made on demand). The batches are the same, only
+    those handed over count (a stop mid-way leaves the position where the caller is, and
+    the thread ends), and a resume continues exactly."""
     from shardwise.torch import loader as torch_loader
 
     build = sw.numpy_loader if make == "numpy" else torch_loader
     kw = {"global_batch_size": 8, "micro_batch_size": 4, "world": sw.World(0, 1)}
     plain = build(ds, **kw)
     assert plain.describe()["batches_ahead"] == 0  # a local cache's default
-    want = _take(plain, 9)
+    want = _take(plain, 12)
     ahead = build(ds, batches_ahead=3, **kw)
     assert ahead.describe()["batches_ahead"] == 3
-    got = _take(ahead, 4)  # the thread made up to 3 more than these
-    assert ahead.state_dict()["consumed"] == 16 and not _ahead_threads()
-    got += _take(ahead, 5)  # iter() again: continues at the position, not the thread's
-    for a, b in zip(got, want, strict=True):
+    got, threads = _trained(ahead, 6)  # the thread made up to 3 more than these
+    assert threads[:3] == [0, 0, 0] and threads[4:] == [1, 1], threads
+    assert ahead.state_dict()["consumed"] == 24 and not _ahead_threads()
+    more, threads = _trained(ahead, 6)  # iter() again: at the position, not the thread's
+    assert threads[4:] == [1, 1], threads
+    for a, b in zip(got + more, want, strict=True):
         assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+    flat = build(ds, batches_ahead=3, **kw)
+    for k, _ in enumerate(flat):  # asks again at once: no thread
+        assert _ahead_threads() == 0
+        if k == 12:
+            break
     again = build(ds, batches_ahead=2, **kw)
     again.load_state_dict(ahead.state_dict())
-    nxt = _take(again, 1)[0]
-    assert (nxt["input_ids"] == ds.get_batch(list(range(36, 40)))["input_ids"]).all()
+    nxt, _ = _trained(again, 1)
+    assert (nxt[0]["input_ids"] == ds.get_batch(list(range(48, 52)))["input_ids"]).all()
     assert_resumes_exactly(lambda: build(ds, batches_ahead=2, **kw), steps=6)
 
 
 def test_an_error_made_ahead_is_raised_when_its_batch_is_asked(ds: sw.TokenDataset) -> None:
     """A batch that fails on the thread fails the loop at that batch, not before: the
     ones before it are handed over and counted."""
+    import time
+
     class Failing(sw.TokenDataset):
         def get_batch(self, indices):  # type: ignore[no-untyped-def]
-            if 12 in list(indices):
-                raise sw.ShardwiseError("the fourth micro-batch cannot be read")
+            if 32 in list(indices):
+                raise sw.ShardwiseError("the ninth micro-batch cannot be read")
             return super().get_batch(indices)
 
     bad = Failing(ds.cache, seq_len=16, seed=5)
     dl = sw.numpy_loader(bad, global_batch_size=4, micro_batch_size=4,
                          world=sw.World(0, 1), batches_ahead=4)
-    seen = 0
-    with pytest.raises(sw.ShardwiseError, match="fourth micro-batch"):
+    seen, threads = 0, []
+    with pytest.raises(sw.ShardwiseError, match="ninth micro-batch"):
         for _ in dl:
             seen += 1
-    assert seen == 3 and dl.state_dict()["consumed"] == 12 and not _ahead_threads()
+            threads.append(_ahead_threads())
+            time.sleep(0.003)
+    assert 1 in threads  # it was made on the thread (which ended with its error)
+    assert seen == 8 and dl.state_dict()["consumed"] == 32 and not _ahead_threads()
     with pytest.raises(ConfigError, match="batches_ahead=2 is for num_workers=0"):
         from shardwise.torch import loader as torch_loader
 

@@ -90,7 +90,10 @@ def test_a_read_through_the_proxy_keeps_the_local_copy_within_local_bytes(
         ds = sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=11)
         dl = loader(ds, global_batch_size=4, micro_batch_size=4, world=World.single())
         assert dl.describe()["batches_ahead"] == 4  # a remote cache's default: made ahead
-        got = [b["input_ids"].numpy() for b, _ in zip(dl, range(30), strict=False)]
+        got = []
+        for b, _ in zip(dl, range(30), strict=False):
+            got.append(b["input_ids"].numpy())
+            time.sleep(0.005)  # training: the batches are made ahead, paced by this loop
         stats = cache.prefetch_stats()
         cache.close()
     want = sw.TokenDataset(ref, seq_len=SEQ_LEN, seed=11)

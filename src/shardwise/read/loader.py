@@ -48,6 +48,7 @@ _DONE: Any = object()
 LOADER_KIND = "torch_loader"  # the state kind of shardwise's loader (numpy and torch)
 MAX_LOOK_AHEAD = 1024  # micro-batches whose indices the adaptive look-ahead holds at most
 BATCHES_AHEAD = 4  # micro-batches made ahead on a thread by default, for a remote cache
+TRAINS_S, TRAINS_BATCHES = 0.001, 3  # a caller seen training: the thread starts (made_ahead)
 
 
 def reads_remotely(dataset: Any) -> bool:
@@ -82,13 +83,35 @@ def made_ahead(batches: Callable[[], Iterator[T]], depth: int,
     Why: a batch's own reading time, and a chunk that arrives late, are waited for in the
     training loop unless the batch was made during the step before. Only the batches
     handed over count as received, so the position (and a state saved) is unchanged.
-    ``pace`` (a dataset's ``reader_pace``) gets the caller's own time on each batch, its
-    waits excluded: the pace a remote cache reads ahead by is the caller's, not the
-    thread's."""
+
+    The thread starts once the caller is seen training: :data:`TRAINS_BATCHES` batches in
+    a row, each held :data:`TRAINS_S` or longer before it asked for the next. A loop that
+    asks again at once (a bench read flat out) gains nothing from a thread and would pay
+    its hand-over, ~200 µs a batch (the GIL passing between two busy threads), so its
+    batches are made here."""
+    items = batches()
     if depth == 0:
-        yield from batches()
+        yield from items
         return
-    ahead, handed = ReadAhead(batches, name="shardwise-batches-ahead", depth=depth), None
+    training = 0
+    for item in items:
+        handed = time.monotonic()
+        yield item
+        training = training + 1 if time.monotonic() - handed >= TRAINS_S else 0
+        if training == TRAINS_BATCHES:
+            break
+    else:
+        return
+    yield from _on_a_thread(items, depth, pace)
+
+
+def _on_a_thread(items: Iterator[T], depth: int,
+                 pace: Callable[[float | None], None] | None) -> Iterator[T]:
+    """The rest of ``items`` made ``depth`` ahead on one thread. ``pace`` (a dataset's
+    ``reader_pace``) gets the caller's own time on each batch, its waits excluded: the
+    pace a remote cache reads ahead by is the caller's, not the thread's."""
+    ahead: ReadAhead[T] = ReadAhead(lambda: items, name="shardwise-batches-ahead", depth=depth)
+    handed: float | None = None
     if pace is not None:
         pace(None)
     try:
