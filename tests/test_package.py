@@ -20,7 +20,8 @@ def test_public_names_are_pinned() -> None:
         "Blend", "Cache", "CacheError", "CacheMismatchError", "ChatProcessor", "ConfigError",
         "ContiguousShards", "CorruptChunkError", "InputError", "Loader", "LoaderState", "Output",
         "PAD",
-        "PackedSFT", "ProducerDirDataset", "ProducerTimeoutError", "RecordStream", "RemoteError",
+        "PackedSFT", "Placement", "ProducerDirDataset", "ProducerTimeoutError", "RecordStream",
+        "RemoteError",
         "SequentialConsumer", "ShardwiseError", "Shuffle", "StateError", "StreamDataset",
         "TokenDataset", "World", "__version__", "build", "numpy_loader", "open_cache",
     ]

@@ -119,6 +119,41 @@ def test_the_stack_comes_back_where_another_handler_took_the_signal_from_faultha
     assert "died with signal SIGSEGV" in out and "_segfault_in_native_code" in out, out
 
 
+def _collect(task: int, put: Callable[[Any], None]) -> None:
+    import gc
+
+    put((task, gc.collect()))
+
+
+def test_garbage_the_parent_left_is_never_collected_in_a_worker() -> None:
+    """A forked worker inherits the parent's garbage not collected yet; collected in the
+    worker, its finalisers run there, where the native state they touch (a runtime's
+    threads, a library's locks) did not survive the fork. CI saw the build worker die so
+    (SIGSEGV, its stack "Garbage-collecting" under the tokenizer's encode, in a process
+    that had run Ray and gloo). Here a finaliser that crashes outside the process that made
+    it is left in a cycle at the fork: the worker collects, and must not run it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import gc, os, ctypes\n"
+            "from shardwise.concurrency.pool import ProcessPool\n"
+            "from tests.concurrency.test_pool import _collect\n"
+            "class Native:\n"
+            "    def __init__(self): self.pid, self.me = os.getpid(), self\n"
+            "    def __del__(self):\n"
+            "        if os.getpid() != self.pid: ctypes.string_at(0)\n"
+            "gc.disable(); Native()  # a cycle: garbage until a collection, at the fork\n"
+            "with ProcessPool(_collect, 1, name='test') as pool:\n"
+            "    pool.submit(1)\n"
+            "    gc.enable()\n"
+            "    try: print('got', pool.get())\n"
+            "    except Exception as e: print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).parents[2]).stdout
+    assert "got (1, " in out and "SIGSEGV" not in out, out
+
+
 def test_a_kill_is_no_crash() -> None:
     with ProcessPool(_kill_self, 1, name="test") as pool:
         pool.submit(1)

@@ -27,7 +27,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from shardwise.concurrency.local import ProcessLocal
+from shardwise.concurrency import shutdown  # noqa: F401 - its fork hook: what a worker
+from shardwise.concurrency.local import ProcessLocal  # inherits is never collected there
 from shardwise.errors import ConfigError, ShardwiseError
 
 _POLL_SECONDS = 0.2  # how often a waiting get() checks that its workers are alive

@@ -143,7 +143,15 @@ def _keep_inherited() -> None:
     """In a forked child: what the parent held (:func:`hold_until_exit`) or marked
     (:func:`never_dropped_in_a_child`) is kept for good (one reference that is never
     dropped), so neither the child's garbage collection nor its finalisation runs its
-    destructor. Runs first thing in the child, before any of its Python code could."""
+    destructor. Runs first thing in the child, before any of its Python code could.
+
+    And what the child inherited is never garbage-collected there (``gc.freeze``): the
+    parent's garbage not collected yet at the fork, collected in the child, runs its
+    finalisers there, where the native state they touch (a runtime's threads, a library's
+    locks) did not survive the fork. CI saw a build worker die so: SIGSEGV, its stack
+    "Garbage-collecting" under the tokenizer's encode, forked from a process that had run
+    Ray and gloo. Only what the child makes is collected."""
+    gc.freeze()
     alive = (ref() for ref in list(_inherited.values()))
     kept = [*_held.values(), *(obj for obj in alive if obj is not None)]
     if kept:

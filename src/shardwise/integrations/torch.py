@@ -45,16 +45,9 @@ from shardwise.errors import ConfigError, MissingExtraError
 from shardwise.integrations.guards import refuse_bare_lightning
 from shardwise.integrations.torch_batches import arrays, collate, pin
 from shardwise.integrations.torch_indices import PlacedLoader, PlacedSampler
+from shardwise.read.ahead import batches_ahead_count, made_ahead, reader_pace
 from shardwise.read.examples import Output, with_output
-from shardwise.read.loader import (
-    Loader,
-    ahead_count,
-    batches_ahead_count,
-    describe_line,
-    made_ahead,
-    plan_sampler,
-    reader_pace,
-)
+from shardwise.read.loader import Loader, ahead_count, describe_line, plan_sampler
 from shardwise.read.placement import Placement
 from shardwise.read.sampler import BatchSampler
 from shardwise.world import World, keep_torch_groups

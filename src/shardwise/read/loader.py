@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from shardwise.checkpoint import Configured, LoaderState, Resumable, as_count
-from shardwise.concurrency.readahead import ReadAhead
 from shardwise.errors import ConfigError, StateError
+from shardwise.read.ahead import batches_ahead_count, made_ahead, reader_pace
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import refuse_epoch_view
 from shardwise.read.examples import Output, with_output
@@ -43,95 +42,8 @@ from shardwise.read.rows import Batch, stack_rows, stacked
 from shardwise.read.sampler import BatchSampler, SamplerKind
 from shardwise.world import World
 
-T = TypeVar("T")
-_DONE: Any = object()
 LOADER_KIND = "torch_loader"  # the state kind of shardwise's loader (numpy and torch)
 MAX_LOOK_AHEAD = 1024  # micro-batches whose indices the adaptive look-ahead holds at most
-BATCHES_AHEAD = 4  # micro-batches made ahead on a thread by default, for a remote cache
-TRAINS_S, TRAINS_BATCHES = 0.001, 3  # a caller seen training: the thread starts (made_ahead)
-
-
-def reads_remotely(dataset: Any) -> bool:
-    """Whether ``dataset`` (or a source of a blend) reads a cache whose store downloads
-    ahead (an object store: worth a prefetch, and batches made ahead)."""
-    sources = getattr(dataset, "sources", None)
-    if isinstance(sources, Sequence) and sources:
-        return any(reads_remotely(d) for d in sources)
-    store = getattr(getattr(dataset, "cache", None), "store", None)
-    return bool(getattr(store, "prefetches", False))
-
-
-def reader_pace(dataset: Any) -> Callable[[float | None], None] | None:
-    """What takes the caller's own time per batch: ``dataset.reader_pace`` (a blend's
-    sources', each); None if nothing does."""
-    sources = getattr(dataset, "sources", None)
-    readers = sources if isinstance(sources, Sequence) and sources else [dataset]
-    paces = [p for p in (getattr(d, "reader_pace", None) for d in readers) if p is not None]
-
-    def pace(own_s: float | None) -> None:
-        for p in paces:
-            p(own_s)
-    return pace if paces else None
-
-
-def made_ahead(batches: Callable[[], Iterator[T]], depth: int,
-               pace: Callable[[float | None], None] | None = None) -> Iterator[T]:
-    """The items of ``batches()``, made ``depth`` ahead on one thread while the caller
-    trains (:class:`~shardwise.concurrency.readahead.ReadAhead`: errors re-raised here,
-    the thread stopped when the caller stops); ``depth`` 0: made here, on demand.
-
-    Why: a batch's own reading time, and a chunk that arrives late, are waited for in the
-    training loop unless the batch was made during the step before. Only the batches
-    handed over count as received, so the position (and a state saved) is unchanged.
-
-    The thread starts once the caller is seen training: :data:`TRAINS_BATCHES` batches in
-    a row, each held :data:`TRAINS_S` or longer before it asked for the next. A loop that
-    asks again at once (a bench read flat out) gains nothing from a thread and would pay
-    its hand-over, ~200 µs a batch (the GIL passing between two busy threads), so its
-    batches are made here."""
-    items = batches()
-    if depth == 0:
-        yield from items
-        return
-    training = 0
-    for item in items:
-        handed = time.monotonic()
-        yield item
-        training = training + 1 if time.monotonic() - handed >= TRAINS_S else 0
-        if training == TRAINS_BATCHES:
-            break
-    else:
-        return
-    yield from _on_a_thread(items, depth, pace)
-
-
-def _on_a_thread(items: Iterator[T], depth: int,
-                 pace: Callable[[float | None], None] | None) -> Iterator[T]:
-    """The rest of ``items`` made ``depth`` ahead on one thread. ``pace`` (a dataset's
-    ``reader_pace``) gets the caller's own time on each batch, its waits excluded: the
-    pace a remote cache reads ahead by is the caller's, not the thread's."""
-    ahead: ReadAhead[T] = ReadAhead(lambda: items, name="shardwise-batches-ahead", depth=depth)
-    handed: float | None = None
-    if pace is not None:
-        pace(None)
-    try:
-        while True:
-            if pace is not None and handed is not None:
-                pace(time.monotonic() - handed)
-            item = ahead.get(_DONE)
-            if item is _DONE:
-                return
-            handed = time.monotonic()
-            yield item
-    finally:
-        ahead.close()
-
-
-def batches_ahead_count(batches_ahead: int | None, dataset: Any) -> int:
-    """``batches_ahead`` checked; None: :data:`BATCHES_AHEAD` for a remote cache, else 0."""
-    if batches_ahead is None:
-        return BATCHES_AHEAD if reads_remotely(dataset) else 0
-    return as_count(batches_ahead, "batches_ahead", error=ConfigError)
 
 
 def look_ahead(batches: Iterator[list[int]], prefetch: Callable[[list[int]], bool | None],
@@ -412,5 +324,4 @@ def numpy_loader(dataset: Any, *, global_batch_size: int | None = None,
 
 
 __all__ = ["LOADER_KIND", "IndexStream", "Loader", "fetch_numpy",
-           "look_ahead", "made_ahead", "numpy_loader", "plan_sampler", "reads_remotely",
-           "sampler_state_config"]
+           "look_ahead", "numpy_loader", "plan_sampler", "sampler_state_config"]

@@ -58,6 +58,7 @@ from shardwise.checkpoint import LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, StateError
 from shardwise.plan.blend import BLEND_VERSION, StagedBlend
 from shardwise.plan.permutation import Permutation, derive_seed
+from shardwise.read.ahead import reads_remotely
 from shardwise.read.compose.blend_rows import (
     BlendRuns,
     assemble,
@@ -70,7 +71,6 @@ from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import EpochView
 from shardwise.read.examples import NEXT_TOKEN, Output, check_same_layout
 from shardwise.read.guard import GuardedReader, Placed, PlacedByLoader
-from shardwise.read.loader import reads_remotely
 from shardwise.read.orders import PAD
 from shardwise.read.reader_config import source_identity
 from shardwise.read.rows import ROW_FREE, Rows, own_example, stacked

@@ -17,8 +17,8 @@ import numpy as np
 import numpy.typing as npt
 
 from shardwise.errors import ConfigError
+from shardwise.read.ahead import reads_remotely
 from shardwise.read.examples import DEFAULT_OUTPUT, Output
-from shardwise.read.loader import reads_remotely
 from shardwise.read.orders import Runs
 from shardwise.read.rows import ROW_FREE
 from shardwise.read.tokens.dataset import TokenDataset
