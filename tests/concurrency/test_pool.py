@@ -97,25 +97,31 @@ def test_a_crash_in_native_code_brings_back_the_stack_it_crashed_on() -> None:
     assert not any(os.path.exists(p) for p in logs)
 
 
+def _in_a_parent_of_its_own(setup: str, work: str, after_submit: str = "pass") -> str:
+    """What a fresh Python process prints that runs ``setup``, then a one-worker pool of
+    ``work`` (an import binding ``work``) over one task: the result, or the error."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (setup + work + "from shardwise.concurrency.pool import ProcessPool\n"
+            "with ProcessPool(work, 1, name='test') as pool:\n"
+            f"    pool.submit(1)\n    {after_submit}\n"
+            "    try: print('got', pool.get())\n"
+            "    except Exception as e: print(e)")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).parents[2]).stdout
+
+
 def test_the_stack_comes_back_where_another_handler_took_the_signal_from_faulthandler(
         ) -> None:
     """A parent whose faulthandler is on (a test runner's) but whose SIGSEGV handler another
     library replaced since (Ray's, at ``ray.init``; here SIG_DFL): ``faulthandler.enable``
     in the worker would only change its file, and the crash left no stack."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    code = ("import faulthandler, signal, sys; faulthandler.enable(); "
-            "signal.signal(signal.SIGSEGV, signal.SIG_DFL); "
-            "from shardwise.concurrency.pool import ProcessPool; "
-            "from tests.concurrency.test_pool import _segfault_in_native_code as f\n"
-            "with ProcessPool(f, 1, name='test') as pool:\n"
-            "    pool.submit(1)\n"
-            "    try: pool.get()\n"
-            "    except Exception as e: print(e)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, cwd=Path(__file__).parents[2]).stdout
+    out = _in_a_parent_of_its_own(
+        "import faulthandler, signal; faulthandler.enable(); "
+        "signal.signal(signal.SIGSEGV, signal.SIG_DFL)\n",
+        "from tests.concurrency.test_pool import _segfault_in_native_code as work\n")
     assert "died with signal SIGSEGV" in out and "_segfault_in_native_code" in out, out
 
 
@@ -132,25 +138,15 @@ def test_garbage_the_parent_left_is_never_collected_in_a_worker() -> None:
     (SIGSEGV, its stack "Garbage-collecting" under the tokenizer's encode, in a process
     that had run Ray and gloo). Here a finaliser that crashes outside the process that made
     it is left in a cycle at the fork: the worker collects, and must not run it."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    code = ("import gc, os, ctypes\n"
-            "from shardwise.concurrency.pool import ProcessPool\n"
-            "from tests.concurrency.test_pool import _collect\n"
-            "class Native:\n"
-            "    def __init__(self): self.pid, self.me = os.getpid(), self\n"
-            "    def __del__(self):\n"
-            "        if os.getpid() != self.pid: ctypes.string_at(0)\n"
-            "gc.disable(); Native()  # a cycle: garbage until a collection, at the fork\n"
-            "with ProcessPool(_collect, 1, name='test') as pool:\n"
-            "    pool.submit(1)\n"
-            "    gc.enable()\n"
-            "    try: print('got', pool.get())\n"
-            "    except Exception as e: print(e)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, cwd=Path(__file__).parents[2]).stdout
+    out = _in_a_parent_of_its_own(
+        "import gc, os, ctypes\n"
+        "class Native:\n"
+        "    def __init__(self): self.pid, self.me = os.getpid(), self\n"
+        "    def __del__(self):\n"
+        "        if os.getpid() != self.pid: ctypes.string_at(0)\n"
+        "gc.disable(); Native()  # a cycle: garbage until a collection, at the fork\n",
+        "from tests.concurrency.test_pool import _collect as work\n",
+        "gc.enable()")
     assert "got (1, " in out and "SIGSEGV" not in out, out
 
 

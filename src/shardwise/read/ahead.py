@@ -32,22 +32,27 @@ BATCHES_AHEAD = 4  # micro-batches made ahead on a thread by default, for a remo
 TRAINS_S, TRAINS_BATCHES = 0.001, 3  # a caller seen training: the thread starts (made_ahead)
 
 
+def _readers(dataset: Any) -> list[Any]:
+    """The readers of a cache behind ``dataset``: a blend's sources (theirs, in turn), or
+    itself."""
+    sources = getattr(dataset, "sources", None)
+    if isinstance(sources, Sequence) and sources:
+        return [r for d in sources for r in _readers(d)]
+    return [dataset]
+
+
 def reads_remotely(dataset: Any) -> bool:
     """Whether ``dataset`` (or a source of a blend) reads a cache whose store downloads
     ahead (an object store: worth a prefetch, and batches made ahead)."""
-    sources = getattr(dataset, "sources", None)
-    if isinstance(sources, Sequence) and sources:
-        return any(reads_remotely(d) for d in sources)
-    store = getattr(getattr(dataset, "cache", None), "store", None)
-    return bool(getattr(store, "prefetches", False))
+    stores = (getattr(getattr(d, "cache", None), "store", None) for d in _readers(dataset))
+    return any(getattr(s, "prefetches", False) for s in stores)
 
 
 def reader_pace(dataset: Any) -> Callable[[float | None], None] | None:
     """What takes the caller's own time per batch: ``dataset.reader_pace`` (a blend's
     sources', each); None if nothing does."""
-    sources = getattr(dataset, "sources", None)
-    readers = sources if isinstance(sources, Sequence) and sources else [dataset]
-    paces = [p for p in (getattr(d, "reader_pace", None) for d in readers) if p is not None]
+    paces = [p for p in (getattr(d, "reader_pace", None) for d in _readers(dataset))
+             if p is not None]
 
     def pace(own_s: float | None) -> None:
         for p in paces:

@@ -48,9 +48,9 @@ from shardwise.choice import Choice
 from shardwise.errors import ConfigError
 from shardwise.read.compose.schedule import blend_from_state, check_blend
 from shardwise.read.loader import LOADER_KIND, sampler_state_config
-from shardwise.read.placement import Placement, split_state
+from shardwise.read.placement import Placement, order_part
 from shardwise.read.reader_config import ReaderConfig
-from shardwise.read.sampler import BatchSampler, SamplerKind, refuse_skip
+from shardwise.read.sampler import BatchSampler, SamplerKind, refuse_skip, skip_from_steps
 from shardwise.world import World
 
 _LAYOUT = ("global_batch_size", "micro_batch_size", "world_size")
@@ -147,8 +147,7 @@ class ReadConfig:
 
     def skip_examples(self) -> tuple[tuple[int, int], ...]:
         """``skip`` as half-open example ranges of the global order (steps × B)."""
-        return tuple((a * self.global_batch_size, b * self.global_batch_size)
-                     for a, b in self.skip)
+        return skip_from_steps(self.skip, self.global_batch_size)
 
     def schedule_examples(self) -> list[tuple[int, dict[str, float]]] | None:
         """A blend ``schedule`` with its steps as example positions (steps × B)."""
@@ -331,7 +330,7 @@ def check_state(dataset: Any, state: Mapping[str, Any],
     mine = (sampler_state_config(dataset, sampler) if sampler is not None
             else dict(dataset.state_config()))
     if sampler is None:
-        saved, mine = split_state(saved)[0], split_state(mine)[0]
+        saved, mine = order_part(saved), order_part(mine)
     diffs = [f"{k}: state has {saved.get(k)!r}, this config has {mine.get(k)!r}"
              for k in sorted(set(saved) | set(mine) - {SKIP_KEY})
              if saved.get(k) != mine.get(k)

@@ -23,8 +23,8 @@ job's :class:`~shardwise.world.World` and refuses a placement made for another s
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, cast
 
 from shardwise.checkpoint import SKIP_KEY, as_count
 from shardwise.errors import ConfigError
@@ -107,7 +107,8 @@ class Placement:
 
     @property
     def kind(self) -> SamplerKind:
-        return SamplerKind.parse(self.sampler)
+        """``sampler``, parsed by ``__post_init__`` (the field also takes its name)."""
+        return cast(SamplerKind, self.sampler)
 
     def total(self, n: int) -> int | None:
         """Examples of the global order the run serves (None: endless)."""
@@ -166,14 +167,10 @@ class Placement:
             out["skip_steps"] = [[as_step(p, int(b), "skip range") for p in r] for r in skip]
         return out
 
-    def with_world_size(self, size: int) -> Placement:
-        return replace(self, world_size=size)
 
-
-def split_state(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A state's config as (the order's part, the placement's part)."""
-    order = {k: v for k, v in config.items() if k not in BatchSampler.STATE_KEYS}
-    return order, {k: v for k, v in config.items() if k in BatchSampler.STATE_KEYS}
+def order_part(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A state's config without what its sampler added (:meth:`BatchSampler.state`)."""
+    return {k: v for k, v in config.items() if k not in BatchSampler.STATE_KEYS}
 
 
 def as_step(example: int, b: int, what: str) -> int:
@@ -183,4 +180,4 @@ def as_step(example: int, b: int, what: str) -> int:
     return int(example) // b
 
 
-__all__ = ["Placement", "as_step", "split_state"]
+__all__ = ["Placement", "as_step", "order_part"]
