@@ -133,7 +133,7 @@ def test_blend_round_trip(caches: dict[str, str], staged: bool) -> None:
     config, again = _rebuilt(dl.state_dict(), seq_len=16, shuffle="none",
                              blend={"sources": {n: caches[n] for n in values["names"]}})
     assert again.config == mix.config and again.fingerprint == mix.fingerprint
-    assert ("schedule" in config.blend) is staged  # type: ignore[operator]
+    assert config.blend is not None and (config.blend.schedule is not None) is staged
     Tracer(config, state=dl.state_dict())  # trace takes the state it was built from
 
 

@@ -32,8 +32,8 @@ def schedule_of(path: str) -> tuple[list[str], Stages, int]:
     if config.blend is None:
         raise ConfigError(f"{path}: no blend to inspect (this read config reads one cache, "
                           f"{config.cache}); inspect the cache directory instead")
-    names = list(config.sources())
-    stages = stages_of(config.blend.get("weights"), config.schedule_examples(), names)
+    names = list(config.blend.names)
+    stages = stages_of(None, config.blend.stages(config.global_batch_size), names)
     return names, stages, config.global_batch_size
 
 

@@ -3,9 +3,10 @@
 Why: "what did the model see at step N" (``shardwise trace``), a skip list and a blend
 schedule all need the run's read described outside the training script, in a form a tool
 can rebuild the readers from. A read config is the tree of the run's nodes — the data
-(``cache``, or a ``blend`` of caches), the reader with its order (``reader``: the reader's
-frozen config, :mod:`shardwise.read.reader_config`, whose ``shuffle`` names the order and
-holds that order's own options) and the placement (``placement``:
+(``cache``, or a ``blend`` of caches: :class:`~shardwise.read.compose.schedule.BlendNode`),
+the reader with its order (``reader``: the reader's frozen config,
+:mod:`shardwise.read.reader_config`, whose ``shuffle`` names the order and holds that
+order's own options) and the placement (``placement``:
 :class:`~shardwise.read.placement.Placement`) — and its JSON is that tree (names others
 rely on)::
 
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ import orjson
 from shardwise.checkpoint import RETIRED, SKIP_KEY, LoaderState
 from shardwise.choice import Choice
 from shardwise.errors import ConfigError
-from shardwise.read.compose.schedule import blend_from_state, check_blend
+from shardwise.read.compose.schedule import BlendNode
 from shardwise.read.loader import LOADER_KIND, sampler_state_config
 from shardwise.read.placement import Placement, order_part
 from shardwise.read.reader_config import ReaderConfig
@@ -72,14 +73,15 @@ class ReaderKind(Choice):
 class ReadConfig:
     """A parsed read config (see the module docs): the reader's kind and ``config`` (its
     frozen config, the order inside), the ``placement`` (``world_size`` set), the data
-    (``cache`` or ``blend``), and ``runtime``: the reader's other keyword arguments (where
-    and how fast it reads: ``verify``, ``prefetch_chunks``, ...), passed as they are."""
+    (``cache`` or the ``blend`` node), and ``runtime``: the reader's other keyword
+    arguments (where and how fast it reads: ``verify``, ``prefetch_chunks``, ...), passed
+    as they are."""
 
     reader: ReaderKind
     config: ReaderConfig
     placement: Placement
     cache: str | None = None
-    blend: dict[str, Any] | None = None
+    blend: BlendNode | None = None
     tokenizer: str | None = None
     runtime: dict[str, Any] = field(default_factory=dict)
     where: str = "read config"
@@ -92,7 +94,9 @@ class ReadConfig:
             raise ConfigError(f"{self.where}: the placement needs world_size (a read config "
                               "describes every rank)")
         if self.blend is not None:
-            check_blend(self.blend, self.where)
+            if not isinstance(self.blend, BlendNode):
+                raise ConfigError(f"{self.where}: blend must be a BlendNode "
+                                  f"(BlendNode.from_dict({{...}}, where)), got {self.blend!r}")
             if self.reader is not ReaderKind.TOKENS:
                 raise ConfigError(f"{self.where}: a blend reads map-style 'tokens' readers "
                                   f"through the loader, not reader={self.reader.value!r}")
@@ -149,18 +153,11 @@ class ReadConfig:
         """``skip`` as half-open example ranges of the global order (steps × B)."""
         return skip_from_steps(self.skip, self.global_batch_size)
 
-    def schedule_examples(self) -> list[tuple[int, dict[str, float]]] | None:
-        """A blend ``schedule`` with its steps as example positions (steps × B)."""
-        if self.blend is None or "schedule" not in self.blend:
-            return None
-        return [(int(step) * self.global_batch_size, dict(w))
-                for step, w in self.blend["schedule"]]
-
     def sources(self) -> dict[str, str]:
         """Cache path per source name (``{"": path}`` for a single cache)."""
         if self.blend is None:
             return {"": str(self.cache)}
-        return {str(k): str(v) for k, v in self.blend["sources"].items()}
+        return self.blend.paths()
 
     # -- building the readers -------------------------------------------------------------
     def build(self, rank: int = 0, *, caches: Mapping[str, Any] | None = None
@@ -197,15 +194,12 @@ class ReadConfig:
         from shardwise.read.compose.blend import Blend
 
         assert self.blend is not None  # for mypy: _blend is called only for a blend
-        srcs = self.sources()
         reader = reader_class(ReaderKind.TOKENS)
-        parts = [self._call(reader, opened.get(p, p)) for p in srcs.values()]
-        schedule = self.schedule_examples()
-        weights = None if schedule is not None else {
-            n: float(self.blend["weights"].get(n, 0.0)) for n in srcs}
+        parts = [self._call(reader, opened.get(p, p)) for p in self.blend.paths().values()]
         try:
-            return Blend(parts, weights, seed=self.seed, names=list(srcs), schedule=schedule,
-                         length=self.blend.get("length"))
+            return Blend(parts, seed=self.seed, names=self.blend.names,
+                         schedule=self.blend.stages(self.global_batch_size),
+                         length=self.blend.length)
         except ConfigError as e:
             raise ConfigError(f"{self.where}: {e}") from None
 
@@ -242,18 +236,17 @@ class ReadConfig:
             config = config_class.of(None, {k: v for k, v in node.items() if k in names})
         except (ConfigError, TypeError, ValueError) as e:
             raise ConfigError(f"{where}: {e}") from None
-        cache, blend = tree.get("cache"), tree.get("blend")
-        if base is not None:
-            cache = _resolve(cache, base)
-            if isinstance(blend, Mapping) and isinstance(blend.get("sources"), Mapping):
-                blend = {**blend, "sources": {k: _resolve(v, base)
-                                              for k, v in blend["sources"].items()}}
+        cache = _resolve(tree.get("cache"), base)
+        blend = BlendNode.from_dict(tree["blend"], where) if tree.get("blend") else None
+        if blend is not None and base is not None:
+            blend = replace(blend, sources=tuple((n, _resolve(p, base))
+                                                 for n, p in blend.sources))
         unknown = sorted(set(tree) - {"cache", "blend", "reader", "placement", "tokenizer"})
         if unknown:
             raise ConfigError(f"{where}: a read config has no {unknown} (its nodes are "
                               "cache or blend, reader, placement, tokenizer)")
         return cls(kind, config, Placement.from_dict(tree["placement"], where), cache=cache,
-                   blend=dict(blend) if blend else None,
+                   blend=blend,
                    tokenizer=_resolve(tree.get("tokenizer"), base),
                    runtime={k: v for k, v in node.items() if k not in names}, where=where)
 
@@ -262,7 +255,8 @@ class ReadConfig:
         out: dict[str, Any] = {"reader": {"kind": self.reader.value, **self.config.options(),
                                           **self.runtime},
                                "placement": self.placement.to_dict()}
-        out.update({"cache": self.cache} if self.cache is not None else {"blend": self.blend})
+        out.update({"cache": self.cache} if self.blend is None
+                   else {"blend": self.blend.to_dict()})
         if self.tokenizer is not None:
             out["tokenizer"] = self.tokenizer
         return out
@@ -279,18 +273,16 @@ class ReadConfig:
         st = LoaderState.from_dict(dict(state) if isinstance(state, Mapping) else state)
         cfg, kind = dict(st.config), _kind_of_state(st.kind)
         reader: dict[str, Any] = {"kind": kind.value}
+        top: dict[str, Any] = {}
         if "blend" in cfg:  # a Blend's state (its sources' configs are theirs to give)
-            reader.update(blend_from_state(cfg, given))
+            reader["seed"], top["blend"] = BlendNode.from_state(cfg, given)
         else:
             reader.update(reader_class(kind).config_class.from_state(cfg))
         placement = Placement.from_state(cfg, **given)
-        top: dict[str, Any] = {k: given.pop(k) for k in ("cache", "blend", "tokenizer")
-                               if k in given}
+        top.update({k: given.pop(k) for k in ("cache", "blend", "tokenizer") if k in given})
         placement.update({k: given.pop(k) for k in (*_LAYOUT, "skip") if k in given})
         reader.update(given)  # what is left names the reader's arguments
-        blend = reader.pop("blend", None) or top.get("blend")
-        if blend is not None:
-            top["blend"] = blend
+        blend = top.get("blend")
         missing = [k for k in _LAYOUT if k not in placement] + (
             ["cache"] if blend is None and "cache" not in top else
             ["blend.sources"] if isinstance(blend, Mapping) and "sources" not in blend else [])
