@@ -7,8 +7,11 @@ need and evicted after use, with the local read's bytes."""
 from __future__ import annotations
 
 import math
+import os
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +20,9 @@ from tests.faults import FaultProxy
 import shardwise as sw
 from shardwise.bench.moto import upload
 from shardwise.bench.proxy import LatencyProxy
+from shardwise.concurrency.readahead import ReadAhead
 from shardwise.remote import RemotePolicy, RemoteStore
+from shardwise.storage.download import CLAIM_PREFIX, _start_time
 from shardwise.storage.prefetch import SMALL_BATCH, Prefetcher
 from shardwise.storage.ranged import DEPTH, Arriving, BlockSums, EarlyReads
 from shardwise.world import World
@@ -100,6 +105,62 @@ def test_early_reads_run_depth_ahead_and_the_rest_wait_their_turn() -> None:
     finally:
         gate.set()
         early.close()
+
+
+def test_early_reads_follow_the_readers_own_pace_not_the_gaps_between_its_batches() -> None:
+    """How far ahead coming batches are read follows the reader's own time per batch (its
+    waits excluded). The gaps between its batches hold its waits: a first batch's 0.2 s
+    wait read as a slow reader, kept the depth at 2–3 for ten batches, and each then
+    waited 10–45 ms in a 20 ms step (bench remote)."""
+    early = EarlyReads()
+    try:
+        assert early.depth() == DEPTH and early.due_s() is None  # nothing measured
+        early.start(b"a", lambda: b"a")
+        first = early.take(b"a", own_s=0.02)
+        assert first is not None and first.result() == b"a"
+        early.rtt_s, early.slow_s = 0.06, None  # a far store's round trip
+        assert early.depth() == 7 and early.due_s() == pytest.approx(0.02)  # 2 x 3 + 1
+        time.sleep(0.3)  # a long wait between batches: not the reader's pace
+        assert early.take(b"b") is None  # none started for it
+        assert early.depth() == 7 and early.due_s() == pytest.approx(0.02)
+    finally:
+        early.close()
+
+
+def test_a_chunk_another_process_downloads_is_read_by_ranged_gets(
+        built: tuple[str, Path], s3_env: dict[str, str], tmp_path: Path) -> None:
+    """A DataLoader worker reads chunks its loader's process downloads into the node's
+    copy: a batch there waited for the whole chunk (a worker's first batch 1.5 s on the
+    bench) where the claim shows it downloading; it is read by ranged GETs, checked by
+    the block sums. Failed before: the read waited as long as the claim stood."""
+    url, local = built
+    cache = sw.open_cache(RemoteStore(url, policy=PATIENT), local_dir=tmp_path / "node")
+    store = cache.store
+    final = store.downloads.dir / (store.view.chunks[0].stem + ".bin")  # type: ignore[attr-defined]
+    final.parent.mkdir(parents=True, exist_ok=True)
+    claim = final.with_name(CLAIM_PREFIX + final.name)
+    claim.write_text(f"{os.getpid()} {_start_time(os.getpid())} {1 << 20}")  # a live owner
+    ds = sw.TokenDataset(cache, seq_len=SEQ_LEN, shuffle="none")
+    want = sw.TokenDataset(local, seq_len=SEQ_LEN, shuffle="none")
+    reading = ReadAhead.call(ds.get_batch, [0, 1, 2], name="test-read")
+    try:
+        got = _within(reading, 30)
+        assert claim.exists() and not final.exists()  # read while the claim stood
+    finally:
+        claim.unlink(missing_ok=True)  # the "other process" gives up: this one downloads
+        reading.close(None)
+    np.testing.assert_array_equal(got["input_ids"], want.get_batch([0, 1, 2])["input_ids"])
+    assert cache.prefetch_stats()["ranged_reads"] > 0  # type: ignore[operator]
+    cache.close()
+
+
+def _within(reading: ReadAhead[Any], seconds: float) -> Any:
+    """The read's result, or a failure naming the wait (never a hang)."""
+    deadline = time.monotonic() + seconds
+    while not reading.queue and reading.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert reading.queue or reading.error is not None, f"the read waited over {seconds} s"
+    return reading.get()
 
 
 def test_a_reader_faster_than_ranged_reads_waits_for_the_downloads() -> None:

@@ -157,8 +157,9 @@ class ReadAhead(Generic[T]):
     def get(self, default: Any = _END) -> T:
         """The next item, blocking until it is ready; ``default`` once ``source`` ended
         (StopIteration from iteration). Re-raises the thread's error."""
-        self.start()
         r = self._here.get()
+        if r.thread is None:
+            self.start()
         started = time.monotonic()
         try:
             with r.cond:

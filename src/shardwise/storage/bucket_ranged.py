@@ -10,6 +10,7 @@ node-local copy, the look-ahead); this is about a batch's bytes before its files
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
@@ -24,6 +25,7 @@ from shardwise.format.checksum import BLOCK_BYTES
 from shardwise.format.chunk import META_SUFFIX
 from shardwise.remote.client import RemoteStore
 from shardwise.storage.chunk_table import ChunkInfo
+from shardwise.storage.download import DownloadDir
 from shardwise.storage.prefetch import SMALL_BATCH, Prefetcher
 from shardwise.storage.ranged import Arriving, BlockSums, EarlyReads, Fetched
 from shardwise.storage.runs import Mapped, Runs, gather_runs
@@ -50,6 +52,9 @@ class RangedGather(ChunkStore):
     def _on_node(self, c: int) -> bool:
         raise NotImplementedError
 
+    def _downloads(self) -> DownloadDir:
+        raise NotImplementedError
+
     def _fetch(self, info: ChunkInfo, suffix: str, until: float | None = None) -> Path:
         raise NotImplementedError
 
@@ -74,7 +79,7 @@ class RangedGather(ChunkStore):
     def _gather(self, runs: Runs) -> npt.NDArray[Any]:
         view = self.view
         runs.check(view.chunks.columns.tokens, view.location)
-        early = self._early.take(EarlyReads.key(*runs))
+        early = self._early.take(EarlyReads.key(*runs), self._arriving.own_s)
         parts = [early.result()] if early is not None else []  # its errors: this batch's
         covered = {c for _, usable, _ in parts for c in usable}
         plan = self._plan(runs, skip=covered)
@@ -117,7 +122,7 @@ class RangedGather(ChunkStore):
             self._arriving.skipped += 1
             return None
         some, ahead, chunks = runs.length > 0, self._prefetcher(), self.view.chunks
-        etas = {c: ahead.eta(chunks[c].stem + ".bin")
+        etas = {c: self._eta(ahead, chunks[c].stem + ".bin")
                 for c in np.unique(runs.chunk[some]).tolist()
                 if c not in skip and not self._on_node(c)}
         away = [c for c, eta in etas.items() if eta]
@@ -129,6 +134,16 @@ class RangedGather(ChunkStore):
         if not away or not late:
             return None
         return away, np.flatnonzero(some & np.isin(runs.chunk, away))
+
+    def _eta(self, ahead: Prefetcher, key: str) -> float | None:
+        """When ``key``'s download is expected to end (:meth:`Prefetcher.eta`); one this
+        process never handed over but another process of the node is downloading (the
+        loader's process, for its DataLoader workers) is away for as long as unknown: a
+        worker's first batches were the whole chunks' wait, 1.5 s, not a round trip."""
+        eta = ahead.eta(key)
+        if eta is None and self._downloads().claimed(key):
+            return math.inf
+        return eta
 
     def _read_ranged(self, runs: Runs, away: list[int], rows: npt.NDArray[np.int64]
                      ) -> tuple[npt.NDArray[np.int64], list[int], Fetched | None]:

@@ -250,7 +250,7 @@ def _check(remote: RemoteStore, key: str, a: int, b: int, data: bytes | Exceptio
             "was used); retry, and check the store or the network between")
 
 
-DEPTH = 4  # batches whose ranged GETs run ahead of the reader before anything is measured
+DEPTH = 8  # batches whose ranged GETs run ahead of the reader before anything is measured
 MAX_DEPTH = 8  # each a GET per window of a shuffled batch: connections
 MAX_QUEUED = 64  # batches handed over whose reads wait for their turn
 
@@ -268,8 +268,7 @@ class EarlyReads:
         self.started = self.used = 0  # reads started early; those a batch then used
         self.rtt_s: float | None = None  # how long one batch's early read takes
         self.slow_s: float | None = None  # the slowest lately (a fading maximum)
-        self.interval_s: float | None = None  # time between the reader's batches
-        self._last_take: float | None = None
+        self.interval_s: float | None = None  # the reader's own time per batch (take)
 
     @staticmethod
     def key(chunk: npt.NDArray[np.int64], offset: npt.NDArray[np.int64],
@@ -289,7 +288,7 @@ class EarlyReads:
     def depth(self) -> int:
         """Batches to read ahead: twice the round trip (or the slowest recent one, if
         longer: a loaded store's answers come late now and then, and a wait over 50 ms is
-        what the early read is for) over the time between batches, plus one
+        what the early read is for) over the reader's own time per batch, plus one
         (:data:`DEPTH` until both are measured), at most :data:`MAX_DEPTH`::
 
             rtt 0.06 s, a batch every 0.02 s   →   2 × 3 + 1 = 7 batches ahead
@@ -302,7 +301,7 @@ class EarlyReads:
 
     def due_s(self) -> float | None:
         """Seconds until the reader gets to a batch handed over now: after those read
-        ahead already, one per measured interval (None: not measured yet)."""
+        ahead already, one per the reader's own time per batch (None: not measured yet)."""
         if self.interval_s is None:
             return None
         return (len(self._pending) + 1) * self.interval_s
@@ -336,14 +335,16 @@ class EarlyReads:
             if not isinstance(entry, Future):
                 self._pending[key] = self._pool_submit(entry)
 
-    def take(self, key: bytes) -> Future[Any] | None:
+    def take(self, key: bytes, own_s: float | None = None) -> Future[Any] | None:
         """The read for ``key`` (started now if it was queued; None: none); those handed
-        over before it are dropped (a queued one never starts)."""
-        now = time.monotonic()
-        if self._last_take is not None:
-            gap = now - self._last_take
-            self.interval_s = gap if self.interval_s is None else 0.8 * self.interval_s + 0.2 * gap
-        self._last_take = now
+        over before it are dropped (a queued one never starts). ``own_s``: the reader's
+        own time per batch, its waits excluded (:class:`Arriving`), the pace the depth
+        and the due times follow. Not the time between takes: that holds the waits, so a
+        reader that waited read as a slow one and was read for less far ahead — a first
+        batch's 0.2 s wait kept the depth at 2–3 for the next ten batches, each of which
+        then waited 10–45 ms in a 20 ms step."""
+        if own_s is not None:
+            self.interval_s = own_s
         if key not in self._pending:
             return None
         while True:
