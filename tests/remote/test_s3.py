@@ -427,5 +427,9 @@ def test_gather_from_a_bucket_equals_gather_from_a_directory(built: tuple[str, P
     chunk = rng.integers(0, len(tokens), 50)
     offset = rng.integers(0, tokens[chunk])
     runs = (chunk, offset, rng.integers(0, tokens[chunk] - offset + 1))
+    # chunks never handed over: their runs by ranged GETs, the chunks downloading meanwhile
     np.testing.assert_array_equal(there.gather(runs), here.gather(runs))
+    assert there.prefetch_stats()["ranged_reads"] > 0  # type: ignore[operator]
+    there.store._prefetcher().wait()  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(there.gather(runs), here.gather(runs))  # from the maps
     assert set(there.opened) == set(here.opened)

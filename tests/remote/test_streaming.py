@@ -130,9 +130,10 @@ def test_early_reads_follow_the_readers_own_pace_not_the_gaps_between_its_batche
 def test_a_chunk_another_process_downloads_is_read_by_ranged_gets(
         built: tuple[str, Path], s3_env: dict[str, str], tmp_path: Path) -> None:
     """A DataLoader worker reads chunks its loader's process downloads into the node's
-    copy: a batch there waited for the whole chunk (a worker's first batch 1.5 s on the
-    bench) where the claim shows it downloading; it is read by ranged GETs, checked by
-    the block sums. Failed before: the read waited as long as the claim stood."""
+    copy (or has not started yet), never handed over in the worker: a batch there waited
+    for the whole chunk (a worker's first batch 1.5–2 s on the bench). It is read by
+    ranged GETs, checked by the block sums, and the chunk handed over to this process's
+    downloads. Failed before: the read waited as long as the other's claim stood."""
     url, local = built
     cache = sw.open_cache(RemoteStore(url, policy=PATIENT), local_dir=tmp_path / "node")
     store = cache.store
@@ -146,6 +147,7 @@ def test_a_chunk_another_process_downloads_is_read_by_ranged_gets(
     try:
         got = _within(reading, 30)
         assert claim.exists() and not final.exists()  # read while the claim stood
+        assert store._prefetcher().handed(store.view.chunks[0].stem + ".bin")  # type: ignore[attr-defined]
     finally:
         claim.unlink(missing_ok=True)  # the "other process" gives up: this one downloads
         reading.close(None)

@@ -25,7 +25,6 @@ from shardwise.format.checksum import BLOCK_BYTES
 from shardwise.format.chunk import META_SUFFIX
 from shardwise.remote.client import RemoteStore
 from shardwise.storage.chunk_table import ChunkInfo
-from shardwise.storage.download import DownloadDir
 from shardwise.storage.prefetch import SMALL_BATCH, Prefetcher
 from shardwise.storage.ranged import Arriving, BlockSums, EarlyReads, Fetched
 from shardwise.storage.runs import Mapped, Runs, gather_runs
@@ -50,9 +49,6 @@ class RangedGather(ChunkStore):
         raise NotImplementedError
 
     def _on_node(self, c: int) -> bool:
-        raise NotImplementedError
-
-    def _downloads(self) -> DownloadDir:
         raise NotImplementedError
 
     def _fetch(self, info: ChunkInfo, suffix: str, until: float | None = None) -> Path:
@@ -108,8 +104,9 @@ class RangedGather(ChunkStore):
     def _plan(self, runs: Runs, early: bool = False, skip: set[int] | frozenset[int] = frozenset()
               ) -> tuple[list[int], npt.NDArray[np.int64]] | None:
         """The chunks of ``runs`` to read by ranged GETs and the rows of ``runs`` in them;
-        None: read from the local copy. Only chunks downloading are read by ranged GETs:
-        one not downloading (queued for room) is downloaded by the chunk's own read, and
+        None: read from the local copy. Only chunks downloading, or never handed over
+        here (:meth:`_eta`), are read by ranged GETs: one queued for room is downloaded
+        by the chunk's own read, and
         a download that ended without landing failed, so the chunk's own read raises its
         error; and, read now, none where every one is expected to land within two round
         trips (``early``, a coming batch's: whenever one is away and may land after the
@@ -136,14 +133,14 @@ class RangedGather(ChunkStore):
         return away, np.flatnonzero(some & np.isin(runs.chunk, away))
 
     def _eta(self, ahead: Prefetcher, key: str) -> float | None:
-        """When ``key``'s download is expected to end (:meth:`Prefetcher.eta`); one this
-        process never handed over but another process of the node is downloading (the
-        loader's process, for its DataLoader workers) is away for as long as unknown: a
-        worker's first batches were the whole chunks' wait, 1.5 s, not a round trip."""
+        """When ``key``'s download is expected to end (:meth:`Prefetcher.eta`; None: queued
+        for room here). One this process never handed over — another process of the node
+        downloads it (the loader's, for its DataLoader workers), or no look-ahead asked
+        for it yet — is away for as long as unknown: the batch's runs come by ranged
+        GETs while it is handed over. A worker's first batch was 1.5–2 s: the whole
+        chunks' wait, some of them downloaded by the worker itself."""
         eta = ahead.eta(key)
-        if eta is None and self._downloads().claimed(key):
-            return math.inf
-        return eta
+        return math.inf if eta is None and not ahead.handed(key) else eta
 
     def _read_ranged(self, runs: Runs, away: list[int], rows: npt.NDArray[np.int64]
                      ) -> tuple[npt.NDArray[np.int64], list[int], Fetched | None]:

@@ -148,12 +148,6 @@ class DownloadDir:
                               f"{final}: waited {waited:.0f}s for another process's "
                               f"download or for room within local_bytes={self.max_bytes}"))
 
-    def claimed(self, key: str) -> bool:
-        """Whether a process of this node has claimed ``key``'s download (is downloading
-        it, or died doing so: that is found out when the file itself is read)."""
-        final = self.dir / key
-        return final.with_name(CLAIM_PREFIX + final.name).exists()
-
     def _download(self, final: Path, claim: Path, download: Callable[[Path], None],
                   until: float | None) -> None:
         """Download into a temporary file, then, under the node's lock, rename it into

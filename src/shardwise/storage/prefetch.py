@@ -358,6 +358,11 @@ class Prefetcher:
         left = entry[2] + self.pace.fetch_s - self.pace.clock()
         return left if left > 0 else math.inf
 
+    def handed(self, key: str) -> bool:
+        """Whether ``key`` was handed over to this process's downloads (started or queued
+        for room) and not forgotten."""
+        return key in self._ahead or key in self._waiting
+
     def wait(self) -> None:
         """Block until every download started so far has finished."""
         for entry in list(self._ahead.values()):
