@@ -147,7 +147,7 @@ def test_a_chunk_another_process_downloads_is_read_by_ranged_gets(
     try:
         got = _within(reading, 30)
         assert claim.exists() and not final.exists()  # read while the claim stood
-        assert store._prefetcher().handed(store.view.chunks[0].stem + ".bin")  # type: ignore[attr-defined]
+        assert cache.prefetch_stats()["ahead"] == 1  # the chunk, handed over here
     finally:
         claim.unlink(missing_ok=True)  # the "other process" gives up: this one downloads
         reading.close(None)
@@ -229,6 +229,7 @@ def test_a_download_past_its_expected_end_is_away_not_landing() -> None:
         now[0] = 2.0  # overdue
         assert ahead.eta("slow") == math.inf
         assert Arriving().worth([ahead.eta("slow")])  # type: ignore[list-item]
+        assert ahead.eta("never handed over") == math.inf  # e.g. a DataLoader worker's
     finally:
         release.set()
         ahead.close()

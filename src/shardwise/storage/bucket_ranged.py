@@ -10,7 +10,6 @@ node-local copy, the look-ahead); this is about a batch's bytes before its files
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
@@ -105,8 +104,9 @@ class RangedGather(ChunkStore):
               ) -> tuple[list[int], npt.NDArray[np.int64]] | None:
         """The chunks of ``runs`` to read by ranged GETs and the rows of ``runs`` in them;
         None: read from the local copy. Only chunks downloading, or never handed over
-        here (:meth:`_eta`), are read by ranged GETs: one queued for room is downloaded
-        by the chunk's own read, and
+        here (:meth:`Prefetcher.eta`: a DataLoader worker's, whose loader's process hands
+        them over for the node; its first batch waited 1.5–2 s for whole chunks), are read
+        by ranged GETs: one queued for room is downloaded by the chunk's own read, and
         a download that ended without landing failed, so the chunk's own read raises its
         error; and, read now, none where every one is expected to land within two round
         trips (``early``, a coming batch's: whenever one is away and may land after the
@@ -119,7 +119,7 @@ class RangedGather(ChunkStore):
             self._arriving.skipped += 1
             return None
         some, ahead, chunks = runs.length > 0, self._prefetcher(), self.view.chunks
-        etas = {c: self._eta(ahead, chunks[c].stem + ".bin")
+        etas = {c: ahead.eta(chunks[c].stem + ".bin")
                 for c in np.unique(runs.chunk[some]).tolist()
                 if c not in skip and not self._on_node(c)}
         away = [c for c, eta in etas.items() if eta]
@@ -131,16 +131,6 @@ class RangedGather(ChunkStore):
         if not away or not late:
             return None
         return away, np.flatnonzero(some & np.isin(runs.chunk, away))
-
-    def _eta(self, ahead: Prefetcher, key: str) -> float | None:
-        """When ``key``'s download is expected to end (:meth:`Prefetcher.eta`; None: queued
-        for room here). One this process never handed over — another process of the node
-        downloads it (the loader's, for its DataLoader workers), or no look-ahead asked
-        for it yet — is away for as long as unknown: the batch's runs come by ranged
-        GETs while it is handed over. A worker's first batch was 1.5–2 s: the whole
-        chunks' wait, some of them downloaded by the worker itself."""
-        eta = ahead.eta(key)
-        return math.inf if eta is None and not ahead.handed(key) else eta
 
     def _read_ranged(self, runs: Runs, away: list[int], rows: npt.NDArray[np.int64]
                      ) -> tuple[npt.NDArray[np.int64], list[int], Fetched | None]:

@@ -346,22 +346,18 @@ class Prefetcher:
     def eta(self, key: str) -> float | None:
         """Seconds until the download of ``key`` is expected to end (its start plus the
         measured ``fetch_s``; 0: ended; infinite: nothing measured yet, or running past
-        that: the estimate failed, e.g. the first of several downloads at once set it);
-        None: not downloading (queued, or never handed over)."""
+        that: the estimate failed, e.g. the first of several downloads at once set it; or
+        never handed over here: another process of the node may be downloading it, or
+        nothing asked for it yet); None: queued for room (started as room is freed)."""
         entry = self._ahead.get(key)
         if entry is None:
-            return None
+            return None if key in self._waiting else math.inf
         if entry[1].done():
             return 0.0
         if self.pace.fetch_s is None:
             return math.inf
         left = entry[2] + self.pace.fetch_s - self.pace.clock()
         return left if left > 0 else math.inf
-
-    def handed(self, key: str) -> bool:
-        """Whether ``key`` was handed over to this process's downloads (started or queued
-        for room) and not forgotten."""
-        return key in self._ahead or key in self._waiting
 
     def wait(self) -> None:
         """Block until every download started so far has finished."""
