@@ -268,7 +268,7 @@ class EarlyReads:
         self.started = self.used = 0  # reads started early; those a batch then used
         self.rtt_s: float | None = None  # how long one batch's early read takes
         self.slow_s: float | None = None  # the slowest lately (a fading maximum)
-        self.interval_s: float | None = None  # the reader's own time per batch (take)
+        self.own_s: float | None = None  # the reader's own time per batch, as last taken
 
     @staticmethod
     def key(chunk: npt.NDArray[np.int64], offset: npt.NDArray[np.int64],
@@ -294,17 +294,17 @@ class EarlyReads:
             rtt 0.06 s, a batch every 0.02 s   →   2 × 3 + 1 = 7 batches ahead
             rtt 0.06 s, one of 0.35 s lately, a batch every 0.045 s  →  7 + 1 = 8
         """
-        if self.rtt_s is None or not self.interval_s:
+        if self.rtt_s is None or not self.own_s:
             return DEPTH
-        ahead = max(2 * self.rtt_s, self.slow_s or 0.0) / self.interval_s
+        ahead = max(2 * self.rtt_s, self.slow_s or 0.0) / self.own_s
         return max(2, min(MAX_DEPTH, int(ahead) + 1))
 
     def due_s(self) -> float | None:
         """Seconds until the reader gets to a batch handed over now: after those read
         ahead already, one per the reader's own time per batch (None: not measured yet)."""
-        if self.interval_s is None:
+        if self.own_s is None:
             return None
-        return (len(self._pending) + 1) * self.interval_s
+        return (len(self._pending) + 1) * self.own_s
 
     def wants_more(self) -> bool:
         """Fewer batches are read ahead than :meth:`depth` asks for."""
@@ -344,7 +344,7 @@ class EarlyReads:
         batch's 0.2 s wait kept the depth at 2–3 for the next ten batches, each of which
         then waited 10–45 ms in a 20 ms step."""
         if own_s is not None:
-            self.interval_s = own_s
+            self.own_s = own_s
         if key not in self._pending:
             return None
         while True:
