@@ -70,6 +70,75 @@ def test_coming_batches_are_read_early_and_used(built: tuple[str, Path], s3_serv
     assert stats["ranged_reads"] > 0, stats
 
 
+class _WithStats:
+    """A collate that also returns, from the DataLoader worker it runs in, that process's
+    id and its cache's read statistics."""
+
+    def __init__(self, cache: sw.Cache) -> None:
+        self.cache = cache
+
+    def __call__(self, rows: Any) -> tuple[Any, dict[str, object], int]:
+        from shardwise.torch import collate
+
+        return collate(rows), dict(self.cache.prefetch_stats()), os.getpid()
+
+
+def test_dataloader_workers_read_their_own_coming_batches_early(
+        built: tuple[str, Path], s3_server: object, tmp_path: Path) -> None:
+    """A DataLoader worker cannot see its coming batches (the index stream is walked in
+    the loader's process) nor the caller's pace (it reads back to back while its queue
+    fills): each batch sent to it carries both, the worker starts its coming batches'
+    ranged GETs, and its batches use them — the local read's bytes. The loader's process
+    downloads the chunks and reads nothing early (nobody would use those bytes). Failed
+    before: a worker never read early (0 used), the loader's process did."""
+    from shardwise.torch import loader
+
+    url, local = built
+    want = _batches(local, "window", 24)
+    got, worker_stats = [], {}
+    with LatencyProxy(s3_server.address, latency=0.03, bandwidth=2e6) as proxy:  # type: ignore[attr-defined]
+        store = RemoteStore(url, {"endpoint_url": f"http://127.0.0.1:{proxy.port}"},
+                            policy=PATIENT)
+        cache = sw.open_cache(store, local_dir=tmp_path / "node")
+        ds = sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=3, shuffle="window")
+        dl = loader(ds, global_batch_size=4, micro_batch_size=4, world=World.single(),
+                    num_workers=2, collate_fn=_WithStats(cache))
+        it = iter(dl)
+        for _, (batch, stats, pid) in zip(range(24), it, strict=False):
+            got.append(batch["input_ids"].numpy())
+            worker_stats[pid] = stats
+            time.sleep(0.01)  # a training step: the pace the workers read ahead by
+        it.close()
+        here = cache.prefetch_stats()
+        cache.close()
+    _same(got, want)
+    assert len(worker_stats) == 2, worker_stats
+    for stats in worker_stats.values():
+        assert stats["early_used"] >= 1 and stats["reader_paced_by_caller"], stats  # type: ignore[operator]
+    assert here["early_reads"] == 0 and here["ranged_reads"] == 0, here
+
+
+def test_each_worker_is_sent_its_own_coming_batches_and_the_callers_pace() -> None:
+    """torch deals batch k to worker k % workers: a worker's first batch carries its next
+    ``ahead`` batches, each later one the one that is new, and the pace is the caller's
+    times the workers (each serves one batch in turn)."""
+    from shardwise.read.ahead import CallerPace, for_workers, noting_pace
+    from shardwise.read.guard import Placed
+
+    pace = CallerPace()
+    sent = list(for_workers((Placed([i, i + 100]) for i in range(10)), 2, pace, ahead=3))
+    assert [list(b) for b in sent] == [[i, i + 100] for i in range(10)]
+    coming = [[c[0] for c in b.ahead.coming] for b in sent]
+    assert coming == [[2, 4, 6], [3, 5, 7], [8], [9]] + [[]] * 6
+    assert sent[0].ahead.coming[0] == (2, 102) and sent[0].ahead.pace_s is None
+    for _ in noting_pace(iter(range(3)), pace.note):  # the caller trains 20 ms a batch
+        time.sleep(0.02)
+    assert pace.own_s is not None and 0.02 <= pace.own_s < 0.2
+    later = list(for_workers((Placed([i]) for i in range(3)), 2, pace, ahead=1))
+    assert later[0].ahead.pace_s == pytest.approx(2 * pace.own_s)
+    assert [b for b in for_workers(iter([[1], [2]]), 2, pace)] == [[1], [2]]  # not placed
+
+
 def test_early_reads_are_taken_in_order_and_skipped_ones_dropped() -> None:
     early = EarlyReads()
     try:

@@ -38,6 +38,7 @@ State keys: ``kind``, ``version``, ``fingerprint``, ``consumed``, ``config``, ``
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 from shardwise.checkpoint import LoaderState, Resumable
@@ -45,7 +46,14 @@ from shardwise.errors import ConfigError, MissingExtraError
 from shardwise.integrations.guards import refuse_bare_lightning
 from shardwise.integrations.torch_batches import arrays, collate, pin
 from shardwise.integrations.torch_indices import PlacedLoader, PlacedSampler
-from shardwise.read.ahead import batches_ahead_count, made_ahead, reader_pace
+from shardwise.read.ahead import (
+    batches_ahead_count,
+    made_ahead,
+    noting_pace,
+    reader_pace,
+    reads_remotely,
+    ready_for_workers,
+)
 from shardwise.read.examples import Output, with_output
 from shardwise.read.loader import Loader, ahead_count, describe_line, plan_sampler
 from shardwise.read.placement import Placement
@@ -93,6 +101,11 @@ class ShardwiseLoader(PlacedLoader, Resumable, DataLoader):  # type: ignore[type
         # on every attribute set, which would cost each step
         self._core = Loader(dataset, sampler, look_ahead=look_ahead,
                             batches_ahead=batches_ahead)
+        workers = kwargs.get("num_workers", 0)
+        if workers > 0 and reads_remotely(dataset):  # they read, this process downloads
+            self._core.indices.workers = workers
+            self._core.indices.prefetch = partial(dataset.prefetch, early=False)
+            ready_for_workers(dataset)
         self._placed = PlacedSampler(self._core.indices)
         fn = collate if collate_fn is None else collate_fn
         # workers send numpy arrays (one message) to a collate that takes them: it runs here
@@ -116,6 +129,8 @@ class ShardwiseLoader(PlacedLoader, Resumable, DataLoader):  # type: ignore[type
                                  reader_pace(self.dataset))
         else:
             batches = super().__iter__()
+            if self._core.indices.workers:  # the pace their reads ahead follow
+                batches = noting_pace(batches, self._core.indices.pace.note)
         if self._here is not None:
             batches = self._collated(batches, self._here)
         try:

@@ -41,10 +41,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardwise.errors import ConfigError
 from shardwise.world import World
+
+if TYPE_CHECKING:
+    from shardwise.read.ahead import WorkerAhead
 
 MAX_FRAMES = 24
 SHARDS_AGAIN = ("shards it a second time (shardwise readers already serve this rank's "
@@ -291,9 +294,11 @@ class Placed(list):  # type: ignore[type-arg]
     :class:`~shardwise.read.sampler.BatchSampler` micro-batch): the mark a
     :class:`PlacedByLoader` reader looks for in a job of more than one rank. A list, so
     torch's and torchdata's fetchers hand it on as it is, and it pickles as itself into
-    DataLoader workers."""
+    DataLoader workers. ``ahead`` (set only on a batch sent to a DataLoader worker): what
+    that worker reads ahead, :class:`shardwise.read.ahead.WorkerAhead`."""
 
-    __slots__ = ()
+    __slots__ = ("ahead",)
+    ahead: WorkerAhead
 
 
 class PlacedByLoader:

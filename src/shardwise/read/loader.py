@@ -32,7 +32,13 @@ from typing import Any
 
 from shardwise.checkpoint import Configured, LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, StateError
-from shardwise.read.ahead import batches_ahead_count, made_ahead, reader_pace
+from shardwise.read.ahead import (
+    CallerPace,
+    batches_ahead_count,
+    for_workers,
+    made_ahead,
+    reader_pace,
+)
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import refuse_epoch_view
 from shardwise.read.examples import Output, with_output
@@ -83,7 +89,10 @@ class IndexStream:
     restored position takes effect on the next ``iter()``. ``prefetch`` (a dataset's, for
     a cache on an object store) sees each batch ``ahead`` batches early (None: as early as
     the cache asks; 0: never). ``received`` counts micro-batches handed to the caller since
-    ``start``; the caller counts them (only it knows what was handed over)."""
+    ``start``; the caller counts them (only it knows what was handed over). ``workers``
+    (set by a loader that sends the batches to DataLoader worker processes reading a
+    remote cache): each batch carries its worker's reads ahead and the caller's ``pace``
+    (:func:`~shardwise.read.ahead.for_workers`)."""
 
     def __init__(self, sampler: BatchSampler,
                  prefetch: Callable[[list[int]], bool | None] | None = None,
@@ -93,6 +102,8 @@ class IndexStream:
         self.received = 0
         self.prefetch, self.ahead = prefetch, ahead
         self.stopped = False  # set to end the current index stream early
+        self.workers = 0
+        self.pace = CallerPace()
 
     @property
     def consumed(self) -> int:
@@ -111,6 +122,8 @@ class IndexStream:
         batches = iter(self.sampler)
         if self.prefetch is not None and self.ahead != 0:
             batches = look_ahead(batches, self.prefetch, self.ahead)
+        if self.workers:
+            batches = for_workers(batches, self.workers, self.pace)
         return self._until_stopped(batches)
 
     def _until_stopped(self, batches: Iterator[list[int]]) -> Iterator[list[int]]:

@@ -153,6 +153,15 @@ class RemoteStore:
             fs.connect()
         return {"timeout": seconds} if getattr(fs, "async_impl", False) else {}
 
+    def ready_to_fork(self) -> None:
+        """Import this store's fsspec filesystem now, in a process about to fork DataLoader
+        workers: each worker makes its own fsspec client (obstore's runtime does not
+        survive fork), and importing s3fs there took 0.3–0.7 s of its first batch, in
+        every worker at once, beside the downloads (a forked child inherits modules)."""
+        import fsspec
+
+        fsspec.get_filesystem_class(self._url.split("://", 1)[0])
+
     def key(self, relative: str) -> str:
         """The filesystem path of ``relative`` (validated, never outside the prefix)."""
         rel = check_key(relative, where=self.url, root=self.url)

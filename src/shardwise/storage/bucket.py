@@ -247,10 +247,14 @@ class BucketStore(RangedGather):
     # -- downloads ahead -----------------------------------------------------------------
     @property
     def prefetches(self) -> bool:  # type: ignore[override]
-        """Worth a reader's work per batch while some chunk of the view is not mapped in
-        this process (a cache of a few chunks, all mapped: its batches skip the
-        look-ahead)."""
-        return self._view is not None and len(self._maps) < len(self._view.chunks)
+        """Worth a reader's work per batch while some chunk of the view is neither mapped
+        in this process nor on the node for good (:meth:`_on_node`): a cache of a few
+        chunks, all here, skips the look-ahead — also where DataLoader workers read and
+        this process maps nothing (its index stream located every batch, ~0.1 ms each)."""
+        if self._view is None:
+            return False
+        n = len(self._view.chunks)
+        return len(self._maps) < n and len(self._here.union(self._maps)) < n
 
     def prefetch(self, chunks: Iterable[int]) -> bool:
         """Start downloading ``chunks`` as far ahead as the measured pace needs and

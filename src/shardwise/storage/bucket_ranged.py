@@ -215,17 +215,29 @@ class RangedGather(ChunkStore):
     def reader_pace(self, own_s: float | None) -> None:
         self._arriving.paced(own_s)
 
+    def ready_for_workers(self) -> None:
+        self.remote.ready_to_fork()
+
     def prefetch_runs(self, runs: Any) -> bool:
         """:meth:`prefetch` of the chunks of ``runs`` (a coming batch's, in order), and,
         while they arrive, the batch's ranged GETs started now (:class:`EarlyReads`): the
         reader is asked for more batches while fewer than ``DEPTH`` are read ahead."""
         runs = Runs.of(runs[:3])  # an order's runs carry more columns
         more = self.prefetch(list(dict.fromkeys(runs.chunk[runs.length > 0].tolist())))
+        return self.read_early(runs) or more
+
+    def read_early(self, runs: Any) -> bool:
+        """The ranged GETs of a coming batch (its runs), started now where its chunks may
+        land after the reader gets to it (:class:`EarlyReads`), the chunks not handed over
+        here: :meth:`prefetch_runs`' second half, and all a DataLoader worker does with
+        its coming batches (its loader's process downloads their chunks for the node).
+        Returns whether the reader may hand over more (fewer than ``depth`` read ahead)."""
+        runs = Runs.of(runs[:3])
         plan = self._plan(runs, early=True)
         if plan is None:
-            return more
+            return False
         self._early.start(EarlyReads.key(*runs), partial(self._read_ranged, runs, *plan))
-        return more or self._early.wants_more()
+        return self._early.wants_more()
 
 
 __all__ = ["RangedGather"]

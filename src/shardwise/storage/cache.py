@@ -202,10 +202,21 @@ class Cache:
         (:class:`~shardwise.storage.ranged.EarlyReads`)."""
         return self.store.prefetch_runs(runs)
 
+    def read_early(self, runs: Any) -> bool:
+        """The ranged reads of a coming batch (its runs) started now, its chunks not handed
+        over (a DataLoader worker's coming batches: its loader's process downloads their
+        chunks for the node); a no-op where the bytes are here."""
+        return self.store.read_early(runs)
+
     def reader_pace(self, own_s: float | None) -> None:
         """The reader's own time on its last batch, measured where it trains
         (:meth:`~shardwise.storage.store.ChunkStore.reader_pace`)."""
         self.store.reader_pace(own_s)
+
+    def ready_for_workers(self) -> None:
+        """Make now what DataLoader workers forked from this process would each make on
+        their first read (:meth:`~shardwise.storage.store.ChunkStore.ready_for_workers`)."""
+        self.store.ready_for_workers()
 
     def prefetch_stats(self) -> dict[str, object]:
         """The downloads ahead: how far, how many at once, and the pace they follow."""

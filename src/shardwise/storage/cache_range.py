@@ -95,6 +95,9 @@ class DocumentRange(Cache):
     def prefetch_runs(self, runs: Any) -> bool:
         return self.parent.prefetch_runs(self._in_parent(runs))
 
+    def read_early(self, runs: Any) -> bool:
+        return self.parent.read_early(self._in_parent(runs))
+
     def doc_lengths(self, i: int) -> npt.NDArray[Any]:
         p = self._pieces[i]
         return self.parent.doc_lengths(p.chunk)[p.doc_lo:p.doc_hi]
@@ -107,6 +110,9 @@ class DocumentRange(Cache):
 
     def reader_pace(self, own_s: float | None) -> None:
         self.parent.reader_pace(own_s)
+
+    def ready_for_workers(self) -> None:
+        self.parent.ready_for_workers()
 
     def close(self) -> None:
         self.parent.close()

@@ -296,6 +296,13 @@ class ChunkStore(ABC):
         chunk, _, length = (np.asarray(a).reshape(-1) for a in runs[:3])
         return self.prefetch(list(dict.fromkeys(chunk[length > 0].tolist())))
 
+    def read_early(self, runs: Any) -> bool:
+        """Start reading the bytes of a coming batch (its runs) now, its chunks not handed
+        over here (a DataLoader worker's: its loader's process downloads them); a store
+        with its bytes here has nothing to start. Returns whether the reader may hand
+        over more coming batches."""
+        return False
+
     def reader_pace(self, own_s: float | None) -> None:
         """The reader's own time on its last batch, measured where it trains (None: it
         will be, from now on): a store that paces its reads by the reader's takes it."""
@@ -303,6 +310,11 @@ class ChunkStore(ABC):
 
     def wait_for_prefetch(self) -> None:
         """Block until every download :meth:`prefetch` started has finished."""
+        return None
+
+    def ready_for_workers(self) -> None:
+        """Make now what DataLoader worker processes forked from this one would each make
+        on their first read (a store with its bytes here: nothing)."""
         return None
 
     def stats(self) -> dict[str, object]:

@@ -58,7 +58,7 @@ from shardwise.checkpoint import LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, StateError
 from shardwise.plan.blend import BLEND_VERSION, StagedBlend
 from shardwise.plan.permutation import Permutation, derive_seed
-from shardwise.read.ahead import reads_remotely
+from shardwise.read.ahead import reads_remotely, worker_read
 from shardwise.read.compose.blend_rows import (
     BlendRuns,
     assemble,
@@ -179,10 +179,10 @@ class Blend(GuardedReader, PlacedByLoader, EpochView, Resumable):
         src, off = self.place(np.asarray(indices, dtype=np.int64).reshape(-1))
         return locate_sources(self.sources, src, off, self._offsets)
 
-    def prefetch(self, indices: list[int]) -> bool:
+    def prefetch(self, indices: list[int], *, early: bool = True) -> bool:
         """Start downloading the chunks examples ``indices`` read, for each source on an
         object store (through :meth:`locate`); True when a cache wants the coming
-        examples sooner (``TokenDataset.prefetch``)."""
+        examples sooner (``TokenDataset.prefetch``); ``early`` is moot (no early reads)."""
         if not reads_remotely(self):
             return False
         idx = np.asarray(self.positions(list(indices)), dtype=np.int64)
@@ -310,8 +310,9 @@ class Blend(GuardedReader, PlacedByLoader, EpochView, Resumable):
 
     def __getitems__(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Rows:
         """:meth:`get_batch` as torch's protocol wants it: a list of per-example dicts
-        that also carries the stacked arrays (see :class:`~shardwise.read.rows.Rows`)."""
-        return Rows(self.get_batch(indices))
+        that also carries the stacked arrays (:class:`~shardwise.read.rows.Rows`); in a
+        DataLoader worker, the caller's pace to the caches (``worker_read``)."""
+        return Rows(worker_read(self, indices, lambda: self.get_batch(indices)))
 
     _getitems = __getitems__  # Grain's batched read (see read/rows.py)
 

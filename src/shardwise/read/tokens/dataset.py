@@ -28,6 +28,7 @@ from shardwise.choice import Choice
 from shardwise.errors import ConfigError
 from shardwise.plan.permutation import PERMUTATION_VERSION
 from shardwise.plan.windows import dropped_tokens, num_windows
+from shardwise.read.ahead import worker_read
 from shardwise.read.drops import Drop, describe_drops
 from shardwise.read.epochs import EpochView
 from shardwise.read.examples import NEXT_TOKEN, Output
@@ -229,8 +230,9 @@ class TokenDataset(GuardedReader, PlacedByLoader, EpochView, Configured):
     def __getitems__(self, indices: list[int] | npt.NDArray[np.integer]) -> Rows:
         """A micro-batch as torch's protocol wants it: a list of per-example dicts (row
         views), which also carries the stacked arrays (``.batch``) for shardwise's
-        ``collate``. So ``DataLoader(ds, batch_size=8)`` and HF's collators work."""
-        return Rows(self.get_batch(indices))
+        ``collate``. So ``DataLoader(ds, batch_size=8)`` and HF's collators work. In a
+        DataLoader worker, with the batch's reads ahead (:func:`worker_read`)."""
+        return Rows(worker_read(self, indices, lambda: self.get_batch(indices)))
 
     _getitems = __getitems__  # Grain's batched read (see read/rows.py)
 
@@ -255,11 +257,22 @@ class TokenDataset(GuardedReader, PlacedByLoader, EpochView, Configured):
         """The caller's own time on its last batch (batches made ahead: the loader's)."""
         self.cache.reader_pace(own_s)
 
-    def prefetch(self, indices: list[int]) -> bool:
+    def prefetch(self, indices: list[int], *, early: bool = True) -> bool:
         """Start downloading the chunks examples ``indices`` will read, in the background
-        (a cache on an object store; local chunks are mapped on demand, so a no-op).
-        Returns whether the cache wants the coming examples handed over sooner (its
-        look-ahead is shorter than the measured latency needs: Cache.prefetch)."""
+        (a cache on an object store; local chunks are mapped on demand, so a no-op), and,
+        ``early``, their ranged reads while the chunks arrive (``Cache.prefetch_runs``;
+        not where DataLoader workers read them: :meth:`read_early` there). Returns whether
+        the cache wants the coming examples handed over sooner (its look-ahead is shorter
+        than the measured latency needs: Cache.prefetch)."""
         if not self.cache.store.prefetches:
             return False
-        return self.cache.prefetch_runs(self.order.locate(list(self.positions(indices))))
+        runs = self.order.locate(list(self.positions(indices)))
+        return self.cache.prefetch_runs(runs) if early else self.cache.prefetch(runs.chunks())
+
+    def read_early(self, indices: list[int]) -> bool:
+        """Start the ranged reads of coming examples ``indices`` (a DataLoader worker's
+        next batch), their chunks downloaded by the loader's process (``Cache.read_early``).
+        Returns whether the cache may take more."""
+        if not self.cache.store.prefetches:
+            return False
+        return self.cache.read_early(self.order.locate(list(self.positions(indices))))
