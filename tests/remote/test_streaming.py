@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -116,6 +118,28 @@ def test_dataloader_workers_read_their_own_coming_batches_early(
     for stats in worker_stats.values():
         assert stats["early_used"] >= 1 and stats["reader_paced_by_caller"], stats  # type: ignore[operator]
     assert here["early_reads"] == 0 and here["ranged_reads"] == 0, here
+
+
+def test_a_loader_with_workers_imports_their_fsspec_filesystem_before_they_fork(
+        built: tuple[str, Path], s3_env: dict[str, str], tmp_path: Path) -> None:
+    """A forked worker reads through fsspec (obstore's runtime does not survive fork); a
+    process that read only through obstore had not imported s3fs, so each worker imported
+    it on its first batch (0.3–0.7 s, both at once). Made in a fresh interpreter, so that
+    nothing else imported it; failed before: not imported."""
+    url, _ = built
+    code = (
+        "import sys, shardwise as sw\n"
+        "from shardwise.torch import loader\n"
+        f"cache = sw.open_cache({url!r}, local_dir={str(tmp_path / 'node')!r})\n"
+        "ds = sw.TokenDataset(cache, seq_len=32, shuffle='none')\n"
+        "before = 's3fs' in sys.modules\n"
+        "loader(ds, global_batch_size=4, micro_batch_size=4, world=sw.World.single(),\n"
+        "       num_workers=2)\n"
+        "print(before, 's3fs' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **s3_env},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"], out.stdout
 
 
 def test_each_worker_is_sent_its_own_coming_batches_and_the_callers_pace() -> None:

@@ -32,6 +32,7 @@ are relative and never leave its prefix (:func:`check_key`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from functools import partial
@@ -157,10 +158,12 @@ class RemoteStore:
         """Import this store's fsspec filesystem now, in a process about to fork DataLoader
         workers: each worker makes its own fsspec client (obstore's runtime does not
         survive fork), and importing s3fs there took 0.3–0.7 s of its first batch, in
-        every worker at once, beside the downloads (a forked child inherits modules)."""
+        every worker at once, beside the downloads (a forked child inherits modules). One
+        that cannot be imported is left to the worker's first read, which names it."""
         import fsspec
 
-        fsspec.get_filesystem_class(self._url.split("://", 1)[0])
+        with contextlib.suppress(ImportError, ValueError):
+            fsspec.get_filesystem_class(self._url.split("://", 1)[0])
 
     def key(self, relative: str) -> str:
         """The filesystem path of ``relative`` (validated, never outside the prefix)."""
