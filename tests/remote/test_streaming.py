@@ -142,6 +142,25 @@ def test_a_loader_with_workers_imports_their_fsspec_filesystem_before_they_fork(
     assert out.stdout.split() == ["False", "True"], out.stdout
 
 
+def test_workers_read_a_remote_map_style_dataset_without_a_prefetch(
+        built: tuple[str, Path], s3_env: dict[str, str], tmp_path: Path) -> None:
+    """Any map-style dataset over a bucket cache works with workers: one with no
+    ``prefetch`` (here the cache's documents) gets no look-ahead rather than an error."""
+    from shardwise.read.compose.records import CacheRecords
+    from shardwise.torch import loader
+
+    url, local = built
+    cache = sw.open_cache(url, local_dir=tmp_path / "node")
+    docs = CacheRecords(cache)
+    dl = loader(docs, global_batch_size=2, micro_batch_size=2, world=World.single(),
+                num_workers=2, collate_fn=list, epochs=1)
+    got = [d for batch in dl for d in batch]
+    want = CacheRecords(local)
+    assert len(got) == len(want) - len(want) % 2
+    assert [str(d) for d in got] == [str(want[i]) for i in range(len(got))]
+    cache.close()
+
+
 def test_each_worker_is_sent_its_own_coming_batches_and_the_callers_pace() -> None:
     """torch deals batch k to worker k % workers: a worker's first batch carries its next
     ``ahead`` batches, each later one the one that is new, and the pace is the caller's

@@ -104,7 +104,8 @@ class ShardwiseLoader(PlacedLoader, Resumable, DataLoader):  # type: ignore[type
         workers = kwargs.get("num_workers", 0)
         if workers > 0 and reads_remotely(dataset):  # they read, this process downloads
             self._core.indices.workers = workers
-            self._core.indices.prefetch = partial(dataset.prefetch, early=False)
+            if self._core.indices.prefetch is not None:
+                self._core.indices.prefetch = partial(dataset.prefetch, early=False)
             ready_for_workers(dataset)
         self._placed = PlacedSampler(self._core.indices)
         fn = collate if collate_fn is None else collate_fn
