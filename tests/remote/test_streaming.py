@@ -92,8 +92,10 @@ def test_dataloader_workers_read_their_own_coming_batches_early(
     the loader's process) nor the caller's pace (it reads back to back while its queue
     fills): each batch sent to it carries both, the worker starts its coming batches'
     ranged GETs, and its batches use them — the local read's bytes. The loader's process
-    downloads the chunks and reads nothing early (nobody would use those bytes). Failed
-    before: a worker never read early (0 used), the loader's process did."""
+    downloads the chunks and reads nothing early (nobody would use those bytes). Every
+    chunk's download is held by a live claim (another process's, as far as the readers
+    know) until the batches are read, so that none lands first whatever the machine's
+    load. Failed before: a worker never read early (0 started), the loader's process did."""
     from shardwise.torch import loader
 
     url, local = built
@@ -103,15 +105,25 @@ def test_dataloader_workers_read_their_own_coming_batches_early(
         store = RemoteStore(url, {"endpoint_url": f"http://127.0.0.1:{proxy.port}"},
                             policy=PATIENT)
         cache = sw.open_cache(store, local_dir=tmp_path / "node")
+        view, node = cache.store.view, cache.store.downloads.dir  # type: ignore[attr-defined]
+        finals = [node / (view.chunks[c].stem + ".bin") for c in range(len(view.chunks))]
+        claims = [f.with_name(CLAIM_PREFIX + f.name) for f in finals]
+        for claim in claims:  # a live owner: the downloads wait while it stands
+            claim.parent.mkdir(parents=True, exist_ok=True)
+            claim.write_text(f"{os.getpid()} {_start_time(os.getpid())} {1 << 20}")
         ds = sw.TokenDataset(cache, seq_len=SEQ_LEN, seed=3, shuffle="window")
         dl = loader(ds, global_batch_size=4, micro_batch_size=4, world=World.single(),
                     num_workers=2, collate_fn=_WithStats(cache))
         it = iter(dl)
-        for _, (batch, stats, pid) in zip(range(24), it, strict=False):
-            got.append(batch["input_ids"].numpy())
-            worker_stats[pid] = stats
-            read_by[pid] += 1
-            time.sleep(0.01)  # a training step: the pace the workers read ahead by
+        try:
+            for _, (batch, stats, pid) in zip(range(24), it, strict=False):
+                got.append(batch["input_ids"].numpy())
+                worker_stats[pid] = stats
+                read_by[pid] += 1
+                time.sleep(0.01)  # a training step: the pace the workers read ahead by
+        finally:
+            for claim in claims:
+                claim.unlink(missing_ok=True)
         it.close()
         here = cache.prefetch_stats()
         cache.close()
