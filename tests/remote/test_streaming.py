@@ -195,6 +195,9 @@ def test_each_worker_is_sent_its_own_coming_batches_and_the_callers_pace() -> No
     later = list(for_workers((Placed([i]) for i in range(3)), 2, pace, ahead=1))
     assert later[0].ahead.pace_s == pytest.approx(2 * pace.own_s)
     assert [b for b in for_workers(iter([[1], [2]]), 2, pace)] == [[1], [2]]  # not placed
+    paced_only = list(for_workers((Placed([i]) for i in range(4)), 2, pace, ahead=0))
+    assert [b.ahead.coming for b in paced_only] == [()] * 4  # look_ahead=0: no reads ahead
+    assert paced_only[0].ahead.pace_s == pytest.approx(2 * pace.own_s)
 
 
 def test_early_reads_are_taken_in_order_and_skipped_ones_dropped() -> None:

@@ -193,7 +193,8 @@ def for_workers(batches: Iterable[list[int]], workers: int, pace: CallerPace,
     batches are ``k + workers``, ``k + 2 × workers``, …: the first batch of each worker
     carries its next ``ahead``, every later one the one batch that is new. A worker that
     gets other batches than foreseen (one that died) only reads early what it then does
-    not use. The stream is read ``workers × ahead`` batches ahead of what is sent."""
+    not use. The stream is read ``workers × ahead`` batches ahead of what is sent;
+    ``ahead`` 0 (a loader with ``look_ahead=0``): the pace only."""
     items = iter(batches)
     window: deque[list[int]] = deque(itertools.islice(items, workers * ahead + 1))
     sent = 0
@@ -201,7 +202,7 @@ def for_workers(batches: Iterable[list[int]], workers: int, pace: CallerPace,
         batch = window.popleft()
         window.extend(itertools.islice(items, 1))
         if type(batch) is Placed:
-            new = range(1, ahead + 1) if sent < workers else range(ahead, ahead + 1)
+            new = range(1 if sent < workers else ahead, ahead + 1) if ahead else range(0)
             batch.ahead = WorkerAhead(
                 None if pace.own_s is None else pace.own_s * workers,
                 tuple(tuple(window[j * workers - 1]) for j in new

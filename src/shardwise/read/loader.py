@@ -33,6 +33,7 @@ from typing import Any
 from shardwise.checkpoint import Configured, LoaderState, Resumable, as_count
 from shardwise.errors import ConfigError, StateError
 from shardwise.read.ahead import (
+    WORKER_AHEAD,
     CallerPace,
     batches_ahead_count,
     for_workers,
@@ -122,8 +123,9 @@ class IndexStream:
         batches = iter(self.sampler)
         if self.prefetch is not None and self.ahead != 0:
             batches = look_ahead(batches, self.prefetch, self.ahead)
-        if self.workers:
-            batches = for_workers(batches, self.workers, self.pace)
+        if self.workers:  # reads ahead where the chunks are fetched ahead
+            batches = for_workers(batches, self.workers, self.pace,
+                                  WORKER_AHEAD if self.ahead != 0 else 0)
         return self._until_stopped(batches)
 
     def _until_stopped(self, batches: Iterator[list[int]]) -> Iterator[list[int]]:
