@@ -253,8 +253,11 @@ class BucketStore(RangedGather):
         this process maps nothing (its index stream located every batch, ~0.1 ms each)."""
         if self._view is None:
             return False
-        n = len(self._view.chunks)
-        return len(self._maps) < n and len(self._here.union(self._maps)) < n
+        n, here, mapped = len(self._view.chunks), len(self._here), len(self._maps)
+        if max(here, mapped) >= n:
+            return False
+        # asked per batch: the union (a set of up to every chunk) only near the end
+        return here + mapped < n or len(self._here.union(self._maps)) < n
 
     def prefetch(self, chunks: Iterable[int]) -> bool:
         """Start downloading ``chunks`` as far ahead as the measured pace needs and

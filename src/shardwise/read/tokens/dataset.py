@@ -264,15 +264,21 @@ class TokenDataset(GuardedReader, PlacedByLoader, EpochView, Configured):
         not where DataLoader workers read them: :meth:`read_early` there). Returns whether
         the cache wants the coming examples handed over sooner (its look-ahead is shorter
         than the measured latency needs: Cache.prefetch)."""
-        if not self.cache.store.prefetches:
+        runs = self._coming(indices)
+        if runs is None:
             return False
-        runs = self.order.locate(list(self.positions(indices)))
         return self.cache.prefetch_runs(runs) if early else self.cache.prefetch(runs.chunks())
 
     def read_early(self, indices: list[int]) -> bool:
         """Start the ranged reads of coming examples ``indices`` (a DataLoader worker's
         next batch), their chunks downloaded by the loader's process (``Cache.read_early``).
         Returns whether the cache may take more."""
+        runs = self._coming(indices)
+        return False if runs is None else self.cache.read_early(runs)
+
+    def _coming(self, indices: list[int]) -> Runs | None:
+        """The runs of coming examples ``indices`` where the cache fetches ahead (None:
+        every byte is here)."""
         if not self.cache.store.prefetches:
-            return False
-        return self.cache.read_early(self.order.locate(list(self.positions(indices))))
+            return None
+        return self.order.locate(list(self.positions(indices)))
